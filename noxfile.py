@@ -1,0 +1,51 @@
+"""Sessions: ``tests`` (the suite), ``conformance`` (the nightly job), ``lint`` (ruff).
+
+Everything installed here goes through ``constraints.txt`` (torch==2.13.0): a newer torch
+would pull a multi-GB CUDA build.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import nox
+
+nox.options.sessions = ["tests"]
+nox.options.reuse_venv = "yes"
+nox.options.default_venv_backend = "venv"
+
+HERE = Path(__file__).parent
+CONSTRAINTS = ("-c", str(HERE / "constraints.txt"))
+# The torch wheel for this machine lies on disk; pip finds it through --find-links.
+WHEELS = ("--find-links", "/opt/wheels") if Path("/opt/wheels").is_dir() else ()
+
+
+def _install(session: nox.Session, *extras: str) -> None:
+    spec = "." + (f"[{','.join(extras)}]" if extras else "")
+    session.install(*WHEELS, *CONSTRAINTS, "-e", spec)
+
+
+@nox.session(python="3.11")
+def tests(session: nox.Session) -> None:
+    """The test suite (fast by default; pass ``-- -m slow`` for the heavy sweeps)."""
+    _install(session, "test")
+    args = session.posargs or ["-n", "2", "--dist", "loadgroup"]
+    session.run("pytest", *args, env={"PYTHONHASHSEED": "0"})
+
+
+@nox.session(python="3.11")
+def conformance(session: nox.Session) -> None:
+    """The nightly job on the embedded default target (the emulated ``neuron`` device)."""
+    _install(session)
+    db = os.environ.get("CONFORMANCE_DB", "results/opdb.sqlite")
+    Path(db).parent.mkdir(parents=True, exist_ok=True)
+    session.run("conformance", "ops", "--store", "--db", db)
+    session.run("conformance", "nightly", "--db", db, *session.posargs)
+
+
+@nox.session(python="3.11")
+def lint(session: nox.Session) -> None:
+    """ruff over the code base."""
+    session.install("ruff")
+    session.run("ruff", "check", ".")
