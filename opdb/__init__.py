@@ -1,1 +1,13 @@
-"""opdb package."""
+"""opdb: the SQLite result store. It owns the schema and every SQL statement of the project.
+
+Example::
+
+    >>> from opdb import Store
+    >>> Store.memory().runs()
+    []
+"""
+
+from .schema import SCHEMA_VERSION
+from .store import OpdbError, Store, Writer, new_run_id
+
+__all__ = ["SCHEMA_VERSION", "OpdbError", "Store", "Writer", "new_run_id"]

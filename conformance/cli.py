@@ -1,0 +1,136 @@
+"""The ``conformance`` command: a thin layer over the library.
+
+Exit codes mean something: 0 ok, 1 conformance failures or regressions, 2 usage or
+infrastructure error (bad flag, bad file, bad database).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from functools import wraps
+from typing import Any
+
+import click
+
+from opdb import OpdbError, Store
+
+EXIT_OK = 0
+EXIT_FAILURES = 1
+EXIT_USAGE = 2
+
+
+class UsageProblem(Exception):
+    """Bad input found by the library; the CLI prints it as one line and exits 2."""
+
+
+def fail(message: str) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(EXIT_USAGE)
+
+
+def handles_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn the library's input errors into one clear line and exit code 2."""
+
+    @wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except (OpdbError, UsageProblem, FileNotFoundError) as exc:
+            fail(str(exc))
+        except ValueError as exc:  # validation errors of ledgers, manifests, selections
+            if type(exc).__module__.startswith(("conformance", "neuron_emu", "opdb")) or type(exc) is ValueError:
+                fail(str(exc))
+            raise
+
+    return wrapper
+
+
+def db_option(required: bool = True, default: str | None = None) -> Callable[..., Any]:
+    return click.option("--db", "db_path", type=click.Path(dir_okay=False), required=required and default is None,
+                        default=default, show_default=True, help="opdb SQLite file.")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="neuron-conformance")
+def main() -> None:
+    """Operator-conformance harness for PyTorch device backends.
+
+    Example: conformance ops --json | head
+    """
+
+
+@main.command("ops")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per overload, one per line.")
+@click.option("--store", is_flag=True, help="Write the catalog into --db.")
+@click.option("--no-cache", is_flag=True, help="Re-measure the OpInfo map instead of using the cache.")
+@click.option("--coverage", "coverage_run", metavar="RUN_ID", default=None,
+              help="Print every overload's coverage state for a stored run.")
+@db_option(required=False)
+@handles_errors
+def ops_cmd(as_json: bool, store: bool, no_cache: bool, coverage_run: str | None, db_path: str | None) -> None:
+    """The ATen catalog: every overload, its classes, and the OpInfos that reach it.
+
+    Example: conformance ops --store --db results/opdb.sqlite
+    """
+    import torch
+
+    from conformance import catalog
+
+    if (store or coverage_run) and not db_path:
+        raise UsageProblem("--store and --coverage need --db PATH")
+    if coverage_run:
+        from conformance import coverage
+
+        with Store.open(db_path, create=False) as st:
+            sys.exit(coverage.print_table(st, coverage_run))
+    ops, summary = catalog.build(use_cache=not no_cache)
+    if store:
+        with Store.open(db_path) as st:
+            st.store_catalog([o.row(torch.__version__) for o in ops])
+    if as_json:
+        for o in ops:
+            click.echo(json.dumps({"name": o.name, "classes": list(o.classes), "schema": o.schema,
+                                   "tags": list(o.tags), "opinfos": list(o.opinfos)}))
+        return
+    click.echo(f"ATen overloads in torch {torch.__version__}: {summary.total} "
+               f"(catalog built in {summary.build_s:.2f} s; {summary.opinfos} OpInfos)")
+    click.echo(f"{'class':<20}{'overloads':>10}{'reached by OpInfo':>20}")
+    for cls in catalog.CLASSES:
+        click.echo(f"{cls:<20}{summary.per_class[cls]:>10}{summary.reached_per_class[cls]:>20}")
+    click.echo(f"{'all':<20}{summary.total:>10}{summary.reached_by_opinfo:>20}")
+    if store:
+        click.echo(f"stored {summary.total} overloads in {db_path}")
+
+
+@main.command("merge")
+@click.argument("out", type=click.Path(dir_okay=False))
+@click.argument("inputs", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@handles_errors
+def merge_cmd(out: str, inputs: tuple[str, ...]) -> None:
+    """Merge shard databases of the same run(s) into OUT without duplicating rows.
+
+    Example: conformance merge results/opdb.sqlite shard1.sqlite shard2.sqlite
+    """
+    with Store.open(out) as st:
+        counts = st.merge(list(inputs))
+    click.echo("merged " + ", ".join(f"{n} {t}" for t, n in counts.items() if n) + f" into {out}")
+
+
+def _register_optional_commands() -> None:
+    """Commands of later pipeline stages live in their own modules."""
+    import importlib
+
+    for mod in ("conformance.commands",):
+        try:
+            importlib.import_module(mod)
+        except ModuleNotFoundError as exc:
+            if exc.name != mod:
+                raise
+
+
+_register_optional_commands()
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Generate: inputs for work items (OpInfo samples; schema-driven strategies)."""

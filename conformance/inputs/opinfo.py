@@ -1,0 +1,124 @@
+"""Inputs from PyTorch's OpInfo database (``torch.testing._internal``).
+
+Example::
+
+    >>> from conformance.inputs.opinfo import infos, full_name
+    >>> "abs" in {full_name(i) for i in infos()}
+    True
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterator
+from functools import cache
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+DEFAULT_SEED = 20261130
+
+
+@cache
+def infos() -> tuple[Any, ...]:
+    """Every OpInfo in ``op_db`` (imported lazily: it takes seconds)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from torch.testing._internal.common_methods_invocations import op_db
+    return tuple(op_db)
+
+
+def full_name(info: Any) -> str:
+    """OpInfo name plus its variant name, e.g. ``nn.functional.conv2d`` or ``max.reduction_with_dim``."""
+    return f"{info.name}.{info.variant_test_name}" if info.variant_test_name else info.name
+
+
+@cache
+def by_name() -> dict[str, Any]:
+    return {full_name(i): i for i in infos()}
+
+
+def cpu_dtypes(info: Any) -> set[torch.dtype]:
+    return set(info.supported_dtypes("cpu"))
+
+
+def seed_all(seed: int) -> None:
+    # torch.manual_seed is slow here (records a stack for CUDA lazy init); this is not.
+    torch.default_generator.manual_seed(seed)
+
+
+def samples(info: Any, dtype: torch.dtype, *, thorough: bool = False, seed: int = DEFAULT_SEED,
+            requires_grad: bool = False) -> Iterator[Any]:
+    """SampleInputs on the CPU, generated from a fixed seed."""
+    seed_all(seed)
+    gen = info.reference_inputs if thorough else info.sample_inputs
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield from gen("cpu", dtype, requires_grad=requires_grad)
+
+
+def variant_fn(info: Any, variant: str) -> Callable[..., Any] | None:
+    """The callable for ``function`` / ``inplace`` / ``out`` (None when the OpInfo lacks it)."""
+    if variant == "function":
+        return info.op
+    if variant == "inplace":
+        return info.inplace_variant
+    if variant == "out":
+        return info.op if info.supports_out else None
+    raise ValueError(f"unknown variant {variant!r}; expected function, inplace or out")
+
+
+class _Recorder(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.hits: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        if func.namespace == "aten":
+            self.hits.add(f"aten::{func._schema.name.split('::', 1)[1]}.{func._overloadname}")
+        return func(*args, **(kwargs or {}))
+
+
+def _call(fn: Callable[..., Any], sample: Any) -> Any:
+    return fn(sample.input, *sample.args, **sample.kwargs)
+
+
+def first_sample_overloads(seed: int = DEFAULT_SEED) -> dict[str, list[str]]:
+    """For each OpInfo: the overloads its first float32 sample reaches (function, in-place and
+    out variants), recorded by a dispatch mode below autograd."""
+    result: dict[str, list[str]] = {}
+    for info in infos():
+        name = full_name(info)
+        dtype = torch.float32 if torch.float32 in cpu_dtypes(info) else next(
+            iter(sorted(cpu_dtypes(info), key=str)), None)
+        if dtype is None:
+            result[name] = []
+            continue
+        rec = _Recorder()
+        try:
+            sample = next(samples(info, dtype, seed=seed))
+        except Exception:  # noqa: BLE001 - an OpInfo whose generator fails reaches nothing
+            result[name] = []
+            continue
+        for variant in ("function", "inplace", "out"):
+            fn = variant_fn(info, variant)
+            if fn is None:
+                continue
+            try:
+                args = sample
+                if variant == "inplace":
+                    args = sample.transform(lambda t: t.clone() if isinstance(t, torch.Tensor) else t)
+                with warnings.catch_warnings(), rec:
+                    warnings.simplefilter("ignore")
+                    out = _call(fn, args)
+                    if variant == "out":
+                        outs = out if isinstance(out, (tuple, list)) else (out,)
+                        if all(isinstance(o, torch.Tensor) for o in outs):
+                            empties = tuple(o.new_empty(0) for o in outs)
+                            fn(args.input, *args.args, **args.kwargs,
+                               out=empties if isinstance(out, (tuple, list)) else empties[0])
+            except Exception:  # noqa: BLE001 - record what was reached before the failure
+                pass
+        result[name] = sorted(rec.hits)
+    return result

@@ -1,0 +1,112 @@
+"""ATen-graph tracing, structural hashing and op histograms.
+
+The graph is traced with ``make_fx`` over ``functional_call`` so that parameters and buffers
+are graph inputs (placeholders) rather than constants: the hash sees their shapes and dtypes,
+never their values. Default tracing mode is ``fake`` (no real compute, no buffer mutation).
+``method="export"`` uses ``torch.export.export(...).run_decompositions()`` instead (core ATen;
+slower, and its hashes differ from ``make_fx`` hashes).
+
+Example:
+    >>> import torch
+    >>> from conformance.models.tracing import graph_hash, aten_histogram
+    >>> m = torch.nn.Linear(4, 2)
+    >>> x = torch.randn(3, 4)
+    >>> graph_hash(m, (x,)) == graph_hash(torch.nn.Linear(4, 2), (torch.zeros(3, 4),))
+    True
+    >>> aten_histogram(m, (x,))["aten::addmm.default"]
+    1
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from typing import Any
+
+import torch
+from torch import fx, nn
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.func import functional_call
+
+
+def trace(module: nn.Module, inputs: tuple, *, method: str = "make_fx", tracing_mode: str = "fake") -> fx.GraphModule:
+    """Trace ``module(*inputs)`` to an ATen-level ``fx.GraphModule``."""
+    if method == "export":
+        return torch.export.export(module, tuple(inputs)).run_decompositions().graph_module
+    if method != "make_fx":
+        raise ValueError(f"unknown trace method {method!r}; known: make_fx, export")
+    state = {**dict(module.named_parameters()), **dict(module.named_buffers())}
+
+    def fn(state: dict, *args: Any) -> Any:
+        return functional_call(module, state, args)
+
+    return make_fx(fn, tracing_mode=tracing_mode)(state, *inputs)
+
+
+def _meta(value: Any) -> Any:
+    """Shape/dtype structure of a node's ``meta['val']`` (values never included)."""
+    if isinstance(value, torch.Tensor):
+        return (tuple(int(s) if not isinstance(s, torch.SymInt) else str(s) for s in value.shape), str(value.dtype))
+    if isinstance(value, list | tuple):
+        return tuple(_meta(v) for v in value)
+    if isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):
+        return str(value)
+    return repr(value) if value is not None else None
+
+
+def _arg(a: Any, index: dict[fx.Node, int]) -> Any:
+    """Encode an argument: nodes as indices, containers recursively, constants by repr."""
+    if isinstance(a, fx.Node):
+        return f"%{index[a]}"
+    if isinstance(a, list | tuple):
+        return tuple(_arg(x, index) for x in a)
+    if isinstance(a, dict):
+        return tuple(sorted((k, _arg(v, index)) for k, v in a.items()))
+    return repr(a) if not isinstance(a, torch.dtype | torch.device | torch.layout | torch.memory_format) else str(a)
+
+
+def _target(node: fx.Node) -> str:
+    t = node.target
+    if isinstance(t, torch._ops.OpOverload):
+        return f"{t.namespace}::{t._opname}.{t._overloadname}"
+    return getattr(t, "__name__", str(t))
+
+
+def graph_records(gm: fx.GraphModule) -> list[tuple]:
+    """One record per node: (kind/op, args, kwargs, output meta). Names are never included."""
+    index: dict[fx.Node, int] = {}
+    records = []
+    for i, node in enumerate(gm.graph.nodes):
+        index[node] = i
+        if node.op == "placeholder":
+            rec: tuple = ("in", _meta(node.meta.get("val")))
+        elif node.op == "get_attr":
+            rec = ("const", _meta(getattr(gm, str(node.target), None)))
+        elif node.op == "output":
+            rec = ("out", _arg(node.args, index))
+        else:
+            rec = (_target(node), _arg(node.args, index), _arg(node.kwargs, index), _meta(node.meta.get("val")))
+        records.append(rec)
+    return records
+
+
+def hash_graph(gm: fx.GraphModule) -> str:
+    """SHA-256 (first 20 hex chars) of the graph's node records."""
+    text = "\n".join(repr(r) for r in graph_records(gm))
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def histogram(gm: fx.GraphModule) -> dict[str, int]:
+    """``"ns::name.overload" -> count`` for every operator-overload call in ``gm``."""
+    ops = (n for n in gm.graph.nodes if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload))
+    return dict(sorted(Counter(_target(n) for n in ops).items()))
+
+
+def graph_hash(module: nn.Module, inputs: tuple, *, method: str = "make_fx") -> str:
+    """Structural hash of the ATen graph of ``module(*inputs)``."""
+    return hash_graph(trace(module, inputs, method=method))
+
+
+def aten_histogram(module: nn.Module, inputs: tuple, *, method: str = "make_fx") -> dict[str, int]:
+    """ATen op histogram of ``module(*inputs)`` from the same trace as ``graph_hash``."""
+    return histogram(trace(module, inputs, method=method))

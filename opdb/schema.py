@@ -1,0 +1,154 @@
+"""The opdb schema: tables, their columns, and the migrations between versions.
+
+The schema version lives in ``PRAGMA user_version``. A new version appends one function to
+``MIGRATIONS``; opening an older DB applies the missing steps in order, a newer one is refused.
+
+Example::
+
+    >>> import sqlite_utils
+    >>> from opdb.schema import migrate, SCHEMA_VERSION
+    >>> db = sqlite_utils.Database(memory=True)
+    >>> migrate(db) == SCHEMA_VERSION
+    True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import sqlite_utils
+
+# Columns shared by every per-item result table: which run, which shard wrote it, and the
+# stable key of the work item (what resume and merge de-duplicate on).
+_ITEM = {
+    "run_id": str,
+    "item_key": str,
+    "status": str,
+    "error": str,
+    "duration_s": float,
+    "shard": str,
+    "recorded_at": str,
+}
+
+RUNS = {
+    "id": str,
+    "target": str,
+    "build": str,
+    "torch_version": str,
+    "host": str,
+    "git_sha": str,
+    "started_at": str,
+    "finished_at": str,
+    "status": str,  # running | finished | interrupted | infra
+    "kind": str,  # ops | models | mixed
+    "config": str,  # JSON: the normalised run configuration (selection, seeds, tolerances)
+}
+
+RUN_SHARDS = {
+    "run_id": str,
+    "shard": str,  # "K/N"
+    "host": str,
+    "started_at": str,
+    "finished_at": str,
+    "status": str,
+    "items_total": int,
+}
+
+OPS = {
+    "torch_version": str,
+    "name": str,  # aten::name.overload
+    "op": str,  # aten::name
+    "overload": str,
+    "schema": str,
+    "tags": str,  # JSON list
+    "classes": str,  # JSON list (functional, inplace, out, view, ...)
+    "opinfos": str,  # JSON list of OpInfo names whose first sample reaches it
+}
+
+OP_RESULTS = {
+    **_ITEM,
+    "op": str,  # OpInfo name with variant name, e.g. nn.functional.conv2d
+    "variant": str,  # function | inplace | out | backward | schema
+    "dtype": str,
+    "sample": int,
+    "max_abs_err": float,
+    "max_rel_err": float,
+    "ulp_err": float,
+    "mismatch_frac": float,
+    "arbiter_err": float,  # target's error against the float64 arbiter
+    "cpu_arbiter_err": float,  # the CPU's own error against the arbiter
+    "nan_agree": int,
+    "dtype_ok": int,
+    "shape_ok": int,
+    "stride_ok": int,
+    "atol": float,
+    "rtol": float,
+    "tol_source": str,
+    "comparator": str,
+    "native_ops": str,  # JSON list
+    "fallback_ops": str,  # JSON list
+    "signature": str,
+    "seed": int,
+}
+
+MODEL_RESULTS = {
+    **_ITEM,
+    "model_id": str,
+    "family": str,
+    "params": str,  # JSON
+    "graph_hash": str,
+    "dtype": str,
+    "mode": str,  # eager | compile
+    "max_abs_err": float,
+    "max_rel_err": float,
+    "grad_max_rel_err": float,
+    "loss_curve": str,  # JSON {"target": [...], "cpu": [...]}
+    "native_ops": str,
+    "fallback_ops": str,
+    "aten_ops": str,  # JSON histogram
+    "first_divergent_op": str,
+    "first_divergent_detail": str,
+    "recompiles": int,
+    "compile_s": float,
+    "p50_ms": float,
+    "p99_ms": float,
+    "shapes": str,  # JSON per-shape latency / recompile record
+}
+
+TABLES: dict[str, dict[str, type]] = {
+    "runs": RUNS,
+    "run_shards": RUN_SHARDS,
+    "ops": OPS,
+    "op_results": OP_RESULTS,
+    "model_results": MODEL_RESULTS,
+}
+
+
+def _v1(db: sqlite_utils.Database) -> None:
+    db["runs"].create(RUNS, pk="id", if_not_exists=True)
+    db["run_shards"].create(RUN_SHARDS, pk=("run_id", "shard"), if_not_exists=True)
+    db["ops"].create(OPS, pk=("torch_version", "name"), if_not_exists=True)
+    for table, columns in (("op_results", OP_RESULTS), ("model_results", MODEL_RESULTS)):
+        db[table].create({"id": int, **columns}, pk="id", if_not_exists=True)
+        db[table].create_index(["run_id", "item_key"], unique=True, if_not_exists=True)
+        db[table].create_index(["run_id", "status"], if_not_exists=True)
+    db["op_results"].create_index(["run_id", "op", "dtype"], if_not_exists=True)
+    db["model_results"].create_index(["run_id", "family"], if_not_exists=True)
+
+
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1]
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def version(db: sqlite_utils.Database) -> int:
+    return db.execute("PRAGMA user_version").fetchone()[0]
+
+
+def migrate(db: sqlite_utils.Database) -> int:
+    """Bring ``db`` up to ``SCHEMA_VERSION``; returns the version it ends at."""
+    current = version(db)
+    for step, fn in enumerate(MIGRATIONS[current:], start=current + 1):
+        with db.conn:
+            fn(db)
+            db.execute(f"PRAGMA user_version = {step}")
+    return version(db)

@@ -1,0 +1,366 @@
+"""The result store: one SQLite file, opened through :class:`Store`.
+
+Every write goes through :meth:`Store.insert` (batched ``insert_all``); every read the rest of
+the project needs is a named method here or in :mod:`opdb.queries`.
+
+Example::
+
+    >>> from opdb import Store
+    >>> store = Store.memory()
+    >>> run = store.start_run(target="cpu", build="-", torch_version="2.13.0", config={})
+    >>> store.insert("op_results", [{"run_id": run, "item_key": "abs|function|float32|0",
+    ...                              "status": "pass"}])
+    1
+    >>> store.done_keys("op_results", run)
+    {'abs|function|float32|0'}
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import socket
+import sqlite3
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import sqlite_utils
+
+from . import schema
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+BUSY_TIMEOUT_MS = 60_000
+RESULT_TABLES = ("op_results", "model_results")
+# Run fields that must agree before two databases may be merged as shards of one run.
+RUN_IDENTITY = ("target", "build", "torch_version", "kind")
+
+
+class OpdbError(Exception):
+    """A problem with a database file or its contents; the message names the file and the problem."""
+
+
+def now() -> str:
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+
+
+def _check_file(path: Path) -> None:
+    if path.is_dir():
+        raise OpdbError(f"{path}: is a directory, not an SQLite database")
+    if not path.exists():
+        if not path.parent.exists():
+            raise OpdbError(f"{path}: folder {path.parent} does not exist")
+        return
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(16)
+    except OSError as exc:
+        raise OpdbError(f"{path}: cannot be read ({exc.strerror})") from None
+    if head and head != SQLITE_MAGIC:
+        raise OpdbError(f"{path}: not an SQLite database (header {head[:15]!r})")
+
+
+class Store:
+    """An opdb database: schema-checked, WAL mode, busy timeout for concurrent writers."""
+
+    def __init__(self, db: sqlite_utils.Database, path: Path | None, *, create: bool = True) -> None:
+        self.db = db
+        self.path = path
+        where = path or ":memory:"
+        try:
+            found = schema.version(db)
+        except sqlite3.DatabaseError as exc:
+            raise OpdbError(f"{where}: not a usable SQLite database ({exc})") from None
+        if found > schema.SCHEMA_VERSION:
+            raise OpdbError(
+                f"{where}: schema version {found} is newer than this opdb understands "
+                f"({schema.SCHEMA_VERSION}); upgrade the harness to read it"
+            )
+        if found < schema.SCHEMA_VERSION:
+            if not create and found == 0:
+                raise OpdbError(f"{where}: not an opdb database (no schema)")
+            schema.migrate(db)
+
+    # -- opening -----------------------------------------------------------------------
+    @classmethod
+    def open(cls, path: str | os.PathLike[str], *, create: bool = True) -> Store:
+        """Open (and create or migrate) the database at ``path``."""
+        p = Path(path)
+        _check_file(p)
+        if not create and not p.exists():
+            raise OpdbError(f"{p}: no such database")
+        try:
+            conn = sqlite3.connect(p, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
+            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = NORMAL")
+        except sqlite3.DatabaseError as exc:
+            raise OpdbError(f"{p}: not a usable SQLite database ({exc})") from None
+        return cls(sqlite_utils.Database(conn), p, create=create)
+
+    @classmethod
+    def memory(cls) -> Store:
+        return cls(sqlite_utils.Database(memory=True), None)
+
+    def close(self) -> None:
+        self.db.conn.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the one write path ------------------------------------------------------------
+    def insert(self, table: str, rows: Iterable[dict[str, Any]], *, batch_size: int = 500,
+               replace: bool = False) -> int:
+        """Insert rows in batches; rows whose unique key exists are kept as they are
+        (``replace=True`` overwrites them). Returns the number of rows offered."""
+        if table not in schema.TABLES:
+            raise OpdbError(f"unknown table {table!r}; known: {', '.join(schema.TABLES)}")
+        rows = [_encode(r) for r in rows]
+        if not rows:
+            return 0
+        with self._transaction():
+            self.db[table].insert_all(rows, batch_size=batch_size, ignore=not replace,
+                                      replace=replace, alter=False)
+        return len(rows)
+
+    @contextmanager
+    def _transaction(self) -> Iterator[None]:
+        # BEGIN IMMEDIATE takes the write lock up front, so concurrent writers queue on the
+        # busy timeout instead of failing with "database is locked" mid-transaction.
+        conn = self.db.conn
+        if conn.in_transaction:
+            yield
+            return
+        for attempt in range(5):
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                break
+            except sqlite3.OperationalError:
+                if attempt == 4:
+                    raise
+                time.sleep(0.2 * (attempt + 1))
+        try:
+            yield
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+    def writer(self, table: str, *, batch: int = 200, max_wait_s: float = 2.0) -> Writer:
+        """A buffered writer for a stream of results (flushes by count or by age)."""
+        return Writer(self, table, batch=batch, max_wait_s=max_wait_s)
+
+    # -- runs ----------------------------------------------------------------------------
+    def start_run(self, *, target: str, build: str, torch_version: str, config: dict[str, Any],
+                  kind: str = "ops", run_id: str | None = None, shard: str = "1/1",
+                  items_total: int | None = None, git_sha: str = "") -> str:
+        """Create a run (or join it, for another shard of the same run id); returns its id."""
+        run_id = run_id or new_run_id(target, build)
+        host = socket.gethostname()
+        existing = self.get_run(run_id)
+        row = {"id": run_id, "target": target, "build": build, "torch_version": torch_version,
+               "host": host, "git_sha": git_sha, "started_at": now(), "finished_at": None,
+               "status": "running", "kind": kind, "config": json.dumps(config, sort_keys=True)}
+        if existing:
+            _check_same_run(existing, row, where=str(self.path or ":memory:"))
+        else:
+            self.insert("runs", [row])
+        self.insert("run_shards", [{"run_id": run_id, "shard": shard, "host": host,
+                                    "started_at": now(), "finished_at": None,
+                                    "status": "running", "items_total": items_total}],
+                    replace=True)
+        return run_id
+
+    def resume_run(self, run_id: str, shard: str = "1/1") -> dict[str, Any]:
+        """Mark an interrupted run (shard) as running again; refuses unknown or finished runs."""
+        run = self.get_run(run_id)
+        if run is None:
+            raise OpdbError(f"{self.path}: no run with id {run_id!r} to resume")
+        shard_row = self.db.execute(
+            "select status from run_shards where run_id = ? and shard = ?", [run_id, shard]
+        ).fetchone()
+        if shard_row and shard_row[0] == "finished":
+            raise OpdbError(f"{self.path}: run {run_id!r} shard {shard} already finished; nothing to resume")
+        with self._transaction():
+            self.db.execute("update runs set status = 'running', finished_at = null where id = ?", [run_id])
+            self.db.execute(
+                "insert or replace into run_shards (run_id, shard, host, started_at, status) "
+                "values (?, ?, ?, ?, 'running')", [run_id, shard, socket.gethostname(), now()])
+        return self.get_run(run_id) or {}
+
+    def finish_run(self, run_id: str, *, shard: str = "1/1", status: str = "finished") -> None:
+        """Close a shard; the run is finished when all of its recorded shards are."""
+        with self._transaction():
+            self.db.execute(
+                "update run_shards set status = ?, finished_at = ? where run_id = ? and shard = ?",
+                [status, now(), run_id, shard])
+            self._refresh_run_status(run_id)
+
+    def set_run_status(self, run_id: str, status: str) -> None:
+        with self._transaction():
+            self.db.execute("update runs set status = ? where id = ?", [status, run_id])
+
+    def _refresh_run_status(self, run_id: str) -> None:
+        statuses = [r[0] for r in self.db.execute(
+            "select status from run_shards where run_id = ?", [run_id]).fetchall()]
+        current = self.db.execute("select status from runs where id = ?", [run_id]).fetchone()
+        if current and current[0] == "infra":
+            return
+        if statuses and all(s == "finished" for s in statuses):
+            expected = _shard_count(self.db, run_id)
+            status = "finished" if expected is None or len(statuses) >= expected else "partial"
+        elif any(s == "running" for s in statuses):
+            status = "running"
+        else:
+            status = "interrupted" if statuses else "running"
+        finished = now() if status == "finished" else None
+        self.db.execute("update runs set status = ?, finished_at = ? where id = ?",
+                        [status, finished, run_id])
+
+    def get_run(self, run_id: str) -> dict[str, Any] | None:
+        rows = list(self.db.query("select * from runs where id = ?", [run_id]))
+        return rows[0] if rows else None
+
+    def runs(self) -> list[dict[str, Any]]:
+        return list(self.db.query("select * from runs order by started_at, id"))
+
+    def done_keys(self, table: str, run_id: str) -> set[str]:
+        """Item keys already recorded for ``run_id`` (what a resumed run skips)."""
+        return {r[0] for r in self.db.execute(
+            f"select item_key from [{table}] where run_id = ?", [run_id]).fetchall()}
+
+    # -- catalog -------------------------------------------------------------------------
+    def store_catalog(self, rows: Sequence[dict[str, Any]]) -> int:
+        return self.insert("ops", rows, replace=True)
+
+    def count(self, table: str, **where: Any) -> int:
+        clause = " and ".join(f"[{k}] = ?" for k in where) or "1"
+        return self.db.execute(f"select count(*) from [{table}] where {clause}",
+                               list(where.values())).fetchone()[0]
+
+    # -- merge ---------------------------------------------------------------------------
+    def merge(self, sources: Sequence[str | os.PathLike[str]]) -> dict[str, int]:
+        """Merge shard databases of the same run(s) into this one, without duplicating rows.
+
+        All sources must hold the same runs (same ids, targets, builds, torch versions); a run
+        that already exists here must agree too. Nothing is written if any check fails.
+        """
+        if not sources:
+            raise OpdbError("merge needs at least one input database")
+        opened = [Store.open(s, create=False) for s in sources]
+        try:
+            run_sets = []
+            for src in opened:
+                runs = {r["id"]: r for r in src.runs()}
+                if not runs and src.count("ops") == 0:
+                    raise OpdbError(f"{src.path}: holds no runs and no catalog; nothing to merge")
+                run_sets.append(runs)
+            first = run_sets[0]
+            for src, runs in zip(opened[1:], run_sets[1:], strict=True):
+                if set(runs) != set(first):
+                    extra = sorted(set(runs) ^ set(first))
+                    raise OpdbError(f"{src.path}: holds different runs than {opened[0].path} "
+                                    f"({', '.join(extra)}); only shards of the same run merge")
+                for rid, run in runs.items():
+                    _check_same_run(first[rid], run, where=str(src.path))
+            for rid, run in first.items():
+                mine = self.get_run(rid)
+                if mine:
+                    _check_same_run(mine, run, where=str(self.path))
+            versions = {r["torch_version"] for rs in run_sets for r in rs.values()}
+            versions |= {r["torch_version"] for r in self.runs() if r["id"] in first}
+            if len(versions) > 1:
+                raise OpdbError(f"merge of runs from different torch versions: {sorted(versions)}")
+            counts: dict[str, int] = {}
+            for src in opened:
+                self._merge_one(src, counts)
+            with self._transaction():
+                for rid in first:
+                    self._refresh_run_status(rid)
+            return counts
+        finally:
+            for src in opened:
+                src.close()
+
+    def _merge_one(self, src: Store, counts: dict[str, int]) -> None:
+        # ATTACH/DETACH cannot run inside a transaction: attach, copy in one transaction, detach.
+        conn = self.db.conn
+        conn.execute("ATTACH DATABASE ? AS src", [str(src.path)])
+        try:
+            with self._transaction():
+                self._copy_tables(conn, counts)
+        finally:
+            conn.execute("DETACH DATABASE src")
+
+    @staticmethod
+    def _copy_tables(conn: sqlite3.Connection, counts: dict[str, int]) -> None:
+        for table, cols in schema.TABLES.items():
+            names = ", ".join(f"[{c}]" for c in cols)
+            before = conn.total_changes
+            conn.execute(f"insert or ignore into main.[{table}] ({names}) "
+                         f"select {names} from src.[{table}]")
+            counts[table] = counts.get(table, 0) + conn.total_changes - before
+
+
+class Writer:
+    """Buffers result rows and writes them in batches; use as a context manager."""
+
+    def __init__(self, store: Store, table: str, *, batch: int, max_wait_s: float) -> None:
+        self.store, self.table, self.batch, self.max_wait_s = store, table, batch, max_wait_s
+        self._rows: list[dict[str, Any]] = []
+        self._since = time.monotonic()
+        self.written = 0
+
+    def add(self, row: dict[str, Any]) -> None:
+        self._rows.append(row)
+        if len(self._rows) >= self.batch or time.monotonic() - self._since > self.max_wait_s:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._rows:
+            self.written += self.store.insert(self.table, self._rows)
+            self._rows = []
+        self._since = time.monotonic()
+
+    def __enter__(self) -> Writer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.flush()
+
+
+def new_run_id(target: str, build: str) -> str:
+    stamp = _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%S")
+    return f"{stamp}-{target}-{build}-{uuid.uuid4().hex[:6]}".replace("/", "_")
+
+
+def _shard_count(db: sqlite_utils.Database, run_id: str) -> int | None:
+    row = db.execute("select shard from run_shards where run_id = ? limit 1", [run_id]).fetchone()
+    if not row or "/" not in row[0]:
+        return None
+    return int(row[0].split("/")[1])
+
+
+def _check_same_run(a: dict[str, Any], b: dict[str, Any], *, where: str) -> None:
+    for key in RUN_IDENTITY:
+        if a.get(key) != b.get(key):
+            raise OpdbError(f"{where}: run {a['id']!r} has {key}={b.get(key)!r} here but "
+                            f"{a.get(key)!r} elsewhere; these are not shards of the same run")
+
+
+def _encode(row: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for k, v in row.items():
+        if isinstance(v, (list, tuple, dict)):
+            v = json.dumps(v, sort_keys=True, default=str)
+        elif isinstance(v, float) and v != v:  # NaN is stored as NULL
+            v = None
+        out[k] = v
+    return out

@@ -1,0 +1,59 @@
+"""The CLI: exit codes, one-line errors, and help for every command."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from conformance.cli import main
+from opdb import SCHEMA_VERSION
+
+
+def run(*args: str):
+    return CliRunner().invoke(main, list(args))
+
+
+def _commands(group: click.Group, prefix: tuple[str, ...] = ()):
+    for name, cmd in group.commands.items():
+        yield prefix + (name,), cmd
+        if isinstance(cmd, click.Group):
+            yield from _commands(cmd, prefix + (name,))
+
+
+def test_every_command_has_help_with_an_example():
+    for path, cmd in _commands(main):
+        assert cmd.help and "Example:" in cmd.help, f"conformance {' '.join(path)} lacks an example"
+
+
+@pytest.mark.parametrize("args", [["bogus"], ["ops", "--bogus-flag"]])
+def test_unknown_command_or_flag_exits_2(args):
+    assert run(*args).exit_code == 2
+
+
+def test_store_without_db_exits_2():
+    r = run("ops", "--store")
+    assert r.exit_code == 2 and "--db" in r.output
+
+
+def test_non_sqlite_db_exits_2_and_is_untouched(tmp_path):
+    p = tmp_path / "x.sqlite"
+    p.write_bytes(b"not sqlite at all")
+    r = run("ops", "--store", "--db", str(p))
+    assert r.exit_code == 2
+    assert r.output.strip().splitlines()[-1].startswith(f"error: {p}: not an SQLite database")
+    assert p.read_bytes() == b"not sqlite at all"
+
+
+def test_newer_schema_db_exits_2(tmp_path):
+    p = tmp_path / "n.sqlite"
+    sqlite3.connect(p).execute(f"PRAGMA user_version = {SCHEMA_VERSION + 3}")
+    r = run("ops", "--store", "--db", str(p))
+    assert r.exit_code == 2 and "newer than this opdb" in r.output
+
+
+def test_merge_of_missing_db_exits_2(tmp_path):
+    r = run("merge", str(tmp_path / "out.sqlite"), str(tmp_path / "missing.sqlite"))
+    assert r.exit_code == 2 and "no such database" in r.output

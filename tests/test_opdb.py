@@ -1,0 +1,144 @@
+"""opdb: schema versions, the write path, concurrent writers, resume bookkeeping, merge."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import sqlite3
+
+import pytest
+
+from opdb import SCHEMA_VERSION, OpdbError, Store
+
+
+def _row(run: str, i: int, status: str = "pass") -> dict:
+    return {"run_id": run, "item_key": f"abs|function|float32|{i}", "op": "abs",
+            "variant": "function", "dtype": "float32", "sample": i, "status": status,
+            "native_ops": ["aten::abs.default"], "max_abs_err": float("nan")}
+
+
+def test_new_db_gets_current_schema(tmp_path):
+    with Store.open(tmp_path / "a.sqlite") as st:
+        assert st.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        assert st.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert {"runs", "run_shards", "ops", "op_results", "model_results"} <= set(st.db.table_names())
+
+
+def test_newer_schema_is_refused(tmp_path):
+    path = tmp_path / "new.sqlite"
+    sqlite3.connect(path).execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    with pytest.raises(OpdbError, match="newer than this opdb"):
+        Store.open(path)
+
+
+def test_not_sqlite_is_refused_and_untouched(tmp_path):
+    path = tmp_path / "notes.txt"
+    path.write_text("hello, not a database")
+    with pytest.raises(OpdbError, match="not an SQLite database"):
+        Store.open(path)
+    assert path.read_text() == "hello, not a database"
+
+
+def test_directory_and_missing_folder_are_refused(tmp_path):
+    with pytest.raises(OpdbError, match="is a directory"):
+        Store.open(tmp_path)
+    with pytest.raises(OpdbError, match="does not exist"):
+        Store.open(tmp_path / "missing" / "x.sqlite")
+
+
+def test_insert_ignores_duplicates_and_encodes(store):
+    run = store.start_run(target="t", build="b", torch_version="2.13", config={"x": 1})
+    store.insert("op_results", [_row(run, 0), _row(run, 1)])
+    store.insert("op_results", [_row(run, 0, "mismatch")])  # already recorded: kept as is
+    rows = list(store.db.query("select * from op_results order by sample"))
+    assert [r["status"] for r in rows] == ["pass", "pass"]
+    assert rows[0]["native_ops"] == '["aten::abs.default"]'
+    assert rows[0]["max_abs_err"] is None
+
+
+def test_unknown_table_is_refused(store):
+    with pytest.raises(OpdbError, match="unknown table 'nope'"):
+        store.insert("nope", [{"a": 1}])
+
+
+def _writer(path: str, run: str, start: int, n: int) -> None:
+    with Store.open(path) as st:
+        with st.writer("op_results", batch=25) as w:
+            for i in range(start, start + n):
+                w.add(_row(run, i))
+
+
+def test_concurrent_writers(tmp_path):
+    path = str(tmp_path / "c.sqlite")
+    with Store.open(path) as st:
+        run = st.start_run(target="t", build="b", torch_version="2.13", config={})
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_writer, args=(path, run, k * 300, 300)) for k in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    with Store.open(path) as st:
+        assert st.count("op_results", run_id=run) == 1200
+        assert len(st.done_keys("op_results", run)) == 1200
+
+
+def test_resume_bookkeeping(store):
+    run = store.start_run(target="t", build="b", torch_version="2.13", config={})
+    store.insert("op_results", [_row(run, i) for i in range(3)])
+    assert store.done_keys("op_results", run) == {f"abs|function|float32|{i}" for i in range(3)}
+    store.set_run_status(run, "interrupted")
+    assert store.resume_run(run)["status"] == "running"
+    store.finish_run(run)
+    assert store.get_run(run)["status"] == "finished"
+    with pytest.raises(OpdbError, match="already finished"):
+        store.resume_run(run)
+    with pytest.raises(OpdbError, match="no run with id 'ghost'"):
+        store.resume_run("ghost")
+
+
+def _shard(path, run_id: str, shard: str, rows: range, torch_version: str = "2.13") -> None:
+    with Store.open(path) as st:
+        st.start_run(target="t", build="b", torch_version=torch_version, config={}, run_id=run_id,
+                     shard=shard)
+        st.insert("op_results", [_row(run_id, i) for i in rows])
+        st.insert("ops", [{"torch_version": torch_version, "name": "aten::abs.default"}])
+        st.finish_run(run_id, shard=shard)
+
+
+def test_merge_shards_without_duplicates(tmp_path):
+    a, b, out = tmp_path / "a.sqlite", tmp_path / "b.sqlite", tmp_path / "out.sqlite"
+    _shard(a, "r1", "1/2", range(0, 60))
+    _shard(b, "r1", "2/2", range(50, 100))  # overlapping rows must not double
+    with Store.open(out) as st:
+        st.merge([a, b])
+        st.merge([a, b])  # merging twice changes nothing
+        assert st.count("op_results") == 100
+        assert st.count("ops") == 1
+        assert st.get_run("r1")["status"] == "finished"
+
+
+def test_partial_shards_leave_run_unfinished(tmp_path):
+    a, out = tmp_path / "a.sqlite", tmp_path / "out.sqlite"
+    _shard(a, "r1", "1/2", range(10))
+    with Store.open(out) as st:
+        st.merge([a])
+        assert st.get_run("r1")["status"] == "partial"
+
+
+def test_merge_refuses_different_runs(tmp_path):
+    a, b, out = tmp_path / "a.sqlite", tmp_path / "b.sqlite", tmp_path / "out.sqlite"
+    _shard(a, "r1", "1/2", range(5))
+    _shard(b, "r2", "2/2", range(5))
+    with Store.open(out) as st, pytest.raises(OpdbError, match="different runs"):
+        st.merge([a, b])
+    with Store.open(out) as st:
+        assert st.count("op_results") == 0
+
+
+def test_merge_refuses_different_torch_versions(tmp_path):
+    a, b, out = tmp_path / "a.sqlite", tmp_path / "b.sqlite", tmp_path / "out.sqlite"
+    _shard(a, "r1", "1/2", range(5), torch_version="2.13")
+    _shard(b, "r1", "2/2", range(5), torch_version="2.12")
+    with Store.open(out) as st, pytest.raises(OpdbError, match="torch_version"):
+        st.merge([a, b])
