@@ -1,0 +1,234 @@
+"""Compare: numeric evidence between a target's result and the CPU reference.
+
+The evidence (max abs/rel error, ULP distance, mismatch fraction, NaN/Inf agreement,
+dtype/shape/stride of the device tensor) is computed here; the status is decided in
+:mod:`conformance.verdict`. Closeness follows ``torch.testing.assert_close`` semantics
+(``|t - c| <= atol + rtol * |c|``, NaNs equal), plus the float64 arbiter rule: a result
+outside tolerance still passes when its error against the float64 result is no worse than
+``ARBITER_FACTOR`` times the CPU's own error (a device is not punished for being more accurate
+than the CPU).
+
+Example::
+
+    >>> import torch
+    >>> from conformance.compare import compare
+    >>> ev = compare(torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.0001]), atol=1e-5, rtol=1e-6)
+    >>> ev.close, round(ev.max_abs_err, 4)
+    (False, 0.0001)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+ARBITER_FACTOR = 2.0
+_MANTISSA = {torch.float64: 52, torch.float32: 23, torch.bfloat16: 7, torch.float16: 10}
+
+
+@dataclass(frozen=True)
+class Meta:
+    """dtype/shape/stride of a tensor as it sits on the device."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+
+    @classmethod
+    def of(cls, t: torch.Tensor) -> Meta:
+        stride = tuple(t.stride()) if t.layout == torch.strided else ()
+        return cls(str(t.dtype).removeprefix("torch."), tuple(t.shape), stride)
+
+
+@dataclass(frozen=True)
+class Evidence:
+    close: bool
+    max_abs_err: float = 0.0
+    max_rel_err: float = 0.0
+    ulp_err: float = 0.0
+    mismatch_frac: float = 0.0
+    nan_agree: bool = True
+    dtype_ok: bool = True
+    shape_ok: bool = True
+    stride_ok: bool = True
+    arbiter_err: float | None = None
+    cpu_arbiter_err: float | None = None
+    comparator: str = "allclose"
+    detail: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def row(self) -> dict[str, Any]:
+        return {"max_abs_err": _finite(self.max_abs_err), "max_rel_err": _finite(self.max_rel_err),
+                "ulp_err": _finite(self.ulp_err), "mismatch_frac": self.mismatch_frac,
+                "nan_agree": int(self.nan_agree), "dtype_ok": int(self.dtype_ok),
+                "shape_ok": int(self.shape_ok), "stride_ok": int(self.stride_ok),
+                "arbiter_err": _finite(self.arbiter_err), "cpu_arbiter_err": _finite(self.cpu_arbiter_err),
+                "comparator": self.comparator}
+
+
+def _finite(x: float | None) -> float | None:
+    if x is None:
+        return None
+    return x if math.isfinite(x) else (1e308 if x > 0 else None)
+
+
+def leaves(value: Any) -> list[Any]:
+    flat, _ = tree_flatten(value)
+    return flat
+
+
+def ulp(ref: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The spacing of ``dtype`` at each value of ``ref`` (float64)."""
+    finfo = torch.finfo(dtype)
+    mant = _MANTISSA.get(dtype, 23)
+    mag = ref.abs().clamp_min(finfo.tiny)
+    return torch.exp2(torch.floor(torch.log2(mag)) - mant)
+
+
+def _tensor_evidence(t: torch.Tensor, c: torch.Tensor, atol: float, rtol: float) -> Evidence:
+    if t.is_complex() or c.is_complex():
+        t, c = torch.view_as_real(t.resolve_conj()), torch.view_as_real(c.resolve_conj())
+    if not (t.is_floating_point() or c.is_floating_point()):
+        if t.numel() == 0:
+            return Evidence(True)
+        eq = t == c
+        n_bad = int((~eq).sum())
+        if n_bad == 0:
+            return Evidence(True)
+        diff = (t.double() - c.double()).abs()
+        return Evidence(False, max_abs_err=float(diff.max()), max_rel_err=float((diff / c.double().abs().clamp_min(1)).max()),
+                        mismatch_frac=n_bad / t.numel(), detail=f"{n_bad} of {t.numel()} values differ")
+    if t.numel() == 0:
+        return Evidence(True)
+    dtype = c.dtype if c.is_floating_point() else t.dtype
+    t64, c64 = t.double(), c.double()
+    tn, cn = torch.isnan(t64), torch.isnan(c64)
+    nan_agree = bool(torch.equal(tn, cn))
+    both_inf = torch.isinf(t64) | torch.isinf(c64)
+    inf_bad = both_inf & (t64 != c64) & ~(tn | cn)
+    finite = ~(tn | cn | both_inf)
+    diff = torch.where(finite, (t64 - c64).abs(), torch.zeros((), dtype=torch.float64))
+    allowed = atol + rtol * c64.abs()
+    bad = (finite & (diff > allowed)) | inf_bad | (tn != cn)
+    n_bad = int(bad.sum())
+    max_abs = float(diff.max())
+    rel = diff / c64.abs().clamp_min(torch.finfo(dtype).tiny)
+    max_rel = float(torch.where(finite, rel, torch.zeros((), dtype=torch.float64)).max())
+    ulps = float((diff / ulp(c64, dtype)).max()) if max_abs > 0 else 0.0
+    if inf_bad.any():
+        max_abs = max_rel = ulps = math.inf
+    detail = "" if n_bad == 0 else f"{n_bad} of {t.numel()} values outside atol={atol:g} rtol={rtol:g}"
+    if not nan_agree:
+        detail += f"; NaN pattern differs ({int(tn.sum())} NaN on target, {int(cn.sum())} on CPU)"
+    return Evidence(n_bad == 0, max_abs_err=max_abs, max_rel_err=max_rel, ulp_err=ulps,
+                    mismatch_frac=n_bad / t.numel(), nan_agree=nan_agree, detail=detail.strip("; "))
+
+
+def _merge(parts: Sequence[Evidence], comparator: str) -> Evidence:
+    if not parts:
+        return Evidence(True, comparator=comparator)
+    return Evidence(
+        close=all(p.close for p in parts),
+        max_abs_err=max(p.max_abs_err for p in parts), max_rel_err=max(p.max_rel_err for p in parts),
+        ulp_err=max(p.ulp_err for p in parts), mismatch_frac=max(p.mismatch_frac for p in parts),
+        nan_agree=all(p.nan_agree for p in parts), dtype_ok=all(p.dtype_ok for p in parts),
+        shape_ok=all(p.shape_ok for p in parts), stride_ok=all(p.stride_ok for p in parts),
+        comparator=comparator, detail="; ".join(f"output {i}: {p.detail}" for i, p in enumerate(parts) if p.detail))
+
+
+def _strides_agree(a: Meta, b: Meta) -> bool:
+    if a.shape != b.shape or not a.stride or not b.stride:
+        return a.shape == b.shape
+    return all(sa == sb for sa, sb, n in zip(a.stride, b.stride, a.shape, strict=True) if n > 1)
+
+
+def _scalar_evidence(t: Any, c: Any, atol: float, rtol: float) -> Evidence:
+    if isinstance(c, float) or isinstance(t, float):
+        if isinstance(t, (int, float)) and isinstance(c, (int, float)):
+            if math.isnan(c) and math.isnan(t):
+                return Evidence(True)
+            d = abs(t - c)
+            ok = d <= atol + rtol * abs(c)
+            return Evidence(ok, max_abs_err=d, max_rel_err=d / max(abs(c), 1e-300),
+                            detail="" if ok else f"scalar {t!r} != {c!r}")
+    ok = t == c
+    return Evidence(bool(ok), detail="" if ok else f"value {t!r} != {c!r}")
+
+
+def compare(cpu: Any, target: Any, *, atol: float, rtol: float, device_meta: Sequence[Meta] | None = None,
+            per_tensor: Callable[[int, torch.Tensor, torch.Tensor], Evidence | None] | None = None,
+            comparator: str = "allclose") -> Evidence:
+    """Evidence for ``target`` (already copied to the CPU) against ``cpu``.
+
+    ``device_meta`` holds the dtype/shape/stride of the target's tensors as they were on the
+    device; ``per_tensor`` lets a semantic comparator decide a tensor pair (None = default).
+    """
+    c_leaves, t_leaves = leaves(cpu), leaves(target)
+    if len(c_leaves) != len(t_leaves):
+        return Evidence(False, shape_ok=False, comparator=comparator,
+                        detail=f"target returned {len(t_leaves)} values, CPU {len(c_leaves)}")
+    parts: list[Evidence] = []
+    tensor_i = 0
+    for i, (c, t) in enumerate(zip(c_leaves, t_leaves, strict=True)):
+        if isinstance(c, torch.Tensor) != isinstance(t, torch.Tensor):
+            parts.append(Evidence(False, dtype_ok=False, detail=f"output {i}: {type(t).__name__} vs {type(c).__name__}"))
+            continue
+        if not isinstance(c, torch.Tensor):
+            parts.append(_scalar_evidence(t, c, atol, rtol))
+            continue
+        cm = Meta.of(c)
+        dm = device_meta[tensor_i] if device_meta and tensor_i < len(device_meta) else Meta.of(t)
+        tensor_i += 1
+        dtype_ok, shape_ok = dm.dtype == cm.dtype, dm.shape == cm.shape
+        stride_ok = _strides_agree(dm, cm)
+        if not shape_ok or t.shape != c.shape:
+            parts.append(Evidence(False, dtype_ok=dtype_ok, shape_ok=False, stride_ok=stride_ok,
+                                  detail=f"shape {list(dm.shape)} on target vs {list(cm.shape)} on CPU"))
+            continue
+        ev = per_tensor(i, t, c) if per_tensor else None
+        if ev is None:
+            ev = _tensor_evidence(t, c, atol, rtol)
+        close = ev.close and dtype_ok
+        detail = ev.detail if dtype_ok else f"dtype {dm.dtype} on target vs {cm.dtype} on CPU; {ev.detail}".strip("; ")
+        parts.append(replace(ev, close=close, dtype_ok=dtype_ok, shape_ok=shape_ok, stride_ok=stride_ok, detail=detail))
+    return _merge(parts, comparator)
+
+
+def arbitrate(ev: Evidence, cpu: Any, target: Any, arbiter: Any, *, atol: float) -> Evidence:
+    """Apply the float64 arbiter rule to evidence that failed plain closeness."""
+    c_l, t_l, a_l = leaves(cpu), leaves(target), leaves(arbiter)
+    if not (len(c_l) == len(t_l) == len(a_l)) or not ev.dtype_ok or not ev.shape_ok:
+        return ev
+    t_err = c_err = 0.0
+    for c, t, a in zip(c_l, t_l, a_l, strict=True):
+        if not isinstance(c, torch.Tensor) or not isinstance(a, torch.Tensor):
+            continue
+        if not (c.is_floating_point() or c.is_complex()) or a.shape != c.shape:
+            if isinstance(c, torch.Tensor) and not torch.equal(c, t):
+                return ev  # non-float outputs must match exactly
+            continue
+        a64 = a.to(torch.complex128 if a.is_complex() else torch.float64)
+        t64 = t.to(a64.dtype)
+        c64 = c.to(a64.dtype)
+        an = torch.isnan(a64) if not a64.is_complex() else torch.isnan(a64.real)
+        tn = torch.isnan(t64) if not t64.is_complex() else torch.isnan(t64.real)
+        cn = torch.isnan(c64) if not c64.is_complex() else torch.isnan(c64.real)
+        if not torch.equal(tn, an) and not torch.equal(tn, cn):
+            return ev
+        mask = ~(an | tn | cn)
+        if mask.any():
+            te = (t64 - a64).abs()[mask]
+            ce = (c64 - a64).abs()[mask]
+            if torch.isinf(te).any() and not torch.isinf(ce).any():
+                return ev
+            t_err = max(t_err, float(torch.nan_to_num(te, posinf=0.0).max()))
+            c_err = max(c_err, float(torch.nan_to_num(ce, posinf=0.0).max()))
+    ok = t_err <= ARBITER_FACTOR * c_err + atol
+    detail = (f"{ev.detail}; float64 arbiter: target error {t_err:.3g} vs CPU error {c_err:.3g} "
+              f"({'within' if ok else 'beyond'} {ARBITER_FACTOR:g}x)")
+    return replace(ev, close=ok, arbiter_err=t_err, cpu_arbiter_err=c_err, detail=detail)

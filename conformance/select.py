@@ -1,0 +1,96 @@
+"""Select work: which OpInfo x dtype groups a run covers, their stable keys, and sharding.
+
+A *group* is one OpInfo and one dtype (samples are generated once per group); an *item* is one
+sample of one variant in a group. Item keys are stable across runs and processes, which is what
+resume and merge rely on.
+
+Example::
+
+    >>> from conformance.select import select_groups
+    >>> [g.key for g in select_groups(["abs"], ["float32", "int64"])]
+    ['abs|float32', 'abs|int64']
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .inputs.opinfo import by_name, cpu_dtypes
+
+DEFAULT_DTYPES = ("float32", "bfloat16", "float16", "int32", "int64", "bool", "float64", "complex64")
+VARIANTS = ("function", "inplace", "out")
+
+
+class SelectionError(ValueError):
+    """An op glob, dtype or shard spec that selects nothing or cannot be parsed."""
+
+
+@dataclass(frozen=True)
+class Group:
+    op: str
+    dtype: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.op}|{self.dtype}"
+
+
+def item_key(op: str, variant: str, dtype: str, sample: int) -> str:
+    return f"{op}|{variant}|{dtype}|{sample}"
+
+
+def parse_dtypes(names: Sequence[str] | None) -> tuple[str, ...]:
+    if not names:
+        return DEFAULT_DTYPES
+    out = []
+    for name in names:
+        for part in name.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            if not isinstance(getattr(torch, part, None), torch.dtype):
+                raise SelectionError(f"unknown dtype {part!r}; expected names like float32, bfloat16, int64, bool")
+            out.append(part)
+    return tuple(dict.fromkeys(out))
+
+
+def parse_shard(spec: str | None) -> tuple[int, int]:
+    if not spec:
+        return 1, 1
+    try:
+        k, n = (int(x) for x in spec.split("/"))
+    except ValueError:
+        raise SelectionError(f"--shard {spec!r} is not K/N (e.g. 1/4)") from None
+    if not 1 <= k <= n:
+        raise SelectionError(f"--shard {spec!r}: K must be between 1 and N")
+    return k, n
+
+
+def select_ops(globs: Sequence[str] | None) -> list[str]:
+    names = sorted(by_name())
+    if not globs:
+        return names
+    chosen: list[str] = []
+    for g in globs:
+        hit = [n for n in names if fnmatch.fnmatchcase(n, g)]
+        if not hit:
+            raise SelectionError(f"op glob {g!r} matches no OpInfo (e.g. 'add', 'nn.functional.*', 'linalg.*')")
+        chosen.extend(hit)
+    return sorted(dict.fromkeys(chosen))
+
+
+def select_groups(ops: Sequence[str] | None = None, dtypes: Sequence[str] | None = None,
+                  shard: tuple[int, int] = (1, 1)) -> list[Group]:
+    """Every (OpInfo, dtype) pair the CPU supports, in a stable order, restricted to one shard."""
+    infos = by_name()
+    wanted = parse_dtypes(dtypes)
+    groups = []
+    for name in select_ops(ops):
+        supported = {str(d).removeprefix("torch.") for d in cpu_dtypes(infos[name])}
+        groups.extend(Group(name, d) for d in wanted if d in supported)
+    k, n = shard
+    return [g for i, g in enumerate(groups) if i % n == k - 1]

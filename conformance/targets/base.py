@@ -1,0 +1,121 @@
+"""The Target protocol and the registry of targets.
+
+A real device package is one class away: subclass :class:`Target`, set ``name``, implement
+``setup`` and (if the device tracks it) ``trace``, and decorate it with :func:`register`.
+
+Example::
+
+    >>> from conformance.targets import get_target
+    >>> t = get_target("cpu")
+    >>> t.device, t.build
+    ('cpu', '-')
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_map
+
+
+class TargetError(ValueError):
+    """Unknown target, unusable build, or a target that cannot run on this machine."""
+
+
+@dataclass
+class OpTrace:
+    """Overloads that reached the target's backend during one execution."""
+
+    native: set[str] = field(default_factory=set)
+    fallback: set[str] = field(default_factory=set)
+
+    @property
+    def reached(self) -> set[str]:
+        return self.native | self.fallback
+
+
+class _Reached(TorchDispatchMode):
+    """Records every aten overload that reaches the backend (below autograd and
+    composite-implicit decompositions)."""
+
+    def __init__(self, trace: OpTrace) -> None:
+        super().__init__()
+        self.trace = trace
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        if func.namespace == "aten":
+            self.trace.native.add(f"aten::{func._schema.name.split('::', 1)[1]}.{func._overloadname}")
+        return func(*args, **(kwargs or {}))
+
+
+class Target:
+    """Base class: places inputs, runs callables, synchronizes, and traces dispatch."""
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    device: str = "cpu"
+
+    def __init__(self, build: str | None = None) -> None:
+        self.build = build or "-"
+
+    # -- life cycle ------------------------------------------------------------------
+    def setup(self) -> None:
+        """Import and initialise the device; raise TargetError if it cannot run here."""
+
+    def describe(self) -> dict[str, Any]:
+        return {"target": self.name, "build": self.build, "device": self.device,
+                "torch": torch.__version__}
+
+    # -- execution -------------------------------------------------------------------
+    def to_device(self, value: Any) -> Any:
+        return tree_map(lambda x: x.to(self.device) if isinstance(x, torch.Tensor) else x, value)
+
+    def wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """The callable as the target runs it (eager by default; compiled for inductor)."""
+        return fn
+
+    def synchronize(self) -> None:
+        """Wait for queued device work (no-op for synchronous devices)."""
+
+    @contextlib.contextmanager
+    def trace(self) -> Iterator[OpTrace]:
+        """Record the overloads one execution reaches. Default: a dispatch mode, all native."""
+        trace = OpTrace()
+        with _Reached(trace):
+            yield trace
+
+    def compile_backend(self) -> str | Callable[..., Any]:
+        """The ``torch.compile`` backend that targets this device."""
+        return "inductor"
+
+    def __repr__(self) -> str:
+        return f"get_target({self.name!r}, build={self.build!r})"
+
+
+REGISTRY: dict[str, type[Target]] = {}
+
+
+def register(cls: type[Target]) -> type[Target]:
+    if not cls.name:
+        raise TypeError(f"{cls.__name__} needs a name")
+    REGISTRY[cls.name] = cls
+    return cls
+
+
+def get_target(name: str, build: str | None = None) -> Target:
+    """Instantiate and set up the target ``name`` (``neuron-emu``, ``inductor``, ``cuda``, ``cpu``)."""
+    _load_builtin()
+    if name not in REGISTRY:
+        raise TargetError(f"unknown target {name!r}; known targets: {', '.join(sorted(REGISTRY))}")
+    target = REGISTRY[name](build)
+    target.setup()
+    return target
+
+
+def _load_builtin() -> None:
+    from . import cpu, cuda, inductor, neuron_emu  # noqa: F401  (registration side effects)

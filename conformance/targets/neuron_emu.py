@@ -1,0 +1,51 @@
+"""``neuron-emu``: the emulated TorchNeuron device (package ``neuron_emu``).
+
+Native vs fallback comes from the device's own runtime tracking (as with torch-neuronx's
+``get_fallback_ops``/``get_executed_ops``), never from the build manifest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from .base import OpTrace, Target, TargetError, register
+
+
+@register
+class NeuronEmuTarget(Target):
+    name = "neuron-emu"
+    description = "emulated AWS TorchNeuron device (PrivateUse1 'neuron') vs eager CPU"
+    device = "neuron"
+
+    def setup(self) -> None:
+        try:
+            import neuron_emu
+        except ImportError as exc:  # the extension build failed or the package is absent
+            raise TargetError(f"target 'neuron-emu' cannot load the emulator: {exc}") from exc
+        self._emu = neuron_emu
+        try:
+            build = (neuron_emu.current_build() if self.build == "-"
+                     else neuron_emu.use_build(self.build))
+        except (ValueError, FileNotFoundError) as exc:
+            raise TargetError(str(exc)) from exc
+        self.build = build.name
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "emulated": True}
+
+    @contextlib.contextmanager
+    def trace(self) -> Iterator[OpTrace]:
+        emu = self._emu
+        emu.clear_op_tracking()
+        trace = OpTrace()
+        try:
+            yield trace
+        finally:
+            fallback = set(emu.get_fallback_ops())
+            trace.fallback = fallback
+            trace.native = set(emu.get_executed_ops()) - fallback
+
+    def compile_backend(self) -> str:
+        return "neuron"
