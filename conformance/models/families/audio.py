@@ -80,7 +80,7 @@ class AudioEncoder(nn.Module):
     def forward(self, mel: Tensor) -> Tensor:
         x = self.stem(mel).transpose(1, 2)
         if self.whisper:
-            x = x + sinusoidal(torch.arange(x.shape[1], device=x.device), x.shape[2])
+            x = x + sinusoidal(torch.arange(x.shape[1], device=x.device), x.shape[2]).to(x.dtype)
         for blk in self.blocks:
             x = blk(x)
         return self.head(self.post(x))

@@ -74,7 +74,7 @@ class Denoiser(nn.Module):
         self.out = nn.Sequential(nn.GroupNorm(p["groups"], ch), nn.SiLU(), nn.Conv2d(ch, LATENT_CH, 3, padding=1))
 
     def forward(self, x: Tensor, t: Tensor) -> Tensor:
-        emb = self.time(sinusoidal(t, self.temb_dim))
+        emb = self.time(sinusoidal(t, self.temb_dim).to(x.dtype))
         h = self.inp(x)
         for i, block in enumerate(self.res):
             h = block(h, emb)
