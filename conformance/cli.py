@@ -39,10 +39,8 @@ def handles_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             return fn(*args, **kwargs)
         except (OpdbError, UsageProblem, FileNotFoundError) as exc:
             fail(str(exc))
-        except ValueError as exc:  # validation errors of ledgers, manifests, selections
-            if type(exc).__module__.startswith(("conformance", "neuron_emu", "opdb")) or type(exc) is ValueError:
-                fail(str(exc))
-            raise
+        except ValueError as exc:  # validation errors of ledgers, manifests, selections, targets
+            fail(str(exc))
 
     return wrapper
 
@@ -118,19 +116,8 @@ def merge_cmd(out: str, inputs: tuple[str, ...]) -> None:
     click.echo("merged " + ", ".join(f"{n} {t}" for t, n in counts.items() if n) + f" into {out}")
 
 
-def _register_optional_commands() -> None:
-    """Commands of later pipeline stages live in their own modules."""
-    import importlib
-
-    for mod in ("conformance.commands",):
-        try:
-            importlib.import_module(mod)
-        except ModuleNotFoundError as exc:
-            if exc.name != mod:
-                raise
-
-
-_register_optional_commands()
+# Commands of later pipeline stages live in their own modules and attach to ``main``.
+from . import cli_sweep  # noqa: E402,F401
 
 if __name__ == "__main__":
     main()

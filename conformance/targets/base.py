@@ -89,6 +89,10 @@ class Target:
         with _Reached(trace):
             yield trace
 
+    def repro_setup(self) -> tuple[str, str]:
+        """Python source a standalone repro script runs first, and how it wraps ``{fn}``."""
+        return "", "{fn}"
+
     def compile_backend(self) -> str | Callable[..., Any]:
         """The ``torch.compile`` backend that targets this device."""
         return "inductor"

@@ -23,6 +23,9 @@ class InductorTarget(Target):
         if self.build == "-":
             self.build = f"inductor-{torch.__version__}"
 
+    def repro_setup(self) -> tuple[str, str]:
+        return "", "torch.compile({fn}, backend='inductor', dynamic=False)"
+
     def wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         compiled = torch.compile(fn, backend="inductor", dynamic=False, fullgraph=False)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from .base import OpTrace, Target, TargetError, register
@@ -25,6 +26,7 @@ class NeuronEmuTarget(Target):
         except ImportError as exc:  # the extension build failed or the package is absent
             raise TargetError(f"target 'neuron-emu' cannot load the emulator: {exc}") from exc
         self._emu = neuron_emu
+        self.build_spec = None if self.build == "-" else self.build  # a name or a manifest path
         try:
             build = (neuron_emu.current_build() if self.build == "-"
                      else neuron_emu.use_build(self.build))
@@ -46,6 +48,12 @@ class NeuronEmuTarget(Target):
             fallback = set(emu.get_fallback_ops())
             trace.fallback = fallback
             trace.native = set(emu.get_executed_ops()) - fallback
+
+    def repro_setup(self) -> tuple[str, str]:
+        spec = self.build_spec or self.build
+        if spec.endswith(".toml"):
+            spec = str(Path(spec).resolve())
+        return f"import neuron_emu\nneuron_emu.use_build({spec!r})", "{fn}"
 
     def compile_backend(self) -> str:
         return "neuron"

@@ -1,0 +1,134 @@
+"""CLI commands of the op sweep: ``run``, ``repro``, ``ledger``."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from opdb import Store
+from opdb.queries import tolerance_evidence
+
+from .cli import EXIT_FAILURES, EXIT_OK, UsageProblem, db_option, handles_errors, main
+
+
+@main.command("run")
+@click.option("--target", default="neuron-emu", show_default=True, help="neuron-emu | inductor | cuda | cpu")
+@click.option("--build", default=None, help="SDK build name or manifest .toml (neuron-emu).")
+@click.option("--ops", "ops", multiple=True, metavar="GLOB", help="OpInfo name globs (repeatable).")
+@click.option("--dtypes", "dtypes", multiple=True, metavar="LIST", help="Comma-separated dtypes.")
+@click.option("--thorough", is_flag=True, help="reference_inputs instead of sample_inputs.")
+@click.option("-n", "--workers", default=2, show_default=True, type=click.IntRange(1, 64))
+@click.option("--shard", default="1/1", show_default=True, metavar="K/N")
+@click.option("--resume", "resume", default=None, metavar="RUN_ID", help="Continue an interrupted run.")
+@click.option("--run-id", default=None, help="Label the run (shards of one run share an id).")
+@click.option("--timeout", "timeout_s", default=60.0, show_default=True, help="Seconds per item.")
+@click.option("--max-samples", type=int, default=None, help="At most this many samples per op x dtype.")
+@click.option("--ledger", default=None, type=click.Path(dir_okay=False), help="Tolerance/xfail ledger TOML.")
+@click.option("--seed", type=int, default=None)
+@click.option("--exit-zero", is_flag=True, help="Exit 0 when the run completes, whatever it found.")
+@click.option("--quiet", is_flag=True, help="No progress line.")
+@db_option(default="results/opdb.sqlite")
+@handles_errors
+def run_cmd(target: str, build: str | None, ops: tuple[str, ...], dtypes: tuple[str, ...], thorough: bool,
+            workers: int, shard: str, resume: str | None, run_id: str | None, timeout_s: float,
+            max_samples: int | None, ledger: str | None, seed: int | None, exit_zero: bool, quiet: bool,
+            db_path: str) -> None:
+    """Sweep every OpInfo x dtype x variant x sample on a target against the CPU.
+
+    Example: conformance run --target neuron-emu --build 2.33.0 --ops "nn.functional.*" -n 2
+    """
+    from .run import RunSpec, execute_run, stderr_progress
+
+    spec = RunSpec(target=target, build=build, ops=ops, dtypes=dtypes, thorough=thorough, workers=workers,
+                   shard=shard, timeout_s=timeout_s, seed=seed, max_samples=max_samples, ledger=ledger,
+                   run_id=run_id)
+    summary = execute_run(spec, db_path, resume=resume, progress=None if quiet else stderr_progress)
+    if not quiet:
+        click.echo("", err=True)
+    click.echo(summary.render())
+    if summary.interrupted:
+        click.echo(f"interrupted; continue with: conformance run --resume {summary.run_id} --db {db_path}")
+        sys.exit(EXIT_FAILURES)
+    sys.exit(EXIT_OK if exit_zero or not summary.failures else EXIT_FAILURES)
+
+
+@main.command("repro")
+@click.argument("result_id", type=int)
+@click.option("--out", "out_dir", default="repro", show_default=True, type=click.Path(file_okay=False))
+@db_option(default="results/opdb.sqlite")
+@handles_errors
+def repro_cmd(result_id: int, out_dir: str, db_path: str) -> None:
+    """Write a standalone script (inputs saved next to it) that reproduces one result.
+
+    Example: conformance repro 1234 --db results/opdb.sqlite && python repro/repro_1234.py
+    """
+    from .repro import write_repro
+
+    with Store.open(db_path, create=False) as st:
+        script = write_repro(st, result_id, out_dir)
+    click.echo(f"wrote {script} (run: python {script})")
+
+
+@main.group("ledger")
+def ledger_group() -> None:
+    """Tolerance ledger and expected failures.
+
+    Example: conformance ledger check conformance/data/ledger.toml
+    """
+
+
+@ledger_group.command("check")
+@click.argument("path", required=False, type=click.Path(dir_okay=False))
+@handles_errors
+def ledger_check(path: str | None) -> None:
+    """Validate a ledger file (default: the shipped one).
+
+    Example: conformance ledger check my-ledger.toml
+    """
+    from .ledger import Ledger
+
+    led = Ledger.load(path)
+    click.echo(f"ok: {len(led.defaults)} defaults, {len(led.overrides)} overrides, {len(led.xfails)} expected failures")
+
+
+def _nice(x: float) -> float:
+    """Round up to 1, 2 or 5 times a power of ten."""
+    import math
+
+    if x <= 0:
+        return 0.0
+    e = math.floor(math.log10(x))
+    for m in (1, 2, 5, 10):
+        if m * 10**e >= x:
+            return float(f"{m * 10**e:.1g}")
+    return x
+
+
+@ledger_group.command("propose")
+@click.option("--run", "run_id", required=True, metavar="RUN_ID")
+@click.option("--max-rel", default=0.1, show_default=True, help="Propose nothing for errors above this.")
+@db_option(default="results/opdb.sqlite")
+@handles_errors
+def ledger_propose(run_id: str, max_rel: float, db_path: str) -> None:
+    """Suggest tolerance overrides (TOML on stdout) from a run's stored mismatch evidence.
+
+    Example: conformance ledger propose --run 20261130T120000-neuron-emu-2.33.0-ab12cd >> my-ledger.toml
+    """
+    with Store.open(db_path, create=False) as st:
+        run = st.get_run(run_id)
+        if run is None:
+            raise UsageProblem(f"{db_path}: no run with id {run_id!r}")
+        rows = tolerance_evidence(st, run_id)
+    proposed = skipped = 0
+    for r in rows:
+        if not (r["nan_agree"] and r["dtype_ok"] and r["shape_ok"]) or (r["max_rel"] or 0) > max_rel:
+            skipped += 1
+            continue
+        proposed += 1
+        click.echo(f'[[override]]\nop = "{r["op"]}"\ndtype = "{r["dtype"]}"\ntarget = "{run["target"]}"\n'
+                   f'atol = {_nice(1.5 * (r["max_abs"] or 0)):g}\nrtol = {_nice(1.5 * (r["max_rel"] or 0)):g}\n'
+                   f'reason = "proposed from run {run_id}: {r["n"]} of {r["total"]} samples beyond the default '
+                   f'(max abs {r["max_abs"]:.3g}, max rel {r["max_rel"]:.3g}); review before accepting"\n')
+    click.echo(f"# {proposed} overrides proposed; {skipped} op x dtype pairs left out (NaN/dtype/shape "
+               f"disagreement or relative error above {max_rel:g}: those are bugs, not tolerances)")

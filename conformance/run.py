@@ -1,0 +1,374 @@
+"""A run: select work -> execute in isolated worker processes -> record into opdb.
+
+Workers are forked processes; each takes one (OpInfo, dtype) group at a time and streams a
+"start" message before every item and a row after it. The supervisor records rows in batches,
+turns a dead worker into a ``crash`` row for the item in flight and a silent one into a
+``timeout`` row (after killing it), restarts the worker and continues the group after that
+item. One bad sample never costs the others. A run interrupted at any point (even kill -9)
+resumes with ``--resume RUN_ID``: recorded item keys are skipped, nothing is run twice.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import multiprocessing as mp
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from opdb import Store
+from opdb.store import now
+
+from .ledger import Ledger
+from .select import Group, SelectionError, parse_shard, select_groups
+from .sweep import SweepConfig, run_group
+from .verdict import FAILING, Status
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    target: str = "neuron-emu"
+    build: str | None = None
+    ops: tuple[str, ...] = ()
+    dtypes: tuple[str, ...] = ()
+    thorough: bool = False
+    workers: int = 2
+    shard: str = "1/1"
+    timeout_s: float = 60.0
+    seed: int | None = None
+    max_samples: int | None = None
+    ledger: str | None = None
+    run_id: str | None = None  # join/label a run explicitly (shards of one run share it)
+
+    def sweep_config(self) -> SweepConfig:
+        kw: dict[str, Any] = {"thorough": self.thorough, "max_samples": self.max_samples,
+                              "ledger": Ledger.load(self.ledger)}
+        if self.seed is not None:
+            kw["seed"] = self.seed
+        return SweepConfig(**kw)
+
+
+@dataclass
+class Summary:
+    run_id: str
+    counts: collections.Counter[str] = field(default_factory=collections.Counter)
+    op_time: collections.Counter[str] = field(default_factory=collections.Counter)
+    wall_s: float = 0.0
+    items: int = 0
+    interrupted: bool = False
+
+    @property
+    def failures(self) -> int:
+        return sum(n for s, n in self.counts.items() if Status(s) in FAILING)
+
+    def render(self, top: int = 10) -> str:
+        lines = [f"run {self.run_id}: {self.items} items in {self.wall_s:.1f} s"
+                 + (" (interrupted)" if self.interrupted else "")]
+        for status in Status:
+            if self.counts.get(status.value):
+                lines.append(f"  {status.value:<18}{self.counts[status.value]:>8}")
+        if self.op_time:
+            lines.append("slowest ops (target time, s):")
+            lines += [f"  {op:<40}{t:>8.3f}" for op, t in self.op_time.most_common(top)]
+        return "\n".join(lines)
+
+
+# -- worker side ---------------------------------------------------------------------------
+def _worker(conn: Connection, spec: RunSpec) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when to stop
+    torch.set_num_threads(1)
+    from .targets import get_target
+
+    try:
+        target = get_target(spec.target, spec.build)
+        config = spec.sweep_config()
+    except Exception as exc:  # noqa: BLE001
+        conn.send(("fatal", f"{type(exc).__name__}: {exc}"))
+        return
+    conn.send(("ready", target.describe()))
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            return
+        if msg is None:
+            return
+        group, skip = msg
+        for row in run_group(target, group, config, skip=skip, on_start=lambda k: conn.send(("start", k))):
+            conn.send(("row", row))
+        conn.send(("done", group.key))
+
+
+# -- supervisor side -----------------------------------------------------------------------
+@dataclass
+class _Slot:
+    proc: Any
+    conn: Connection
+    group: Group | None = None
+    seen: set[str] = field(default_factory=set)
+    inflight: str | None = None
+    since: float = 0.0
+    ready: bool = False
+
+
+class Supervisor:
+    def __init__(self, spec: RunSpec, store: Store, run_id: str, groups: Sequence[Group],
+                 done: dict[str, set[str]], progress: Callable[[str], None] | None) -> None:
+        self.spec, self.store, self.run_id = spec, store, run_id
+        self.queue = collections.deque(groups)
+        self.total_groups = len(groups)
+        self.done = done
+        self.summary = Summary(run_id)
+        self.progress = progress
+        self.ctx = mp.get_context("fork")
+        self.writer = store.writer("op_results")
+        self.slots: list[_Slot] = []
+        self.groups_done = 0
+        self._last_progress = 0.0
+        self._start = time.monotonic()
+
+    # process management
+    def _spawn(self) -> _Slot:
+        parent, child = self.ctx.Pipe()
+        proc = self.ctx.Process(target=_worker, args=(child, self.spec), daemon=True)
+        proc.start()
+        child.close()
+        return _Slot(proc, parent)
+
+    def _kill(self, slot: _Slot) -> None:
+        if slot.proc.is_alive():
+            slot.proc.kill()
+        slot.proc.join(5)
+        slot.conn.close()
+
+    def _assign(self, slot: _Slot) -> None:
+        if not self.queue:
+            slot.group = None
+            slot.conn.send(None)
+            return
+        group = self.queue.popleft()
+        slot.group, slot.seen, slot.inflight = group, set(), None
+        slot.conn.send((group, frozenset(self.done.get(group.key, ()))))
+
+    def _restart(self, slot: _Slot) -> _Slot:
+        """Replace a dead or killed worker; it continues the same group after the bad item."""
+        self._kill(slot)
+        new = self._spawn()
+        new.group, new.seen = slot.group, slot.seen
+        return new
+
+    def _record(self, row: dict[str, Any]) -> None:
+        row.update(run_id=self.run_id, shard=self.spec.shard, recorded_at=now())
+        self.writer.add(row)
+        self.summary.counts[row["status"]] += 1
+        self.summary.items += 1
+        self.summary.op_time[row["op"]] += row.get("duration_s") or 0.0
+
+    def _synthetic(self, key: str, status: Status, error: str, duration: float) -> None:
+        op, variant, dtype, sample = key.split("|")
+        self._record({"item_key": key, "op": op, "variant": variant, "dtype": dtype, "sample": int(sample),
+                      "status": status.value, "error": error, "duration_s": duration})
+
+    def _resume_group(self, slot: _Slot) -> None:
+        assert slot.group is not None
+        skip = set(self.done.get(slot.group.key, ())) | slot.seen
+        slot.conn.send((slot.group, frozenset(skip)))
+
+    # the loop
+    def run(self) -> Summary:
+        n = max(1, min(self.spec.workers, len(self.queue) or 1))
+        self.slots = [self._spawn() for _ in range(n)]
+        try:
+            while any(s.proc is not None for s in self.slots):
+                self._step()
+                self._report()
+        except KeyboardInterrupt:
+            self.summary.interrupted = True
+        finally:
+            for s in self.slots:
+                if s.proc is not None:
+                    self._kill(s)
+            self.writer.flush()
+            self.summary.wall_s = time.monotonic() - self._start
+        return self.summary
+
+    def _step(self) -> None:
+        live = [s for s in self.slots if s.proc is not None]
+        ready = wait([s.conn for s in live] + [s.proc.sentinel for s in live], timeout=0.5)
+        for i, slot in enumerate(self.slots):
+            if slot.proc is None:
+                continue
+            if slot.conn in ready:
+                try:
+                    while slot.conn.poll():
+                        self._handle(i, slot.conn.recv())
+                        slot = self.slots[i]
+                        if slot.proc is None:
+                            break
+                except (EOFError, OSError):
+                    self._died(i)
+                    continue
+            slot = self.slots[i]
+            if slot.proc is not None and slot.proc.sentinel in ready and not slot.proc.is_alive():
+                self._died(i)
+            self._check_timeout(i)
+        self.writer.flush() if time.monotonic() - self.writer._since > 2.0 else None
+
+    def _handle(self, i: int, msg: tuple[str, Any]) -> None:
+        slot = self.slots[i]
+        kind, payload = msg
+        if kind == "ready":
+            slot.ready = True
+            if slot.group is None:
+                self._assign(slot)
+            else:
+                self._resume_group(slot)
+        elif kind == "fatal":
+            raise SelectionError(f"target {self.spec.target!r} could not start: {payload}")
+        elif kind == "start":
+            slot.inflight, slot.since = payload, time.monotonic()
+        elif kind == "row":
+            slot.seen.add(payload["item_key"])
+            slot.inflight = None
+            self._record(payload)
+        elif kind == "done":
+            self.groups_done += 1
+            self._assign(slot)
+            if slot.group is None:
+                slot.proc.join(10)
+                slot.conn.close()
+                slot.proc = None
+
+    def _died(self, i: int) -> None:
+        slot = self.slots[i]
+        if slot.proc is None:
+            return
+        slot.proc.join(1)
+        code = slot.proc.exitcode
+        if slot.group is None and slot.inflight is None and not self.queue:
+            slot.proc = None
+            return
+        if slot.inflight is not None:
+            why = f"signal {-code} ({signal.Signals(-code).name})" if code is not None and code < 0 else f"exit code {code}"
+            self._synthetic(slot.inflight, Status.CRASH, f"process died during the item: {why}",
+                            time.monotonic() - slot.since)
+            slot.seen.add(slot.inflight)
+            slot.inflight = None
+        elif not slot.ready:
+            raise SelectionError(f"worker for target {self.spec.target!r} died while starting (exit code {code})")
+        self.slots[i] = self._restart(slot)
+
+    def _check_timeout(self, i: int) -> None:
+        slot = self.slots[i]
+        if slot.proc is None or slot.inflight is None:
+            return
+        elapsed = time.monotonic() - slot.since
+        if elapsed > self.spec.timeout_s:
+            self._synthetic(slot.inflight, Status.TIMEOUT, f"no result after {self.spec.timeout_s:g} s; worker killed",
+                            elapsed)
+            slot.seen.add(slot.inflight)
+            slot.inflight = None
+            self.slots[i] = self._restart(slot)
+
+    def _report(self, force: bool = False) -> None:
+        if self.progress is None:
+            return
+        t = time.monotonic()
+        if not force and t - self._last_progress < 2.0:
+            return
+        self._last_progress = t
+        el = t - self._start
+        frac = self.groups_done / max(1, self.total_groups)
+        eta = f", eta {el / frac - el:.0f} s" if frac > 0.02 else ""
+        counts = " ".join(f"{k}={v}" for k, v in sorted(self.summary.counts.items()))
+        self.progress(f"[{self.groups_done}/{self.total_groups} groups, {self.summary.items} items, "
+                      f"{el:.0f} s{eta}] {counts}")
+
+
+def _done_by_group(keys: set[str]) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = collections.defaultdict(set)
+    for k in keys:
+        op, _variant, dtype, _sample = k.split("|")
+        out[f"{op}|{dtype}"].add(k)
+    return out
+
+
+def _git_sha() -> str:
+    head = Path(__file__).resolve().parent.parent / ".git" / "HEAD"
+    try:
+        ref = head.read_text().strip()
+        if ref.startswith("ref: "):
+            return (head.parent / ref[5:]).read_text().strip()[:12]
+        return ref[:12]
+    except OSError:
+        return ""
+
+
+def spec_from_run(run: dict[str, Any], workers: int) -> RunSpec:
+    """The spec a stored run was started with (what --resume continues)."""
+    c = json.loads(run.get("config") or "{}")
+    return RunSpec(target=run["target"], build=c.get("build_spec") or run["build"], ops=tuple(c.get("ops", ())),
+                   dtypes=tuple(c.get("dtypes", ())), thorough=bool(c.get("thorough")), workers=workers,
+                   shard=c.get("shard", "1/1"), timeout_s=float(c.get("timeout_s", 60.0)), seed=c.get("seed"),
+                   max_samples=c.get("max_samples"), ledger=c.get("ledger"), run_id=run["id"])
+
+
+def execute_run(spec: RunSpec, db_path: str | os.PathLike[str], *, resume: str | None = None,
+                progress: Callable[[str], None] | None = None) -> Summary:
+    """Run (or resume) a sweep into ``db_path``; returns the summary."""
+    from .targets import get_target
+
+    target = None
+    if resume:
+        with Store.open(db_path, create=False) as store:
+            run = store.get_run(resume)
+        if run is None:
+            raise SelectionError(f"{db_path}: no run with id {resume!r} to resume")
+        spec = spec_from_run(run, spec.workers)
+    # Validate everything before the database is touched: a bad selection writes nothing.
+    config = spec.sweep_config()
+    groups = select_groups(spec.ops or None, spec.dtypes or None, parse_shard(spec.shard))
+    if not groups:
+        raise SelectionError("the selection holds no (op, dtype) pair the CPU supports")
+    if not resume:
+        target = get_target(spec.target, spec.build)
+        if spec.build and spec.build.endswith(".toml"):
+            spec = RunSpec(**{**spec.__dict__, "build": str(Path(spec.build).resolve())})
+    with Store.open(db_path) as store:
+        if resume:
+            store.resume_run(resume, shard=spec.shard)
+            run_id = resume
+        else:
+            assert target is not None
+            run_id = store.start_run(
+                target=spec.target, build=target.build, torch_version=torch.__version__, kind="ops",
+                config={**config.describe(), "ops": list(spec.ops), "dtypes": list(spec.dtypes),
+                        "shard": spec.shard, "timeout_s": spec.timeout_s, "ledger": spec.ledger,
+                        "build_spec": spec.build},
+                run_id=spec.run_id, shard=spec.shard, git_sha=_git_sha())
+        done = _done_by_group(store.done_keys("op_results", run_id))
+        sup = Supervisor(spec, store, run_id, groups, done, progress)
+        previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+        try:
+            summary = sup.run()
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+        store.finish_run(run_id, shard=spec.shard, status="interrupted" if summary.interrupted else "finished")
+        return summary
+
+
+def stderr_progress(line: str) -> None:
+    if sys.stderr.isatty():
+        sys.stderr.write("\r\033[K" + line)
+    else:
+        sys.stderr.write(line + "\n")
+    sys.stderr.flush()

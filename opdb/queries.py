@@ -1,0 +1,42 @@
+"""Named read queries. The rest of the project reads opdb through these (and ``Store``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .store import OpdbError, Store
+
+
+def op_result(store: Store, result_id: int) -> dict[str, Any]:
+    rows = list(store.db.query("select * from op_results where id = ?", [result_id]))
+    if not rows:
+        raise OpdbError(f"{store.path}: no op result with id {result_id}")
+    return rows[0]
+
+
+def status_counts(store: Store, run_id: str, table: str = "op_results") -> dict[str, int]:
+    return {r["status"]: r["n"] for r in store.db.query(
+        f"select status, count(*) as n from [{table}] where run_id = ? group by status", [run_id])}
+
+
+def tolerance_evidence(store: Store, run_id: str) -> list[dict[str, Any]]:
+    """Per (op, variant, dtype): the worst errors of mismatching items and how many there were."""
+    return list(store.db.query(
+        """select op, dtype, count(*) as n, max(max_abs_err) as max_abs, max(max_rel_err) as max_rel,
+                  min(nan_agree) as nan_agree, min(dtype_ok) as dtype_ok, min(shape_ok) as shape_ok,
+                  (select count(*) from op_results b where b.run_id = a.run_id and b.op = a.op
+                      and b.dtype = a.dtype) as total
+           from op_results a where run_id = ? and status = 'mismatch'
+           group by op, dtype order by op, dtype""", [run_id]))
+
+
+def latest_run(store: Store, *, target: str | None = None, build: str | None = None,
+               kind: str | None = None) -> dict[str, Any] | None:
+    clauses, params = [], []
+    for col, val in (("target", target), ("build", build), ("kind", kind)):
+        if val is not None:
+            clauses.append(f"{col} = ?")
+            params.append(val)
+    where = " and ".join(clauses) or "1"
+    rows = list(store.db.query(f"select * from runs where {where} order by started_at desc, id desc limit 1", params))
+    return rows[0] if rows else None
