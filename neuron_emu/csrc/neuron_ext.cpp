@@ -1,0 +1,691 @@
+// neuron_emu C++ core: a host-memory PrivateUse1 device with ONE boxed zero-copy CPU fallback.
+//
+// Every neuron tensor lives in ordinary host memory.  The boxed fallback re-views each neuron
+// tensor argument as a CPU tensor over the same bytes, redispatches the operator to its CPU
+// kernel and maps the results back: outputs that alias an input storage become neuron views of
+// that storage, fresh outputs are adopted (zero-copy) as neuron storages, and any size/stride/
+// storage change the kernel made to an argument (out= resize, t_, set_, resize_...) is copied
+// back onto the neuron tensor.  Routing (native / CPU fallback / Python handler) is decided once
+// per operator by a Python classifier and cached here.
+#include <torch/extension.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/autocast_mode.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/core/impl/alloc_cpu.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
+#include <torch/library.h>
+
+#include <atomic>
+#include <cstring>
+#include <mutex>
+#include <unordered_map>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <xmmintrin.h>
+#define NEURON_EMU_X86 1
+#endif
+
+namespace neuron_emu {
+
+constexpr c10::DeviceType kNeuron = c10::DeviceType::PrivateUse1;
+static c10::Device neuron_device() { return c10::Device(kNeuron, 0); }
+
+// ------------------------------------------------------------------ allocator
+static void neuron_free(void* p) { c10::free_cpu(p); }
+
+struct NeuronAllocator final : c10::Allocator {
+  c10::DataPtr allocate(size_t n) override {
+    void* p = n ? c10::alloc_cpu(n) : nullptr;
+    return {p, p, &neuron_free, neuron_device()};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &neuron_free; }
+  void copy_data(void* dst, const void* src, std::size_t n) const override {
+    if (n) std::memcpy(dst, src, n);
+  }
+};
+static NeuronAllocator g_allocator;
+REGISTER_ALLOCATOR(kNeuron, &g_allocator);
+
+// ------------------------------------------------------------------ device guard
+struct NeuronGuardImpl final : c10::impl::DeviceGuardImplInterface {
+  c10::DeviceType type() const override { return kNeuron; }
+  c10::Device exchangeDevice(c10::Device) const override { return neuron_device(); }
+  c10::Device getDevice() const override { return neuron_device(); }
+  void setDevice(c10::Device d) const override {
+    TORCH_CHECK(d.index() <= 0, "neuron: invalid device index ", (int)d.index(), " (device_count() == 1)");
+  }
+  void uncheckedSetDevice(c10::Device) const noexcept override {}
+  c10::Stream getStream(c10::Device) const noexcept override {
+    return c10::Stream(c10::Stream::DEFAULT, neuron_device());
+  }
+  c10::Stream getDefaultStream(c10::Device) const override {
+    return c10::Stream(c10::Stream::DEFAULT, neuron_device());
+  }
+  c10::Stream exchangeStream(c10::Stream) const noexcept override {
+    return c10::Stream(c10::Stream::DEFAULT, neuron_device());
+  }
+  c10::DeviceIndex deviceCount() const noexcept override { return 1; }
+  void record(void**, const c10::Stream&, const c10::DeviceIndex, const c10::EventFlag) const override {}
+  void block(void*, const c10::Stream&) const override {}
+  bool queryEvent(void*) const override { return true; }
+  void destroyEvent(void*, const c10::DeviceIndex) const noexcept override {}
+  bool queryStream(const c10::Stream&) const override { return true; }
+  void synchronizeStream(const c10::Stream&) const override {}
+  void synchronizeDevice(const c10::DeviceIndex) const override {}
+};
+C10_REGISTER_GUARD_IMPL(PrivateUse1, NeuronGuardImpl);
+
+// ------------------------------------------------------------------ generator
+// A neuron generator is a facade over a CPU generator ("twin"): CPU kernels run in the fallback
+// receive the twin, so seeding/get_state/set_state on the neuron generator drive them.
+struct NeuronGeneratorImpl : c10::GeneratorImpl {
+  at::Generator cpu_;
+  explicit NeuronGeneratorImpl(at::Generator cpu)
+      : c10::GeneratorImpl(neuron_device(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1)),
+        cpu_(std::move(cpu)) {}
+  void set_current_seed(uint64_t s) override { cpu_.set_current_seed(s); }
+  void set_offset(uint64_t o) override { cpu_.set_offset(o); }
+  uint64_t get_offset() const override { return cpu_.get_offset(); }
+  uint64_t current_seed() const override { return cpu_.current_seed(); }
+  uint64_t seed() override { return cpu_.seed(); }
+  void set_state(const c10::TensorImpl& s) override { cpu_.unsafeGetGeneratorImpl()->set_state(s); }
+  c10::intrusive_ptr<c10::TensorImpl> get_state() const override {
+    return cpu_.unsafeGetGeneratorImpl()->get_state();
+  }
+  static c10::DeviceType device_type() { return kNeuron; }
+
+ private:
+  NeuronGeneratorImpl* clone_impl() const override { return new NeuronGeneratorImpl(cpu_.clone()); }
+};
+
+static at::Generator make_neuron_generator(uint64_t seed) {
+  return at::make_generator<NeuronGeneratorImpl>(at::make_generator<at::CPUGeneratorImpl>(seed));
+}
+static const at::Generator& default_generator() {
+  static at::Generator g = make_neuron_generator(c10::detail::getNonDeterministicRandom());
+  return g;
+}
+static at::Generator twin_of(const at::Generator& g) {
+  return static_cast<NeuronGeneratorImpl*>(g.unsafeGetGeneratorImpl())->cpu_;
+}
+
+// ------------------------------------------------------------------ hooks
+struct NeuronHooks final : at::PrivateUse1HooksInterface {
+  bool isBuilt() const override { return true; }
+  bool isAvailable() const override { return true; }
+  const at::Generator& getDefaultGenerator(c10::DeviceIndex) const override { return default_generator(); }
+  at::Generator getNewGenerator(c10::DeviceIndex) const override {
+    return make_neuron_generator(c10::detail::getNonDeterministicRandom());
+  }
+  at::Device getDeviceFromPtr(void*) const override { return neuron_device(); }
+  bool isPinnedPtr(const void*) const override { return false; }
+  at::Allocator* getPinnedMemoryAllocator() const override { return c10::GetCPUAllocator(); }
+  bool hasPrimaryContext(c10::DeviceIndex) const override { return true; }
+  c10::DeviceIndex deviceCount() const override { return 1; }
+  c10::DeviceIndex getCurrentDevice() const override { return 0; }
+  void resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const override {
+    auto* impl = storage.unsafeGetStorageImpl();
+    TORCH_CHECK(impl->resizable(), "neuron: trying to resize storage that is not resizable");
+    c10::DataPtr nd = g_allocator.allocate(newsize);
+    size_t n = std::min(newsize, impl->nbytes());
+    if (n) std::memcpy(nd.get(), impl->data_ptr().get(), n);
+    impl->set_data_ptr_noswap(std::move(nd));
+    impl->set_nbytes(newsize);
+  }
+};
+
+// ------------------------------------------------------------------ routing state
+enum Action : int { kNative = 1, kFallback = 2, kPython = 3 };
+
+struct Counts {
+  int64_t native = 0;
+  int64_t fallback = 0;
+  bool warned = false;
+};
+
+struct OpEntry {
+  std::string name;
+  int action = kNative;
+  uint64_t dtype_mask = 0;   // native op: tensor inputs of these ScalarTypes go to Python
+  bool check_cl = false;     // native op: channels_last inputs go to Python
+  bool allow_cpu = false;    // non-scalar CPU tensors are accepted (copies, indexing)
+  Counts* counts = nullptr;
+};
+
+static std::mutex g_mu;
+static std::unordered_map<c10::OperatorHandle, OpEntry> g_ops;
+static std::unordered_map<std::string, Counts> g_counts;
+static std::atomic<bool> g_strict{false};
+static std::atomic<bool> g_ftz{false};
+static std::atomic<bool> g_track{true};
+static std::string g_build_name = "?";
+static thread_local int g_raw = 0;  // 0: routed, 1: raw native (no tracking), 2: raw CPU (no FTZ)
+static PyObject* g_classifier = nullptr;
+static PyObject* g_handler = nullptr;
+
+static std::string op_name(const c10::OperatorHandle& op) {
+  const auto& n = op.operator_name();
+  return n.name + "." + (n.overload_name.empty() ? std::string("default") : n.overload_name);
+}
+
+static Counts* counts_for(const std::string& name) {  // g_mu held
+  return &g_counts[name];
+}
+
+static OpEntry* lookup(const c10::OperatorHandle& op) {
+  {
+    std::lock_guard<std::mutex> lk(g_mu);
+    auto it = g_ops.find(op);
+    if (it != g_ops.end()) return &it->second;
+  }
+  OpEntry e;
+  e.name = op_name(op);
+  {
+    py::gil_scoped_acquire gil;
+    TORCH_CHECK(g_classifier, "neuron_emu: classifier not installed (import neuron_emu first)");
+    py::object r = py::reinterpret_steal<py::object>(
+        PyObject_CallFunction(g_classifier, "s", e.name.c_str()));
+    if (!r) throw python_error();
+    auto t = r.cast<py::tuple>();
+    e.action = t[0].cast<int>();
+    e.dtype_mask = t[1].cast<uint64_t>();
+    e.check_cl = t[2].cast<bool>();
+    e.allow_cpu = t[3].cast<bool>();
+  }
+  std::lock_guard<std::mutex> lk(g_mu);
+  e.counts = counts_for(e.name);
+  auto res = g_ops.emplace(op, std::move(e));
+  return &res.first->second;
+}
+
+// Records one execution; returns true the first time this op falls back (caller warns).
+static bool record(Counts* c, bool fallback) {
+  if (!g_track.load(std::memory_order_relaxed)) return false;
+  std::lock_guard<std::mutex> lk(g_mu);
+  if (fallback) {
+    c->fallback++;
+    if (!c->warned) {
+      c->warned = true;
+      return true;
+    }
+  } else {
+    c->native++;
+  }
+  return false;
+}
+
+static void fallback_gate(OpEntry* e) {
+  TORCH_CHECK(!g_strict.load(), "neuron_emu strict mode: operator ", e->name,
+              " has no native kernel in Neuron SDK build ", g_build_name,
+              " and would fall back to the CPU (NEURON_EMU_STRICT / set_strict)");
+  if (record(e->counts, true)) {
+    TORCH_WARN("neuron: operator ", e->name, " is not natively supported by Neuron SDK build ",
+               g_build_name, "; falling back to the CPU (warned once per operator)");
+  }
+}
+
+// ------------------------------------------------------------------ zero-copy re-viewing
+static void release_storage_ref(void* ctx) {
+  delete static_cast<c10::intrusive_ptr<c10::StorageImpl>*>(ctx);
+}
+
+// A DataPtr on `device` over `src`'s current bytes that keeps `src` alive.
+static c10::DataPtr borrow(c10::StorageImpl* src, c10::Device device) {
+  void* data = const_cast<void*>(src->data_ptr().get());
+  auto* ref = new c10::intrusive_ptr<c10::StorageImpl>(
+      c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(src));
+  return c10::DataPtr(data, ref, &release_storage_ref, device);
+}
+
+static bool borrows(const c10::StorageImpl* cpu, const c10::StorageImpl* neuron) {
+  const auto& dp = cpu->data_ptr();
+  if (dp.get_deleter() != &release_storage_ref) return false;
+  auto* ref = static_cast<c10::intrusive_ptr<c10::StorageImpl>*>(dp.get_context());
+  return ref->get() == neuron;
+}
+
+static c10::intrusive_ptr<c10::StorageImpl> adopt_as_neuron(c10::StorageImpl* cpu) {
+  return c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), cpu->nbytes(),
+                                               borrow(cpu, neuron_device()), &g_allocator,
+                                               /*resizable=*/true);
+}
+
+struct StorageLink {
+  c10::StorageImpl* neuron;
+  c10::Storage cpu;
+  const void* data0;
+  size_t nbytes0;
+  bool synced = false;
+};
+
+struct Wrapped {
+  at::Tensor orig;
+  at::Tensor cpu;
+  size_t link;
+};
+
+struct CallCtx {
+  c10::SmallVector<StorageLink, 4> links;
+  c10::SmallVector<Wrapped, 6> wrapped;
+  c10::SmallVector<c10::TensorImpl*, 2> cpu_inputs;
+  bool explicit_cpu_device = false;
+
+  size_t link_for(c10::StorageImpl* n) {
+    for (size_t i = 0; i < links.size(); ++i)
+      if (links[i].neuron == n) return i;
+    auto cst = c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), n->nbytes(),
+                                                     borrow(n, c10::Device(c10::kCPU)),
+                                                     c10::GetCPUAllocator(), /*resizable=*/true);
+    links.push_back(StorageLink{n, c10::Storage(std::move(cst)), n->data_ptr().get(), n->nbytes()});
+    return links.size() - 1;
+  }
+
+  at::Tensor to_cpu(const at::Tensor& t) {
+    if (!t.defined()) return t;
+    if (t.device().type() != kNeuron) {
+      cpu_inputs.push_back(t.unsafeGetTensorImpl());
+      return t;
+    }
+    for (auto& w : wrapped)
+      if (w.orig.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) return w.cpu;
+    size_t li = link_for(t.storage().unsafeGetStorageImpl());
+    auto cpu = at::detail::make_tensor<c10::TensorImpl>(
+        c10::Storage(links[li].cpu), c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
+    cpu.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+    if (t.is_conj()) cpu._set_conj(true);
+    if (t.is_neg()) cpu._set_neg(true);
+    wrapped.push_back(Wrapped{t, cpu, li});
+    return cpu;
+  }
+
+  // The neuron storage that now backs CPU storage `c` (after the kernel ran).
+  c10::intrusive_ptr<c10::StorageImpl> neuron_storage_for(c10::StorageImpl* c) {
+    for (auto& l : links) {
+      if (l.cpu.unsafeGetStorageImpl() != c) continue;
+      if (!l.synced) {
+        l.synced = true;
+        if (!borrows(c, l.neuron) && (c->data_ptr().get() != l.data0 || c->nbytes() != l.nbytes0)) {
+          l.neuron->set_data_ptr_noswap(borrow(c, neuron_device()));  // kernel reallocated
+          l.neuron->set_nbytes(c->nbytes());
+        } else if (c->nbytes() != l.nbytes0) {
+          l.neuron->set_nbytes(c->nbytes());
+        }
+      }
+      return c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(l.neuron);
+    }
+    return adopt_as_neuron(c);
+  }
+
+  void sync_back(Wrapped& w) {
+    auto* ci = w.cpu.unsafeGetTensorImpl();
+    auto* ni = w.orig.unsafeGetTensorImpl();
+    auto target = neuron_storage_for(ci->storage().unsafeGetStorageImpl());
+    if (ni->storage().unsafeGetStorageImpl() != target.get()) ni->set_storage_keep_dtype(c10::Storage(target));
+    if (ni->sizes() != ci->sizes() || ni->strides() != ci->strides()) {
+      ni->set_sizes_and_strides(ci->sizes(), ci->strides(), ci->storage_offset());
+    } else if (ni->storage_offset() != ci->storage_offset()) {
+      ni->set_storage_offset(ci->storage_offset());
+    }
+  }
+
+  at::Tensor to_neuron(const at::Tensor& r) {
+    if (!r.defined() || r.device().type() != c10::kCPU) return r;
+    auto* ri = r.unsafeGetTensorImpl();
+    for (auto& w : wrapped)
+      if (w.cpu.unsafeGetTensorImpl() == ri) return w.orig;
+    for (auto* c : cpu_inputs)
+      if (c == ri) return r;
+    auto* cst = ri->storage().unsafeGetStorageImpl();
+    bool linked = false;
+    for (auto& l : links) linked |= (l.cpu.unsafeGetStorageImpl() == cst);
+    if (!linked && explicit_cpu_device) return r;  // e.g. _to_copy(device="cpu")
+    auto nst = neuron_storage_for(cst);
+    auto out = at::detail::make_tensor<c10::TensorImpl>(
+        c10::Storage(std::move(nst)), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), r.dtype());
+    out.unsafeGetTensorImpl()->set_sizes_and_strides(r.sizes(), r.strides(), r.storage_offset());
+    if (r.is_conj()) out._set_conj(true);
+    if (r.is_neg()) out._set_neg(true);
+    return out;
+  }
+};
+
+static bool is_optional_generator(const c10::TypePtr& t) {
+  if (t->kind() == c10::TypeKind::GeneratorType) return true;
+  if (t->kind() != c10::TypeKind::OptionalType) return false;
+  return t->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::GeneratorType;
+}
+
+struct FtzGuard {
+#ifdef NEURON_EMU_X86
+  unsigned int saved = 0;
+  bool on;
+  explicit FtzGuard(bool enable) : on(enable) {
+    if (on) {
+      saved = _mm_getcsr();
+      _mm_setcsr(saved | 0x8040);  // FTZ | DAZ
+    }
+  }
+  ~FtzGuard() {
+    if (on) _mm_setcsr(saved);
+  }
+#else
+  explicit FtzGuard(bool) {}
+#endif
+};
+
+static c10::OperatorHandle find_op(const char* name, const char* overload) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, overload);
+}
+
+// Runs `op` on CPU kernels over zero-copy CPU views of its neuron arguments.
+static void run_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool ftz) {
+  static const c10::OperatorHandle conv_ov = find_op("aten::convolution_overrideable", "");
+  static const c10::OperatorHandle conv_bw_ov = find_op("aten::convolution_backward_overrideable", "");
+  static const c10::OperatorHandle conv = find_op("aten::convolution", "");
+  static const c10::OperatorHandle conv_bw = find_op("aten::convolution_backward", "");
+
+  const auto& schema = op.schema();
+  const size_t nargs = schema.arguments().size();
+  const size_t base = stack->size() - nargs;
+  CallCtx ctx;
+  for (size_t i = 0; i < nargs; ++i) {
+    c10::IValue& v = (*stack)[base + i];
+    if (v.isTensor()) {
+      const at::Tensor& t = v.toTensor();
+      if (t.defined() && t.device().type() == kNeuron) v = ctx.to_cpu(t);
+      else ctx.to_cpu(t);
+    } else if (v.isTensorList()) {
+      auto in = v.toTensorList();
+      c10::List<at::Tensor> out;
+      out.reserve(in.size());
+      for (const at::Tensor& t : in) out.push_back(ctx.to_cpu(t));
+      v = out;
+    } else if (v.isOptionalTensorList()) {
+      auto in = v.toOptionalTensorList();
+      c10::List<std::optional<at::Tensor>> out;
+      out.reserve(in.size());
+      for (std::optional<at::Tensor> t : in) {
+        if (t.has_value()) out.push_back(ctx.to_cpu(*t));
+        else out.push_back(std::nullopt);
+      }
+      v = out;
+    } else if (v.isDevice()) {
+      if (v.toDevice().type() == kNeuron) v = c10::Device(c10::kCPU);
+      else if (v.toDevice().type() == c10::kCPU) ctx.explicit_cpu_device = true;
+    } else if (v.isGenerator()) {
+      const auto& g = v.toGenerator();
+      if (g.device().type() == kNeuron) v = twin_of(g);
+    } else if (v.isNone()) {
+      if (is_optional_generator(schema.arguments()[i].type())) v = twin_of(default_generator());
+    } else if (v.isStorage()) {
+      auto s = v.toStorage();
+      if (s.device().type() == kNeuron) {
+        v = ctx.links[ctx.link_for(s.unsafeGetStorageImpl())].cpu;
+      }
+    }
+  }
+  {
+    FtzGuard fg(ftz);
+    if (op == conv_ov) {
+      conv.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+    } else if (op == conv_bw_ov) {
+      // convolution_backward has an extra `bias_sizes` argument after `weight`.
+      const at::Tensor& w = (*stack)[base + 2].toTensor();
+      bool transposed = (*stack)[base + 6].toBool();
+      int64_t groups = (*stack)[base + 8].toInt();
+      int64_t oc = transposed ? w.size(1) * groups : w.size(0);
+      stack->insert(stack->begin() + base + 3, c10::IValue(std::vector<int64_t>{oc}));
+      conv_bw.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+    } else {
+      op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+    }
+  }
+  for (auto& w : ctx.wrapped) ctx.sync_back(w);
+  const size_t nret = schema.returns().size();
+  const size_t rbase = stack->size() - nret;
+  for (size_t i = 0; i < nret; ++i) {
+    c10::IValue& v = (*stack)[rbase + i];
+    if (v.isTensor()) {
+      v = ctx.to_neuron(v.toTensor());
+    } else if (v.isTensorList()) {
+      auto in = v.toTensorList();
+      c10::List<at::Tensor> out;
+      out.reserve(in.size());
+      for (const at::Tensor& t : in) out.push_back(ctx.to_neuron(t));
+      v = out;
+    }
+  }
+}
+
+// ------------------------------------------------------------------ Python handler
+static void call_python(const c10::OperatorHandle& op, OpEntry* e, torch::jit::Stack* stack) {
+  py::gil_scoped_acquire gil;
+  TORCH_CHECK(g_handler, "neuron_emu: handler not installed");
+  const auto& schema = op.schema();
+  const auto& sargs = schema.arguments();
+  auto arguments = torch::jit::pop(*stack, sargs.size());
+  py::list args;
+  py::dict kwargs;
+  for (size_t i = 0; i < sargs.size(); ++i) {
+    py::object v = torch::jit::toPyObject(std::move(arguments[i]));
+    if (sargs[i].kwarg_only()) kwargs[py::str(sargs[i].name())] = v;
+    else args.append(v);
+  }
+  py::tuple call_args = py::make_tuple(py::str(e->name), py::tuple(args), kwargs);
+  py::object out = py::reinterpret_steal<py::object>(PyObject_CallObject(g_handler, call_args.ptr()));
+  if (!out) throw python_error();
+  const auto& rets = schema.returns();
+  if (rets.size() == 1) {
+    stack->push_back(torch::jit::toIValue(out, rets[0].type()));
+  } else if (rets.size() > 1) {
+    auto tup = out.cast<py::sequence>();
+    TORCH_CHECK(tup.size() == rets.size(), "neuron_emu: handler for ", e->name, " returned ",
+                tup.size(), " values, expected ", rets.size());
+    for (size_t i = 0; i < rets.size(); ++i) stack->push_back(torch::jit::toIValue(tup[i], rets[i].type()));
+  }
+}
+
+static bool is_channels_last_input(const at::Tensor& t) {
+  return t.dim() == 4 && !t.is_contiguous() && t.is_contiguous(at::MemoryFormat::ChannelsLast);
+}
+
+// Scans arguments: rejects non-scalar CPU tensors, reports whether a dtype/layout rule applies.
+static bool scan_args(const OpEntry* e, const torch::jit::Stack* stack, size_t base, size_t nargs) {
+  bool route = false;
+  auto check = [&](const at::Tensor& t) {
+    if (!t.defined()) return;
+    auto dt = t.device().type();
+    if (dt == kNeuron) {
+      if (e->dtype_mask && ((e->dtype_mask >> static_cast<int>(t.scalar_type())) & 1ULL)) route = true;
+      if (e->check_cl && is_channels_last_input(t)) route = true;
+    } else if (dt == c10::kCPU) {
+      TORCH_CHECK(e->allow_cpu || t.dim() == 0,
+                  "Expected all tensors to be on the same device, but found at least two devices, "
+                  "neuron:0 and cpu! (when checking argument for ",
+                  e->name, ")");
+    }
+  };
+  for (size_t i = 0; i < nargs; ++i) {
+    const c10::IValue& v = (*stack)[base + i];
+    if (v.isTensor()) {
+      check(v.toTensor());
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorList()) check(t);
+    } else if (v.isOptionalTensorList()) {
+      for (std::optional<at::Tensor> t : v.toOptionalTensorList())
+        if (t.has_value()) check(*t);
+    }
+  }
+  return route;
+}
+
+static void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  int raw = g_raw;
+  if (raw) {
+    run_cpu(op, stack, raw == 1 && g_ftz.load(std::memory_order_relaxed));
+    return;
+  }
+  OpEntry* e = lookup(op);
+  const size_t nargs = op.schema().arguments().size();
+  bool route = scan_args(e, stack, stack->size() - nargs, nargs);
+  if (e->action == kPython || route) {
+    call_python(op, e, stack);
+  } else if (e->action == kFallback) {
+    fallback_gate(e);
+    run_cpu(op, stack, false);
+  } else {
+    record(e->counts, false);
+    run_cpu(op, stack, g_ftz.load(std::memory_order_relaxed));
+  }
+}
+
+// ------------------------------------------------------------------ explicit kernels
+static at::Tensor view_as_cpu(const at::Tensor& t) {
+  if (!t.defined() || t.device().type() != kNeuron) return t;
+  auto* n = t.storage().unsafeGetStorageImpl();
+  auto cst = c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), n->nbytes(),
+                                                   borrow(n, c10::Device(c10::kCPU)), nullptr, false);
+  auto cpu = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(std::move(cst)),
+                                                      c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
+  cpu.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+  if (t.is_conj()) cpu._set_conj(true);
+  if (t.is_neg()) cpu._set_neg(true);
+  return cpu;
+}
+
+static void track_infra(const char* name) {
+  if (g_raw || !g_track.load(std::memory_order_relaxed)) return;
+  std::lock_guard<std::mutex> lk(g_mu);
+  counts_for(name)->native++;
+}
+
+static at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_blocking*/) {
+  track_infra("aten::_copy_from.default");
+  at::Tensor d = view_as_cpu(dst);
+  d.copy_(view_as_cpu(self));
+  return dst;
+}
+
+static at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
+  track_infra("aten::_copy_from_and_resize.default");
+  if (dst.sizes() != self.sizes()) dst.resize_(self.sizes());
+  at::Tensor d = view_as_cpu(dst);
+  d.copy_(view_as_cpu(self));
+  return dst;
+}
+
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
+}
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("_copy_from", &copy_from);
+  m.impl("_copy_from_and_resize", &copy_from_and_resize);
+  m.impl("convolution_overrideable", torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
+  m.impl("convolution_backward_overrideable", torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
+  m.impl("mode.values", torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
+}
+
+TORCH_LIBRARY_IMPL(aten, Conjugate, m) { m.impl("_copy_from", torch::CppFunction::makeFallthrough()); }
+TORCH_LIBRARY_IMPL(aten, Negative, m) { m.impl("_copy_from", torch::CppFunction::makeFallthrough()); }
+
+// ------------------------------------------------------------------ autocast (CUDA-like lists)
+using at::autocast::CastPolicy;
+#define NEURON_AC_LOW(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, lower_precision_fp)
+#define NEURON_AC_FP32(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, fp32)
+#define NEURON_AC_FP32_OPT(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, fp32_set_opt_dtype)
+#define NEURON_AC_PROMOTE(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, promote)
+
+TORCH_LIBRARY_IMPL(_, AutocastPrivateUse1, m) { m.fallback(torch::CppFunction::makeFallthrough()); }
+
+TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
+  AT_FORALL_LOWER_PRECISION_FP(NEURON_AC_LOW)
+  AT_FORALL_FP32(NEURON_AC_FP32)
+  AT_FORALL_FP32_SET_OPT_DTYPE(NEURON_AC_FP32_OPT)
+  AT_FORALL_PROMOTE(NEURON_AC_PROMOTE)
+}
+
+// ------------------------------------------------------------------ Python-facing API
+// Registers the boxed fallback as a direct PrivateUse1 kernel for `names`, so that ops whose
+// functional form would otherwise go through a generic composite (e.g. add.Tensor -> add.out)
+// reach the device under their own name and run the CPU kernel, like a real backend's kernels.
+static void register_kernels(const std::vector<std::string>& names) {
+  static torch::Library* lib =
+      new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+  for (const auto& n : names) lib->impl(n.c_str(), torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
+}
+
+static void init_hooks() {
+  static bool done = false;
+  if (done) return;
+  done = true;
+  at::RegisterPrivateUse1HooksInterface(new NeuronHooks());
+}
+
+}  // namespace neuron_emu
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  using namespace neuron_emu;
+  m.def("init_hooks", &init_hooks);
+  m.def("register_kernels", &register_kernels);
+  m.def("set_router", [](py::object classifier, py::object handler) {
+    Py_XINCREF(classifier.ptr());
+    Py_XINCREF(handler.ptr());
+    g_classifier = classifier.ptr();
+    g_handler = handler.ptr();
+  });
+  m.def("set_build", [](const std::string& name, bool ftz) {
+    std::lock_guard<std::mutex> lk(g_mu);
+    g_build_name = name;
+    g_ftz = ftz;
+    g_ops.clear();
+    for (auto& kv : g_counts) kv.second.warned = false;
+  });
+  m.def("set_strict", [](bool s) { g_strict = s; });
+  m.def("get_strict", []() { return g_strict.load(); });
+  m.def("set_tracking", [](bool s) { g_track = s; });
+  m.def("set_raw", [](int r) {
+    int prev = g_raw;
+    g_raw = r;
+    return prev;
+  });
+  m.def("get_raw", []() { return g_raw; });
+  m.def("record", [](const std::string& name, bool fallback) {
+    if (!g_track.load()) return false;
+    std::lock_guard<std::mutex> lk(g_mu);
+    Counts* c = counts_for(name);
+    if (!fallback) {
+      c->native++;
+      return false;
+    }
+    c->fallback++;
+    if (c->warned) return false;
+    c->warned = true;
+    return true;
+  });
+  m.def("get_counts", []() {
+    std::lock_guard<std::mutex> lk(g_mu);
+    py::dict d;
+    for (auto& kv : g_counts) {
+      if (kv.second.native == 0 && kv.second.fallback == 0) continue;
+      d[py::str(kv.first)] = py::make_tuple(kv.second.native, kv.second.fallback);
+    }
+    return d;
+  });
+  m.def("clear_counts", []() {
+    std::lock_guard<std::mutex> lk(g_mu);
+    for (auto& kv : g_counts) kv.second = Counts{};
+  });
+  m.def("default_twin", []() { return twin_of(default_generator()); });
+  m.def("generator_twin", [](const at::Generator& g) {
+    TORCH_CHECK(g.device().type() == kNeuron, "not a neuron generator");
+    return twin_of(g);
+  });
+  m.def("scalar_type_code", [](const at::Tensor& t) { return static_cast<int>(t.scalar_type()); });
+}

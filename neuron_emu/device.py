@@ -1,0 +1,181 @@
+"""Registers the ``neuron`` PrivateUse1 device with PyTorch: backend name, tensor/module methods,
+the ``torch.neuron`` device module (availability, RNG) and the autocast dtypes.
+
+Example::
+
+    >>> import torch, neuron_emu
+    >>> torch.neuron.is_available(), torch.neuron.device_count()
+    (True, 1)
+    >>> torch.neuron.manual_seed(0)
+    >>> a = torch.randn(3, device="neuron"); torch.neuron.manual_seed(0)
+    >>> bool((a == torch.randn(3, device="neuron")).all())
+    True
+"""
+
+from __future__ import annotations
+
+import types
+
+import torch
+
+from ._build import load_extension
+
+_registered = False
+
+
+def _ext():
+    return load_extension()
+
+
+def is_available() -> bool:
+    """The emulated device is always available."""
+    return True
+
+
+def device_count() -> int:
+    """One emulated NeuronCore."""
+    return 1
+
+
+def current_device() -> int:
+    return 0
+
+
+def set_device(device) -> None:  # noqa: ARG001 - single device
+    idx = torch.device(device).index if not isinstance(device, int) else device
+    if idx not in (None, 0):
+        raise RuntimeError(f"neuron: invalid device index {idx} (device_count() == 1)")
+
+
+def synchronize(device=None) -> None:  # noqa: ARG001 - execution is synchronous
+    return None
+
+
+def is_initialized() -> bool:
+    return True
+
+
+def _lazy_init() -> None:
+    return None
+
+
+def default_generator() -> torch.Generator:
+    """The CPU generator that backs the neuron default generator (shared state)."""
+    return _ext().default_twin()
+
+
+def manual_seed(seed: int) -> None:
+    """Seeds the neuron default generator."""
+    default_generator().manual_seed(int(seed))
+
+
+def manual_seed_all(seed: int) -> None:
+    manual_seed(seed)
+
+
+def seed() -> None:
+    default_generator().seed()
+
+
+def seed_all() -> None:
+    seed()
+
+
+def initial_seed() -> int:
+    return default_generator().initial_seed()
+
+
+def get_rng_state(device="neuron") -> torch.Tensor:  # noqa: ARG001
+    return default_generator().get_state()
+
+
+def set_rng_state(new_state: torch.Tensor, device="neuron") -> None:  # noqa: ARG001
+    default_generator().set_state(new_state)
+
+
+def get_rng_state_all() -> list[torch.Tensor]:
+    return [get_rng_state()]
+
+
+def set_rng_state_all(states) -> None:
+    set_rng_state(states[0])
+
+
+def get_amp_supported_dtype() -> list[torch.dtype]:
+    return [torch.bfloat16, torch.float16]
+
+
+def is_autocast_enabled() -> bool:
+    return torch.is_autocast_enabled("neuron")
+
+
+def set_autocast_enabled(enabled: bool) -> None:
+    torch.set_autocast_enabled("neuron", enabled)
+
+
+def get_autocast_dtype() -> torch.dtype:
+    return torch.get_autocast_dtype("neuron")
+
+
+def set_autocast_dtype(dtype: torch.dtype) -> None:
+    torch.set_autocast_dtype("neuron", dtype)
+
+
+def is_bf16_supported() -> bool:
+    return True
+
+
+def _make_module() -> types.ModuleType:
+    mod = types.ModuleType("torch.neuron", "Emulated TorchNeuron device module (neuron_emu).")
+    for name in (
+        "is_available device_count current_device set_device synchronize is_initialized _lazy_init "
+        "default_generator manual_seed manual_seed_all seed seed_all initial_seed get_rng_state "
+        "set_rng_state get_rng_state_all set_rng_state_all get_amp_supported_dtype "
+        "is_autocast_enabled set_autocast_enabled get_autocast_dtype set_autocast_dtype "
+        "is_bf16_supported"
+    ).split():
+        setattr(mod, name, globals()[name])
+    return mod
+
+
+_EXPLICIT = {
+    "aten::_copy_from", "aten::_copy_from_and_resize", "aten::convolution_overrideable",
+    "aten::convolution_backward_overrideable", "aten::mode.values",
+}
+
+
+def _direct_kernel_ops() -> list[str]:
+    """ATen overloads with a real CPU kernel and no implicit decomposition: the device gets a
+    direct kernel (the zero-copy fallback) for each, instead of a generic composite wrapper."""
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    out = []
+    for name in torch._C._dispatch_get_all_op_names():
+        if not name.startswith("aten::"):
+            continue
+        if (has(name, "CPU") and not has(name, "CompositeImplicitAutograd")
+                and name not in _EXPLICIT):
+            out.append(name[len("aten::"):])
+    return out
+
+
+def register() -> None:
+    """Makes ``torch.device("neuron")`` usable.  Idempotent."""
+    global _registered
+    if _registered:
+        return
+    ext = _ext()
+    ext.init_hooks()
+    ext.register_kernels(_direct_kernel_ops())
+    if torch._C._get_privateuse1_backend_name() != "neuron":
+        torch.utils.rename_privateuse1_backend("neuron")
+    if not hasattr(torch, "neuron"):
+        torch._register_device_module("neuron", _make_module())
+    if not hasattr(torch.Tensor, "neuron"):
+        torch.utils.generate_methods_for_privateuse1_backend(
+            for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
+        )
+    try:
+        torch.set_autocast_dtype("neuron", torch.bfloat16)
+    except Exception:  # pragma: no cover - older torch
+        pass
+    _registered = True

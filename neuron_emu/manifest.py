@@ -1,0 +1,299 @@
+"""Neuron SDK build manifests: TOML schema, loading, inheritance and validation.
+
+A manifest describes what one SDK build does: which ATen overloads have native kernels, how
+unsupported dtypes are treated, the build's numerics and its known bugs ("defects").  Loading
+validates everything into frozen dataclasses; any problem raises :class:`ManifestError` naming the
+file, the key and the bad value, and saying what would be accepted.
+
+Example::
+
+    >>> from neuron_emu.manifest import load_build
+    >>> b = load_build("2.32.0")
+    >>> b.name, b.numerics.sin_range_reduction
+    ('2.32.0', True)
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import functools
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+BUILDS_DIR = Path(__file__).with_name("builds")
+
+DTYPE_RULES: dict[str, tuple[str, ...]] = {
+    "float64": ("native", "downcast", "fallback", "error"),
+    "int64": ("native", "narrow", "fallback", "error"),
+    "complex": ("native", "fallback", "error"),
+    "channels_last": ("native", "fallback", "error"),
+}
+_RULE_ALIASES = {"narrow": "downcast", "downcast": "downcast"}
+DEFECT_KINDS = ("wrong_result", "nan", "wrong_dtype", "error", "crash", "hang", "fallback")
+DTYPE_NAMES = (
+    "float16", "bfloat16", "float32", "float64", "int8", "uint8", "int16", "int32", "int64", "bool",
+    "complex64", "complex128",
+)
+MATMUL_INPUTS = ("fp32", "bf16", "fp16")
+ROUNDING = ("rne", "stochastic")
+
+
+class ManifestError(ValueError):
+    """A build manifest is malformed; the message names file, key, value and what is accepted."""
+
+
+@dataclass(frozen=True)
+class DtypeRules:
+    float64: str = "downcast"
+    int64: str = "downcast"       # "narrow" is stored as "downcast"
+    complex: str = "fallback"
+    channels_last: str = "error"
+
+
+@dataclass(frozen=True)
+class Numerics:
+    matmul_inputs: str = "fp32"
+    transcendental_bits: int = 23
+    sin_range_reduction: bool = True
+    flush_denormals: bool = False
+    rounding: str = "rne"
+
+
+@dataclass(frozen=True)
+class Defect:
+    op: str
+    kind: str
+    dtypes: tuple[str, ...] | None = None
+    min_numel: int = 0
+    magnitude: float = 0.05
+    probability: float = 1.0
+    note: str = ""
+    source: str = ""            # "<file>:defects[i]" for messages
+
+    def matches_name(self, name: str) -> bool:
+        return fnmatch.fnmatchcase(name, self.op)
+
+
+@dataclass(frozen=True)
+class Build:
+    name: str
+    path: Path
+    inherits: str | None
+    native: tuple[str, ...]
+    cpu_fallback: tuple[str, ...]
+    dtypes: DtypeRules
+    numerics: Numerics
+    defects: tuple[Defect, ...]
+    description: str = ""
+    _cache: dict = field(default_factory=dict, compare=False, repr=False, hash=False)
+
+    def is_native(self, op_name: str) -> bool:
+        """Whether `op_name` ("aten::name.overload") has a native kernel in this build."""
+        hit = self._cache.get(op_name)
+        if hit is None:
+            hit = bool(_regex(self.native).match(op_name)) and not _regex(self.cpu_fallback).match(op_name)
+            self._cache[op_name] = hit
+        return hit
+
+    def native_overloads(self) -> list[str]:
+        """Every registered ATen overload this build runs natively."""
+        return [n for n in aten_overloads() if self.is_native(n)]
+
+
+@functools.lru_cache(maxsize=256)
+def _regex(globs: tuple[str, ...]) -> re.Pattern:
+    if not globs:
+        return re.compile(r"(?!x)x")
+    return re.compile("|".join(f"(?:{fnmatch.translate(g)})" for g in globs))
+
+
+@functools.lru_cache(maxsize=1)
+def aten_overloads() -> tuple[str, ...]:
+    """All registered ATen overloads, spelled "aten::name.overload" ("default" when unnamed)."""
+    import torch
+
+    out = []
+    for n in torch._C._dispatch_get_all_op_names():
+        if not n.startswith("aten::"):
+            continue
+        out.append(n if "." in n else n + ".default")
+    return tuple(sorted(out))
+
+
+def shipped_builds() -> list[str]:
+    """Names of the builds shipped in ``neuron_emu/builds`` (oldest first)."""
+    names = [p.stem for p in BUILDS_DIR.glob("*.toml")]
+    return sorted(names, key=lambda s: tuple(int(x) if x.isdigit() else x for x in re.split(r"[.\-]", s)))
+
+
+def default_build_name() -> str:
+    return shipped_builds()[-1]
+
+
+def _err(path: Path, key: str, value: Any, accepted: str) -> ManifestError:
+    return ManifestError(f"{path}: invalid manifest key '{key}' = {value!r}: expected {accepted}")
+
+
+_TOP_KEYS = {"build", "ops", "dtypes", "numerics", "defects"}
+_BUILD_KEYS = {"name": str, "inherits": str, "description": str, "reset_defects": bool}
+_OPS_KEYS = {"native", "cpu_fallback"}
+_NUM_KEYS = {
+    "matmul_inputs": str, "transcendental_bits": int, "sin_range_reduction": bool,
+    "flush_denormals": bool, "rounding": str,
+}
+_DEFECT_KEYS = {
+    "op": str, "dtypes": list, "min_numel": int, "kind": str, "magnitude": (int, float),
+    "probability": (int, float), "note": str,
+}
+
+
+def _check_type(path, key, value, typ, accepted):
+    ok = isinstance(value, typ) and not (typ in (int, (int, float)) and isinstance(value, bool))
+    if typ is int and isinstance(value, bool):
+        ok = False
+    if not ok:
+        raise _err(path, key, value, accepted)
+
+
+def _check_keys(path, prefix, table, allowed):
+    if not isinstance(table, dict):
+        raise _err(path, prefix, table, f"a table with keys {sorted(allowed)}")
+    for k in table:
+        if k not in allowed:
+            raise _err(path, f"{prefix}.{k}" if prefix else k, table[k],
+                       f"one of the known keys {sorted(allowed)} (unknown key)")
+
+
+def _check_glob(path, key, glob):
+    if not isinstance(glob, str):
+        raise _err(path, key, glob, "a string glob such as 'aten::add.Tensor' or 'aten::mm.*'")
+    rx = _regex((glob,))
+    if not any(rx.match(n) for n in aten_overloads()):
+        raise _err(path, key, glob,
+                   "an fnmatch glob matching at least one registered ATen overload "
+                   "(spelled 'aten::name.overload', '.default' when unnamed, e.g. 'aten::add.Tensor', "
+                   "'aten::mm.*'); this one matches nothing")
+
+
+def _resolve(ref: str, relative_to: Path | None) -> Path:
+    p = Path(ref)
+    if ref.endswith(".toml") or "/" in ref or "\\" in ref:
+        if not p.is_absolute() and relative_to is not None:
+            p = relative_to / p
+        return p.resolve()
+    return (BUILDS_DIR / f"{ref}.toml").resolve()
+
+
+def load_build(ref: str | Path) -> Build:
+    """Loads and validates a build by shipped name ("2.33.0") or by path to a .toml file."""
+    path = _resolve(str(ref), Path.cwd())
+    if not path.exists():
+        raise ManifestError(
+            f"{path}: no such build manifest for {str(ref)!r}; expected one of the shipped builds "
+            f"{shipped_builds()} or a path to a .toml file")
+    return _load(path, ())
+
+
+def _load(path: Path, stack: tuple[Path, ...]) -> Build:
+    if path in stack:
+        chain = " -> ".join(str(p) for p in (*stack, path))
+        raise ManifestError(f"{stack[-1]}: invalid manifest key 'build.inherits' = {path.stem!r}: "
+                            f"expected an acyclic inheritance chain, found a cycle {chain}")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ManifestError(f"{path}: invalid TOML ({e}); expected a build manifest") from None
+    _check_keys(path, "", data, _TOP_KEYS)
+    build = data.get("build")
+    if build is None:
+        raise _err(path, "build", None, "a [build] table with at least 'name'")
+    _check_keys(path, "build", build, set(_BUILD_KEYS))
+    for k, t in _BUILD_KEYS.items():
+        if k in build:
+            _check_type(path, f"build.{k}", build[k], t, f"a {t.__name__}")
+    if "name" not in build:
+        raise _err(path, "build.name", None, "a string naming the build, e.g. '2.33.0'")
+
+    parent: Build | None = None
+    if "inherits" in build:
+        ppath = _resolve(build["inherits"], path.parent)
+        if not ppath.exists():
+            raise _err(path, "build.inherits", build["inherits"],
+                       f"a shipped build name {shipped_builds()} or a path relative to {path.parent}")
+        parent = _load(ppath, (*stack, path))
+
+    ops = data.get("ops", {})
+    _check_keys(path, "ops", ops, _OPS_KEYS)
+    lists = {}
+    for k in _OPS_KEYS:
+        vals = ops.get(k, [])
+        if not isinstance(vals, list):
+            raise _err(path, f"ops.{k}", vals, "a list of op globs")
+        for i, g in enumerate(vals):
+            _check_glob(path, f"ops.{k}[{i}]", g)
+        lists[k] = (getattr(parent, k) if parent else ()) + tuple(vals)
+
+    dt = data.get("dtypes", {})
+    _check_keys(path, "dtypes", dt, set(DTYPE_RULES))
+    rules = dict(parent.dtypes.__dict__) if parent else dict(DtypeRules().__dict__)
+    for k, v in dt.items():
+        if not isinstance(v, str) or v not in DTYPE_RULES[k]:
+            raise _err(path, f"dtypes.{k}", v, "one of " + ", ".join(repr(x) for x in DTYPE_RULES[k]))
+        rules[k] = _RULE_ALIASES.get(v, v)
+
+    num = data.get("numerics", {})
+    _check_keys(path, "numerics", num, set(_NUM_KEYS))
+    nvals = dict(parent.numerics.__dict__) if parent else dict(Numerics().__dict__)
+    for k, v in num.items():
+        t = _NUM_KEYS[k]
+        _check_type(path, f"numerics.{k}", v, t, f"a {t.__name__}")
+        nvals[k] = v
+    if nvals["matmul_inputs"] not in MATMUL_INPUTS:
+        raise _err(path, "numerics.matmul_inputs", nvals["matmul_inputs"], f"one of {list(MATMUL_INPUTS)}")
+    if nvals["rounding"] not in ROUNDING:
+        raise _err(path, "numerics.rounding", nvals["rounding"], f"one of {list(ROUNDING)}")
+    if not 1 <= nvals["transcendental_bits"] <= 23:
+        raise _err(path, "numerics.transcendental_bits", nvals["transcendental_bits"],
+                   "an integer number of float32 mantissa bits in 1..23")
+
+    raw_defects = data.get("defects", [])
+    if not isinstance(raw_defects, list):
+        raise _err(path, "defects", raw_defects, "an array of [[defects]] tables")
+    defects = [] if (parent is None or build.get("reset_defects")) else list(parent.defects)
+    for i, d in enumerate(raw_defects):
+        key = f"defects[{i}]"
+        _check_keys(path, key, d, set(_DEFECT_KEYS))
+        for k, t in _DEFECT_KEYS.items():
+            if k in d:
+                _check_type(path, f"{key}.{k}", d[k], t,
+                            "a number" if isinstance(t, tuple) else f"a {t.__name__}")
+        for req in ("op", "kind"):
+            if req not in d:
+                raise _err(path, f"{key}.{req}", None, "a value (required key)")
+        _check_glob(path, f"{key}.op", d["op"])
+        if d["kind"] not in DEFECT_KINDS:
+            raise _err(path, f"{key}.kind", d["kind"], "one of " + ", ".join(DEFECT_KINDS))
+        dts = d.get("dtypes")
+        if dts is not None:
+            for j, name in enumerate(dts):
+                if name not in DTYPE_NAMES:
+                    raise _err(path, f"{key}.dtypes[{j}]", name, "one of " + ", ".join(DTYPE_NAMES))
+        prob = float(d.get("probability", 1.0))
+        if not 0.0 < prob <= 1.0:
+            raise _err(path, f"{key}.probability", d["probability"], "a number in (0, 1]")
+        if int(d.get("min_numel", 0)) < 0:
+            raise _err(path, f"{key}.min_numel", d["min_numel"], "a non-negative integer")
+        defects.append(Defect(
+            op=d["op"], kind=d["kind"], dtypes=tuple(dts) if dts is not None else None,
+            min_numel=int(d.get("min_numel", 0)), magnitude=float(d.get("magnitude", 0.05)),
+            probability=prob, note=d.get("note", ""), source=f"{path.name}:{key}",
+        ))
+    return Build(
+        name=build["name"], path=path, inherits=build.get("inherits"),
+        native=lists["native"], cpu_fallback=lists["cpu_fallback"],
+        dtypes=DtypeRules(**rules), numerics=Numerics(**nvals), defects=tuple(defects),
+        description=build.get("description", parent.description if parent else ""),
+    )
