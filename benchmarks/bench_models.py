@@ -107,7 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--families", nargs="*", default=None)
     ap.add_argument("--limit", type=int, default=None)
     ap.add_argument("--train-every", type=int, default=1, help="train-step only every N-th spec")
-    ap.add_argument("--compare-export", type=int, default=0, metavar="N", help="specs per family for make_fx vs export")
+    ap.add_argument(
+        "--compare-export", type=int, default=0, metavar="N", help="specs per family for make_fx vs export"
+    )
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     if args.compare_export:

@@ -85,12 +85,16 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 def sinusoidal(positions: Tensor, dim: int) -> Tensor:
     """Sinusoidal embedding of float/int ``positions`` (...,) -> (..., dim)."""
     half = dim // 2
-    freqs = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float32, device=positions.device) / half)
+    freqs = torch.exp(
+        -math.log(10000.0) * torch.arange(half, dtype=torch.float32, device=positions.device) / half
+    )
     ang = positions.float()[..., None] * freqs
     return torch.cat([ang.sin(), ang.cos()], dim=-1)
 
 
-def attend(q: Tensor, k: Tensor, v: Tensor, impl: str, causal: bool = False, mask: Tensor | None = None) -> Tensor:
+def attend(
+    q: Tensor, k: Tensor, v: Tensor, impl: str, causal: bool = False, mask: Tensor | None = None
+) -> Tensor:
     """Attention over (B, H, T, D): ``sdpa`` (fused op) or ``math`` (matmul + softmax)."""
     if impl == "sdpa":
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and mask is None)
@@ -121,7 +125,9 @@ class Attention(nn.Module):
         b, t, d = x.shape
         return x.view(b, t, self.heads, d // self.heads).transpose(1, 2)
 
-    def forward(self, x: Tensor, kv: Tensor | None = None, rope: tuple[Tensor, Tensor] | None = None) -> Tensor:
+    def forward(
+        self, x: Tensor, kv: Tensor | None = None, rope: tuple[Tensor, Tensor] | None = None
+    ) -> Tensor:
         src = x if kv is None else kv
         q, k, v = self.split(self.q(x)), self.split(self.k(src)), self.split(self.v(src))
         if rope is not None:
@@ -177,7 +183,9 @@ class TransformerLayer(nn.Module):
     def _sub(self, x: Tensor, norm: nn.Module, fn: Callable[[Tensor], Tensor]) -> Tensor:
         return x + fn(norm(x)) if self.prenorm else norm(x + fn(x))
 
-    def forward(self, x: Tensor, memory: Tensor | None = None, rope: tuple[Tensor, Tensor] | None = None) -> Tensor:
+    def forward(
+        self, x: Tensor, memory: Tensor | None = None, rope: tuple[Tensor, Tensor] | None = None
+    ) -> Tensor:
         x = self._sub(x, self.n1, lambda h: self.attn(h, rope=rope))
         if self.cross is not None:
             x = self._sub(x, self.nc, lambda h: self.cross(h, kv=memory))

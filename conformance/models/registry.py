@@ -109,7 +109,9 @@ def _check_families(families: Sequence[str] | None) -> list[str]:
         families = [families]
     unknown = [f for f in families if f not in FAMILIES]
     if unknown:
-        raise ValueError(f"unknown model famil{'y' if len(unknown) == 1 else 'ies'} {unknown}; known: {sorted(FAMILIES)}")
+        raise ValueError(
+            f"unknown model famil{'y' if len(unknown) == 1 else 'ies'} {unknown}; known: {sorted(FAMILIES)}"
+        )
     return list(families)
 
 

@@ -25,11 +25,13 @@ from typing import Any
 
 import torch
 from torch import fx, nn
-from torch.fx.experimental.proxy_tensor import make_fx
 from torch.func import functional_call
+from torch.fx.experimental.proxy_tensor import make_fx
 
 
-def trace(module: nn.Module, inputs: tuple, *, method: str = "make_fx", tracing_mode: str = "fake") -> fx.GraphModule:
+def trace(
+    module: nn.Module, inputs: tuple, *, method: str = "make_fx", tracing_mode: str = "fake"
+) -> fx.GraphModule:
     """Trace ``module(*inputs)`` to an ATen-level ``fx.GraphModule``."""
     if method == "export":
         return torch.export.export(module, tuple(inputs)).run_decompositions().graph_module
@@ -46,7 +48,10 @@ def trace(module: nn.Module, inputs: tuple, *, method: str = "make_fx", tracing_
 def _meta(value: Any) -> Any:
     """Shape/dtype structure of a node's ``meta['val']`` (values never included)."""
     if isinstance(value, torch.Tensor):
-        return (tuple(int(s) if not isinstance(s, torch.SymInt) else str(s) for s in value.shape), str(value.dtype))
+        return (
+            tuple(int(s) if not isinstance(s, torch.SymInt) else str(s) for s in value.shape),
+            str(value.dtype),
+        )
     if isinstance(value, list | tuple):
         return tuple(_meta(v) for v in value)
     if isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):
@@ -62,7 +67,11 @@ def _arg(a: Any, index: dict[fx.Node, int]) -> Any:
         return tuple(_arg(x, index) for x in a)
     if isinstance(a, dict):
         return tuple(sorted((k, _arg(v, index)) for k, v in a.items()))
-    return repr(a) if not isinstance(a, torch.dtype | torch.device | torch.layout | torch.memory_format) else str(a)
+    return (
+        repr(a)
+        if not isinstance(a, torch.dtype | torch.device | torch.layout | torch.memory_format)
+        else str(a)
+    )
 
 
 def _target(node: fx.Node) -> str:
@@ -85,7 +94,12 @@ def graph_records(gm: fx.GraphModule) -> list[tuple]:
         elif node.op == "output":
             rec = ("out", _arg(node.args, index))
         else:
-            rec = (_target(node), _arg(node.args, index), _arg(node.kwargs, index), _meta(node.meta.get("val")))
+            rec = (
+                _target(node),
+                _arg(node.args, index),
+                _arg(node.kwargs, index),
+                _meta(node.meta.get("val")),
+            )
         records.append(rec)
     return records
 
@@ -98,7 +112,9 @@ def hash_graph(gm: fx.GraphModule) -> str:
 
 def histogram(gm: fx.GraphModule) -> dict[str, int]:
     """``"ns::name.overload" -> count`` for every operator-overload call in ``gm``."""
-    ops = (n for n in gm.graph.nodes if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload))
+    ops = (
+        n for n in gm.graph.nodes if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
+    )
     return dict(sorted(Counter(_target(n) for n in ops).items()))
 
 

@@ -3,7 +3,23 @@
 from __future__ import annotations
 
 from ..family import Family
-from . import audio, diffusion, dlrm, encoder, gnn, gpt, mlp, mobilenet, moe, resnet, rnn, seq2seq, unet, vae, vit
+from . import (
+    audio,
+    diffusion,
+    dlrm,
+    encoder,
+    gnn,
+    gpt,
+    mlp,
+    mobilenet,
+    moe,
+    resnet,
+    rnn,
+    seq2seq,
+    unet,
+    vae,
+    vit,
+)
 
 ALL_FAMILIES: list[Family] = [
     mlp.FAMILY,

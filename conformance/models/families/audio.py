@@ -69,7 +69,9 @@ class AudioEncoder(nn.Module):
                 nn.Conv1d(p["mels"], d, k, padding=k // 2), nn.GELU(),
                 nn.Conv1d(d, d, k, stride=2, padding=k // 2), nn.GELU(),
             )  # fmt: skip
-            self.blocks = nn.ModuleList(TransformerLayer(d, p["heads"], ff="gelu") for _ in range(p["layers"]))
+            self.blocks = nn.ModuleList(
+                TransformerLayer(d, p["heads"], ff="gelu") for _ in range(p["layers"])
+            )
             self.post = nn.LayerNorm(d)
         else:
             self.stem = nn.Sequential(nn.Conv1d(p["mels"], d, k, stride=2, padding=k // 2), nn.SiLU())

@@ -53,7 +53,11 @@ class AttnBlock(nn.Module):
     def __init__(self, ch: int, p: Params):
         super().__init__()
         self.impl = p["attn"]
-        self.norm, self.qkv, self.proj = nn.GroupNorm(p["groups"], ch), nn.Conv2d(ch, 3 * ch, 1), nn.Conv2d(ch, ch, 1)
+        self.norm, self.qkv, self.proj = (
+            nn.GroupNorm(p["groups"], ch),
+            nn.Conv2d(ch, 3 * ch, 1),
+            nn.Conv2d(ch, ch, 1),
+        )
 
     def forward(self, x: Tensor) -> Tensor:
         b, c, h, w = x.shape
@@ -71,7 +75,9 @@ class Denoiser(nn.Module):
         self.inp = nn.Conv2d(LATENT_CH, ch, 3, padding=1)
         self.res = nn.ModuleList(ResBlock(ch, temb, p) for _ in range(p["nres"]))
         self.attn = AttnBlock(ch, p) if p["attn"] != "none" else None
-        self.out = nn.Sequential(nn.GroupNorm(p["groups"], ch), nn.SiLU(), nn.Conv2d(ch, LATENT_CH, 3, padding=1))
+        self.out = nn.Sequential(
+            nn.GroupNorm(p["groups"], ch), nn.SiLU(), nn.Conv2d(ch, LATENT_CH, 3, padding=1)
+        )
 
     def forward(self, x: Tensor, t: Tensor) -> Tensor:
         emb = self.time(sinusoidal(t, self.temb_dim).to(x.dtype))

@@ -45,7 +45,10 @@ class MessagePassing(nn.Module):
             self.eps = nn.Parameter(torch.zeros(1))
             self.mlp = nn.Sequential(nn.ReLU(), nn.Linear(cout, cout))
         if kind == "gat":
-            self.att_src, self.att_dst = nn.Parameter(torch.randn(cout) * 0.1), nn.Parameter(torch.randn(cout) * 0.1)
+            self.att_src, self.att_dst = (
+                nn.Parameter(torch.randn(cout) * 0.1),
+                nn.Parameter(torch.randn(cout) * 0.1),
+            )
 
     def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
         n = x.shape[0]
@@ -73,7 +76,9 @@ class GNN(nn.Module):
     def __init__(self, p: Params):
         super().__init__()
         h = p["hidden"]
-        self.convs = nn.ModuleList(MessagePassing(IN_FEATURES if i == 0 else h, h, p["conv"]) for i in range(p["layers"]))
+        self.convs = nn.ModuleList(
+            MessagePassing(IN_FEATURES if i == 0 else h, h, p["conv"]) for i in range(p["layers"])
+        )
         self.act, self.graph_task = make_act(p["act"]), p["task"] == "graph"
         self.head = nn.Linear(h, CLASSES)
 

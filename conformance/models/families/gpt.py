@@ -87,7 +87,9 @@ class DecodeStep(GPT):
     """One decode step: ``(token (B, 1), k_cache, v_cache (L, B, H, S, Dh), pos (1,))``
     -> ``(logits (B, 1, V), k_cache', v_cache')``."""
 
-    def forward(self, token: Tensor, k_cache: Tensor, v_cache: Tensor, pos: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def forward(
+        self, token: Tensor, k_cache: Tensor, v_cache: Tensor, pos: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
         x = self.embed(token, pos)
         mask = (torch.arange(k_cache.shape[3], device=token.device) <= pos).unsqueeze(0)  # (1, S)
         new_k, new_v = [], []

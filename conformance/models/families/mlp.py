@@ -33,7 +33,11 @@ class MLP(nn.Module):
         layers: list[nn.Module] = []
         dim = IN_FEATURES
         for _ in range(p["depth"]):
-            layers += [nn.Linear(dim, p["width"], bias=p["bias"] == "bias"), make_norm(p["norm"], p["width"]), make_act(p["act"])]
+            layers += [
+                nn.Linear(dim, p["width"], bias=p["bias"] == "bias"),
+                make_norm(p["norm"], p["width"]),
+                make_act(p["act"]),
+            ]
             dim = p["width"]
         self.body = nn.Sequential(*layers)
         self.head = nn.Linear(dim, CLASSES)

@@ -45,7 +45,11 @@ class Separable(nn.Module):
         layers: list[nn.Module] = []
         if p["expand"] > 1:
             layers += [nn.Conv2d(cin, hid, 1, bias=False), nn.BatchNorm2d(hid), make_act(p["act"])]
-        layers += [nn.Conv2d(hid, hid, 3, stride, 1, groups=hid, bias=False), nn.BatchNorm2d(hid), make_act(p["act"])]
+        layers += [
+            nn.Conv2d(hid, hid, 3, stride, 1, groups=hid, bias=False),
+            nn.BatchNorm2d(hid),
+            make_act(p["act"]),
+        ]
         if p["se"] == "se":
             layers.append(SqueezeExcite(hid))
         layers += [nn.Conv2d(hid, cout, 1, bias=False), nn.BatchNorm2d(cout)]

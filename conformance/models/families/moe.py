@@ -63,7 +63,9 @@ class MoE(nn.Module):
         return x + y.reshape(b, s, d)
 
     def _scatter(self, x: Tensor, vals: Tensor, idx: Tensor) -> Tensor:
-        gates = torch.zeros(x.shape[0], self.w1.shape[0], dtype=x.dtype, device=x.device).scatter(1, idx, vals)
+        gates = torch.zeros(x.shape[0], self.w1.shape[0], dtype=x.dtype, device=x.device).scatter(
+            1, idx, vals
+        )
         h = self.act(torch.einsum("td,edh->eth", x, self.w1))
         out = torch.bmm(h, self.w2)  # (E, T, D)
         return torch.einsum("te,etd->td", gates, out)

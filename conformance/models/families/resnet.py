@@ -59,7 +59,9 @@ class ResNet(nn.Module):
     def __init__(self, p: Params):
         super().__init__()
         w = p["width"]
-        self.stem = nn.Sequential(nn.Conv2d(3, w, 3, 1, 1, bias=False), make_norm2d(p["norm"], w), make_act(p["act"]))
+        self.stem = nn.Sequential(
+            nn.Conv2d(3, w, 3, 1, 1, bias=False), make_norm2d(p["norm"], w), make_act(p["act"])
+        )
         blocks: list[nn.Module] = []
         cin = w
         for s in range(p["stages"]):

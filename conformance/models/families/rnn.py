@@ -35,7 +35,8 @@ class Unrolled(nn.Module):
         super().__init__()
         dirs = 2 if bidir else 1
         self.cells = nn.ModuleList(
-            nn.ModuleList(cell(IN_FEATURES if i == 0 else hidden * dirs, hidden) for _ in range(dirs)) for i in range(layers)
+            nn.ModuleList(cell(IN_FEATURES if i == 0 else hidden * dirs, hidden) for _ in range(dirs))
+            for i in range(layers)
         )
         self.lstm = cell is nn.LSTMCell
 

@@ -34,9 +34,12 @@ class Seq2Seq(nn.Module):
         super().__init__()
         d, pre, impl = p["dim"], p["norm"] == "pre", p["attn"]
         self.emb, self.pos = nn.Embedding(VOCAB, d), nn.Embedding(MAX_LEN, d)
-        self.encoder = nn.ModuleList(TransformerLayer(d, p["heads"], prenorm=pre, impl=impl) for _ in range(p["enc"]))
+        self.encoder = nn.ModuleList(
+            TransformerLayer(d, p["heads"], prenorm=pre, impl=impl) for _ in range(p["enc"])
+        )
         self.decoder = nn.ModuleList(
-            TransformerLayer(d, p["heads"], prenorm=pre, impl=impl, causal=True, cross=True) for _ in range(p["dec"])
+            TransformerLayer(d, p["heads"], prenorm=pre, impl=impl, causal=True, cross=True)
+            for _ in range(p["dec"])
         )
         self.norm = nn.LayerNorm(d)
         self.out = None if p["out"] == "tied" else nn.Linear(d, VOCAB)
