@@ -28,7 +28,7 @@ class NeuronEmuTarget(Target):
         self._emu = neuron_emu
         self.build_spec = None if self.build == "-" else self.build  # a name or a manifest path
         try:
-            build = (neuron_emu.current_build() if self.build == "-"
+            build = (neuron_emu.active_build() if self.build == "-"
                      else neuron_emu.use_build(self.build))
         except (ValueError, FileNotFoundError) as exc:
             raise TargetError(str(exc)) from exc
