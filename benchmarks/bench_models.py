@@ -20,6 +20,7 @@ import json
 import statistics
 import sys
 import time
+import warnings
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,9 @@ def compare_export(per_family: int) -> dict[str, dict[str, float]]:
             for method in ("make_fx", "export"):
                 t0 = time.perf_counter()
                 try:
-                    trace(model, inputs, method=method)
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        trace(model, inputs, method=method)
                 except Exception:  # noqa: BLE001 - record, do not abort the benchmark
                     continue
                 times[method].append(time.perf_counter() - t0)

@@ -143,3 +143,14 @@ def test_corpus_has_2000_distinct_graphs() -> None:
         per_family[spec.family].add(spec.graph_hash())
     assert all(len(h) >= 50 for h in per_family.values()), {f: len(h) for f, h in per_family.items()}
     assert len(set().union(*per_family.values())) >= 2000
+
+
+def test_export_method_traces_core_aten() -> None:
+    lin, x = torch.nn.Linear(4, 3), torch.randn(2, 4)
+    assert graph_hash(lin, (x,), method="export") == graph_hash(torch.nn.Linear(4, 3), (x,), method="export")
+    assert aten_histogram(lin, (x,), method="export") == {
+        "aten::addmm.default": 1,
+        "aten::permute.default": 1,
+    }
+    with pytest.raises(ValueError, match="unknown trace method"):
+        graph_hash(lin, (x,), method="jit")
