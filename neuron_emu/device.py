@@ -55,6 +55,10 @@ def is_initialized() -> bool:
     return True
 
 
+def _is_in_bad_fork() -> bool:
+    return False
+
+
 def _lazy_init() -> None:
     return None
 
@@ -129,6 +133,7 @@ def _make_module() -> types.ModuleType:
     mod = types.ModuleType("torch.neuron", "Emulated TorchNeuron device module (neuron_emu).")
     for name in (
         "is_available device_count current_device set_device synchronize is_initialized _lazy_init "
+        "_is_in_bad_fork "
         "default_generator manual_seed manual_seed_all seed seed_all initial_seed get_rng_state "
         "set_rng_state get_rng_state_all set_rng_state_all get_amp_supported_dtype "
         "is_autocast_enabled set_autocast_enabled get_autocast_dtype set_autocast_dtype "
