@@ -118,6 +118,3 @@ def merge_cmd(out: str, inputs: tuple[str, ...]) -> None:
 
 # Commands of later pipeline stages live in their own modules and attach to ``main``.
 from . import cli_sweep  # noqa: E402,F401
-
-if __name__ == "__main__":
-    main()

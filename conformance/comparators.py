@@ -86,7 +86,11 @@ def _gather(x: torch.Tensor, idx: torch.Tensor, dim: int) -> torch.Tensor | None
     try:
         if idx.dim() == x.dim() - 1:
             idx = idx.unsqueeze(dim)
-        if idx.dim() != x.dim():
+        if idx.dim() != x.dim() or idx.numel() == 0:
+            return None
+        if any(a != b for i, (a, b) in enumerate(zip(idx.shape, x.shape, strict=True)) if i != dim):
+            return None
+        if int(idx.min()) < 0 or int(idx.max()) >= x.shape[dim]:
             return None
         return torch.take_along_dim(x, idx.long(), dim)
     except (RuntimeError, IndexError):

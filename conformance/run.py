@@ -29,7 +29,7 @@ from opdb import Store
 from opdb.store import now
 
 from .ledger import Ledger
-from .select import Group, SelectionError, parse_shard, select_groups
+from .select import VARIANTS, Group, SelectionError, parse_shard, select_groups
 from .sweep import SweepConfig, run_group
 from .verdict import FAILING, Status
 
@@ -48,10 +48,11 @@ class RunSpec:
     max_samples: int | None = None
     ledger: str | None = None
     run_id: str | None = None  # join/label a run explicitly (shards of one run share it)
+    variants: tuple[str, ...] = VARIANTS
 
     def sweep_config(self) -> SweepConfig:
         kw: dict[str, Any] = {"thorough": self.thorough, "max_samples": self.max_samples,
-                              "ledger": Ledger.load(self.ledger)}
+                              "ledger": Ledger.load(self.ledger), "variants": tuple(self.variants)}
         if self.seed is not None:
             kw["seed"] = self.seed
         return SweepConfig(**kw)
@@ -319,7 +320,8 @@ def spec_from_run(run: dict[str, Any], workers: int) -> RunSpec:
     return RunSpec(target=run["target"], build=c.get("build_spec") or run["build"], ops=tuple(c.get("ops", ())),
                    dtypes=tuple(c.get("dtypes", ())), thorough=bool(c.get("thorough")), workers=workers,
                    shard=c.get("shard", "1/1"), timeout_s=float(c.get("timeout_s", 60.0)), seed=c.get("seed"),
-                   max_samples=c.get("max_samples"), ledger=c.get("ledger"), run_id=run["id"])
+                   max_samples=c.get("max_samples"), ledger=c.get("ledger"), run_id=run["id"],
+                   variants=tuple(c.get("variants") or VARIANTS))
 
 
 def execute_run(spec: RunSpec, db_path: str | os.PathLike[str], *, resume: str | None = None,

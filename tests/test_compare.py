@@ -1,0 +1,115 @@
+"""Evidence, the float64 arbiter rule, semantic comparators and the verdict."""
+
+from __future__ import annotations
+
+import torch
+
+from conformance.comparators import comparator_for, ks_statistic, per_tensor_fn
+from conformance.compare import Meta, arbitrate, compare
+from conformance.verdict import Status, decide, is_unsupported_dtype
+
+
+def test_close_and_errors():
+    c = torch.tensor([1.0, 2.0, 4.0])
+    t = torch.tensor([1.0, 2.0, 4.5])
+    ev = compare(c, t, atol=1e-5, rtol=1e-5)
+    assert not ev.close
+    assert ev.max_abs_err == 0.5 and abs(ev.max_rel_err - 0.125) < 1e-9
+    assert abs(ev.mismatch_frac - 1 / 3) < 1e-9
+    assert ev.ulp_err == 0.5 / 2 ** (2 - 23)
+
+
+def test_nan_pattern_must_agree():
+    c = torch.tensor([float("nan"), 1.0])
+    assert compare(c, c.clone(), atol=0, rtol=0).close
+    ev = compare(c, torch.tensor([0.0, 1.0]), atol=0, rtol=0)
+    assert not ev.close and not ev.nan_agree
+
+
+def test_device_tensor_metadata_is_checked():
+    c = torch.zeros(2, 3)
+    ev = compare(c, c.clone(), atol=0, rtol=0, device_meta=[Meta("float32", (3, 2), (1, 3))])
+    assert not ev.close and not ev.shape_ok
+    ev = compare(c, c.clone(), atol=0, rtol=0, device_meta=[Meta("float16", (2, 3), (3, 1))])
+    assert not ev.close and not ev.dtype_ok
+    ev = compare(c, c.clone(), atol=0, rtol=0, device_meta=[Meta("float32", (2, 3), (1, 2))])
+    assert ev.close and not ev.stride_ok
+
+
+def test_integers_compare_exactly():
+    assert not compare(torch.tensor([1, 2]), torch.tensor([1, 3]), atol=1, rtol=1).close
+
+
+def test_arbiter_does_not_punish_a_more_accurate_device():
+    exact = torch.tensor([1 / 3, 2 / 3], dtype=torch.float64)
+    cpu = exact.to(torch.bfloat16) + torch.tensor([0.0078125, 0.0], dtype=torch.bfloat16)  # CPU off by 1 ulp
+    target = exact.to(torch.bfloat16)  # the device rounds correctly
+    ev = compare(cpu, target, atol=0, rtol=0)
+    assert not ev.close
+    judged = arbitrate(ev, cpu, target, exact, atol=0)
+    assert judged.close and judged.arbiter_err < judged.cpu_arbiter_err
+
+
+def test_arbiter_still_fails_a_worse_device():
+    exact = torch.tensor([1 / 3, 2 / 3], dtype=torch.float64)
+    cpu = exact.to(torch.bfloat16)
+    target = cpu * 1.1
+    ev = compare(cpu, target, atol=0, rtol=0)
+    assert not arbitrate(ev, cpu, target, exact, atol=0).close
+
+
+def test_indices_comparator_accepts_ties_only():
+    x = torch.tensor([[3.0, 1.0, 1.0, 2.0]])
+    fn = per_tensor_fn("indices", x)
+    assert fn(1, torch.tensor([[1, 2, 3, 0]]), torch.tensor([[2, 1, 3, 0]])).close  # tie swapped
+    assert fn(1, torch.tensor([[3, 1, 2, 0]]), torch.tensor([[2, 1, 3, 0]])) is None  # real difference
+    assert comparator_for("sort") == "indices" and comparator_for("topk") == "indices"
+    values, idx = torch.sort(x)
+    ev = compare((values, idx), (values, torch.tensor([[2, 1, 3, 0]])), atol=0, rtol=0, per_tensor=fn)
+    assert ev.close
+
+
+def test_decomposition_comparator_ignores_signs():
+    a = torch.randn(4, 3, generator=torch.Generator().manual_seed(0))
+    u, s, vh = torch.linalg.svd(a, full_matrices=False)
+    flipped = (u * torch.tensor([-1.0, 1.0, -1.0]), s, vh * torch.tensor([[-1.0], [1.0], [-1.0]]))
+    assert not compare((u, s, vh), flipped, atol=1e-5, rtol=1e-5).close
+    fn = per_tensor_fn(comparator_for("linalg.svd"))
+    assert compare((u, s, vh), flipped, atol=1e-5, rtol=1e-5, per_tensor=fn).close
+    assert not compare((u, s, vh), (u * 2, s, vh), atol=1e-5, rtol=1e-5, per_tensor=fn).close
+
+
+def test_random_comparator_checks_distribution():
+    g = torch.Generator().manual_seed(1)
+    a, b = torch.randn(4000, generator=g), torch.randn(4000, generator=g)
+    fn = per_tensor_fn("random")
+    assert fn(0, a, b).close  # same distribution, different values
+    assert not fn(0, a + 1.0, b).close
+    assert ks_statistic(a, a) == 0
+    assert comparator_for("bernoulli") == "random"
+    assert comparator_for("nn.functional.dropout") in ("random", "meta")
+
+
+def test_random_ops_are_found_from_registry_tags():
+    # normal's OpInfo reaches aten::normal.* (tagged nondeterministic_seeded) without being listed by name
+    assert comparator_for("randint") == "random"
+
+
+def test_meta_comparator_ignores_values():
+    fn = per_tensor_fn(comparator_for("empty"))
+    assert compare(torch.zeros(3), torch.ones(3), atol=0, rtol=0, per_tensor=fn).close
+    assert not compare(torch.zeros(3), torch.ones(4), atol=0, rtol=0, per_tensor=fn).close
+
+
+def test_verdicts():
+    assert decide(cpu_error="boom", target_error=None, close=False) is Status.SKIP
+    assert decide(cpu_error=None, target_error="RuntimeError: x", close=False) is Status.ERROR
+    msg = "RuntimeError: \"abs_cpu\" not implemented for 'ComplexHalf'"
+    assert decide(cpu_error=None, target_error=msg, close=False) is Status.UNSUPPORTED_DTYPE
+    assert is_unsupported_dtype("neuron: dtype complex64 is not supported on neuron (build 2.33.0)")
+    assert decide(cpu_error=None, target_error=None, close=False) is Status.MISMATCH
+    assert decide(cpu_error=None, target_error=None, close=True) is Status.PASS
+    assert decide(cpu_error=None, target_error=None, close=True, fallback=["aten::x.default"]) is Status.PASS_FALLBACK
+    assert decide(cpu_error=None, target_error=None, close=False, expected_failure=["mismatch"]) is Status.XFAIL
+    assert decide(cpu_error=None, target_error=None, close=True, expected_failure=["mismatch"]) is Status.XPASS
+    assert decide(cpu_error=None, target_error="E", close=False, expected_failure=["mismatch"]) is Status.ERROR

@@ -1,0 +1,91 @@
+"""kill -9 in the middle of a run, then --resume: the run completes with no row lost or doubled;
+shards merge to the unsharded result; the repro script reproduces a stored result."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from click.testing import CliRunner
+
+from conformance.cli import main
+from conformance.run import RunSpec, execute_run
+from opdb import Store
+
+OPS = ("abs", "add", "mul", "sub", "neg", "exp", "sin", "cos", "sort", "sum", "mean", "clamp")
+
+
+def _keys(db, run_id=None):
+    with Store.open(db) as st:
+        q = "select item_key, status from op_results" + (" where run_id = ?" if run_id else "")
+        return [(r["item_key"], r["status"]) for r in st.db.query(q, [run_id] if run_id else [])]
+
+
+def test_kill_9_then_resume_completes_exactly(tmp_path):
+    ref_db, db = tmp_path / "ref.sqlite", tmp_path / "killed.sqlite"
+    spec = RunSpec(target="cpu", ops=OPS, dtypes=("float32", "int64"), workers=1)
+    execute_run(spec, ref_db)
+    expected = _keys(ref_db)
+    cmd = [sys.executable, "-m", "conformance", "run", "--target", "cpu", "-n", "1", "--quiet",
+           "--dtypes", "float32,int64", "--db", str(db)] + [a for op in OPS for a in ("--ops", op)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        time.sleep(0.3)
+        if db.exists():
+            try:
+                if len(_keys(db)) >= 20:
+                    break
+            except Exception:  # noqa: BLE001 - the DB may be mid-creation
+                pass
+    os.killpg(proc.pid, signal.SIGKILL)  # the supervisor and its workers, no clean-up
+    proc.wait()
+    partial = _keys(db)
+    assert 0 < len(partial) < len(expected)
+    with Store.open(db) as st:
+        run_id = st.runs()[0]["id"]
+        assert st.get_run(run_id)["status"] == "running"
+    r = CliRunner().invoke(main, ["run", "--resume", run_id, "--db", str(db), "--quiet", "-n", "1"])
+    assert r.exit_code == 0, r.output
+    final = _keys(db)
+    assert len(final) == len({k for k, _ in final})  # nothing doubled
+    assert sorted(final) == sorted(expected)  # nothing lost, same verdicts
+    with Store.open(db) as st:
+        assert st.get_run(run_id)["status"] == "finished"
+    again = CliRunner().invoke(main, ["run", "--resume", run_id, "--db", str(db)])
+    assert again.exit_code == 2 and "already finished" in again.output
+
+
+def test_two_shards_merge_to_the_unsharded_run(tmp_path):
+    ops = ("abs", "add", "sort", "sum", "neg")
+    full = tmp_path / "full.sqlite"
+    execute_run(RunSpec(target="cpu", ops=ops, dtypes=("float32",), workers=1), full)
+    shards = []
+    for k in (1, 2):
+        p = tmp_path / f"s{k}.sqlite"
+        execute_run(RunSpec(target="cpu", ops=ops, dtypes=("float32",), workers=1, shard=f"{k}/2",
+                            run_id="nightly-1"), p)
+        shards.append(p)
+    assert all(len(_keys(p)) > 0 for p in shards)
+    merged = tmp_path / "merged.sqlite"
+    r = CliRunner().invoke(main, ["merge", str(merged), *map(str, shards)])
+    assert r.exit_code == 0, r.output
+    assert sorted(_keys(merged)) == sorted(_keys(full))
+    with Store.open(merged) as st:
+        assert st.get_run("nightly-1")["status"] == "finished"
+
+
+def test_repro_script_reproduces_a_result(tmp_path):
+    db = tmp_path / "r.sqlite"
+    execute_run(RunSpec(target="cpu", ops=("sin",), dtypes=("float32",), workers=1, max_samples=1), db)
+    with Store.open(db) as st:
+        rid = next(iter(st.db.query("select id from op_results limit 1")))["id"]
+    r = CliRunner().invoke(main, ["repro", str(rid), "--db", str(db), "--out", str(tmp_path / "repro")])
+    assert r.exit_code == 0, r.output
+    script = tmp_path / "repro" / f"repro_{rid}.py"
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "CPU result" in out.stdout and "target result" in out.stdout and "within tolerance" in out.stdout
