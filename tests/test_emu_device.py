@@ -8,7 +8,7 @@ import torch
 import neuron_emu
 
 N = "neuron"
-warnings.filterwarnings("ignore", message="neuron: operator")
+pytestmark = pytest.mark.filterwarnings("ignore:neuron. operator")
 
 
 def test_device_basics():
