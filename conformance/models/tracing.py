@@ -3,6 +3,9 @@
 The graph is traced with ``make_fx`` over ``functional_call`` so that parameters and buffers
 are graph inputs (placeholders) rather than constants: the hash sees their shapes and dtypes,
 never their values. Default tracing mode is ``fake`` (no real compute, no buffer mutation).
+The traced graph is the forward pass in train mode with autograd enabled (what a training step
+runs forward); the backward graph is not hashed. Lowering is the CPU one of this torch build
+(e.g. ``nn.LSTM`` becomes ``aten::mkldnn_rnn_layer`` where oneDNN is available).
 ``method="export"`` uses ``torch.export.export(...).run_decompositions()`` instead (core ATen;
 slower, and its hashes differ from ``make_fx`` hashes).
 
