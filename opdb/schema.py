@@ -115,13 +115,63 @@ MODEL_RESULTS = {
     "shapes": str,  # JSON per-shape latency / recompile record
 }
 
+# Per run and ATen overload: exercised (with counts) or not, with a reason from a fixed vocabulary.
+COVERAGE = {
+    "run_id": str,
+    "name": str,  # aten::name.overload
+    "state": str,  # exercised | composite_implicit | no_cpu_kernel | layout | random | no_valid_input | ledger
+    "detail": str,  # e.g. what was tried when no valid input was found
+    "samples": int,  # items that reached it
+    "native_samples": int,
+    "fallback_samples": int,
+    "failing_samples": int,
+    "statuses": str,  # JSON {status: count}
+    "dtypes": str,  # JSON list
+    "sources": str,  # JSON list: opinfo | backward | schema
+}
+
+# Re-runs of candidate regressions (flake confirmation).
+FLAKES = {
+    "run_id": str,
+    "item_key": str,
+    "kind": str,  # op | model
+    "attempts": int,
+    "failures": int,
+    "statuses": str,  # JSON list, one per attempt
+    "verdict": str,  # flaky | confirmed
+    "recorded_at": str,
+}
+
+# What the gate decided for one (baseline, candidate) pair: the report's build diff reads this.
+GATE_ITEMS = {
+    "baseline_run": str,
+    "candidate_run": str,
+    "category": str,  # regression | improvement | flaky | new | removed | drift
+    "kind": str,  # op | model | drift
+    "item_key": str,
+    "op": str,  # OpInfo name or model id
+    "variant": str,
+    "dtype": str,
+    "baseline": str,
+    "candidate": str,
+    "evidence": str,  # JSON
+    "decided_at": str,
+}
+
 TABLES: dict[str, dict[str, type]] = {
     "runs": RUNS,
     "run_shards": RUN_SHARDS,
     "ops": OPS,
     "op_results": OP_RESULTS,
     "model_results": MODEL_RESULTS,
+    "coverage": COVERAGE,
+    "flakes": FLAKES,
+    "gate_items": GATE_ITEMS,
 }
+
+
+# Tables that shard databases contribute to a merge (gate decisions are derived, not merged).
+MERGED = ("runs", "run_shards", "ops", "op_results", "model_results", "coverage", "flakes")
 
 
 def _v1(db: sqlite_utils.Database) -> None:
@@ -136,7 +186,14 @@ def _v1(db: sqlite_utils.Database) -> None:
     db["model_results"].create_index(["run_id", "family"], if_not_exists=True)
 
 
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1]
+def _v2(db: sqlite_utils.Database) -> None:
+    db["coverage"].create(COVERAGE, pk=("run_id", "name"), if_not_exists=True)
+    db["flakes"].create(FLAKES, pk=("run_id", "item_key"), if_not_exists=True)
+    db["gate_items"].create({"id": int, **GATE_ITEMS}, pk="id", if_not_exists=True)
+    db["gate_items"].create_index(["baseline_run", "candidate_run", "category"], if_not_exists=True)
+
+
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

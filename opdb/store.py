@@ -301,7 +301,8 @@ class Store:
 
     @staticmethod
     def _copy_tables(conn: sqlite3.Connection, counts: dict[str, int]) -> None:
-        for table, cols in schema.TABLES.items():
+        for table in schema.MERGED:
+            cols = schema.TABLES[table]
             names = ", ".join(f"[{c}]" for c in cols)
             before = conn.total_changes
             conn.execute(f"insert or ignore into main.[{table}] ({names}) "

@@ -142,3 +142,19 @@ def test_merge_refuses_different_torch_versions(tmp_path):
     _shard(b, "r1", "2/2", range(5), torch_version="2.12")
     with Store.open(out) as st, pytest.raises(OpdbError, match="torch_version"):
         st.merge([a, b])
+
+
+def test_old_schema_is_migrated_in_place(tmp_path):
+    import sqlite_utils
+
+    from opdb.schema import MIGRATIONS
+
+    path = tmp_path / "v1.sqlite"
+    db = sqlite_utils.Database(path)
+    MIGRATIONS[0](db)
+    db.execute("PRAGMA user_version = 1")
+    db["runs"].insert({"id": "old", "target": "t", "build": "b", "torch_version": "2.13", "status": "finished"})
+    db.conn.close()
+    with Store.open(path) as st:
+        assert st.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        assert "coverage" in st.db.table_names() and st.get_run("old")["status"] == "finished"
