@@ -49,6 +49,9 @@ class RunSpec:
     ledger: str | None = None
     run_id: str | None = None  # join/label a run explicitly (shards of one run share it)
     variants: tuple[str, ...] = VARIANTS
+    opinfo: bool = True  # the OpInfo sweep
+    schema: bool = False  # schema-driven inputs for overloads no OpInfo reaches
+    models: tuple[str, ...] = ()  # model families ("all" for every family)
 
     def sweep_config(self) -> SweepConfig:
         kw: dict[str, Any] = {"thorough": self.thorough, "max_samples": self.max_samples,
@@ -104,9 +107,24 @@ def _worker(conn: Connection, spec: RunSpec) -> None:
         if msg is None:
             return
         group, skip = msg
-        for row in run_group(target, group, config, skip=skip, on_start=lambda k: conn.send(("start", k))):
+        for row in work_for(group)(target, group, config, skip=skip, on_start=lambda k: conn.send(("start", k))):
             conn.send(("row", row))
         conn.send(("done", group.key))
+
+
+def work_for(group: Group) -> Callable[..., Any]:
+    """The generator that runs one group of this kind (imported when first needed)."""
+    if group.kind == "opinfo":
+        return run_group
+    if group.kind == "schema":
+        from .inputs.schema import run_schema_group
+
+        return run_schema_group
+    if group.kind == "model":
+        from .models.runner import run_model_group
+
+        return run_model_group
+    raise SelectionError(f"unknown work kind {group.kind!r}")
 
 
 # -- supervisor side -----------------------------------------------------------------------
@@ -131,7 +149,7 @@ class Supervisor:
         self.summary = Summary(run_id)
         self.progress = progress
         self.ctx = mp.get_context("fork")
-        self.writer = store.writer("op_results")
+        self.writers = {t: store.writer(t) for t in ("op_results", "model_results")}
         self.slots: list[_Slot] = []
         self.groups_done = 0
         self._last_progress = 0.0
@@ -167,17 +185,21 @@ class Supervisor:
         new.group, new.seen = slot.group, slot.seen
         return new
 
-    def _record(self, row: dict[str, Any]) -> None:
+    def _record(self, row: dict[str, Any], table: str) -> None:
         row.update(run_id=self.run_id, shard=self.spec.shard, recorded_at=now())
-        self.writer.add(row)
+        self.writers[table].add(row)
         self.summary.counts[row["status"]] += 1
         self.summary.items += 1
-        self.summary.op_time[row["op"]] += row.get("duration_s") or 0.0
+        self.summary.op_time[row.get("op") or row.get("model_id") or "?"] += row.get("duration_s") or 0.0
 
-    def _synthetic(self, key: str, status: Status, error: str, duration: float) -> None:
-        op, variant, dtype, sample = key.split("|")
-        self._record({"item_key": key, "op": op, "variant": variant, "dtype": dtype, "sample": int(sample),
-                      "status": status.value, "error": error, "duration_s": duration})
+    def _synthetic(self, group: Group, key: str, status: Status, error: str, duration: float) -> None:
+        name, variant, dtype, sample = key.split("|")
+        if group.table == "model_results":
+            row = {"model_id": name, "mode": variant, "dtype": dtype, "family": name.split(".")[0]}
+        else:
+            row = {"op": name, "variant": variant, "dtype": dtype, "sample": int(sample)}
+        self._record({"item_key": key, **row, "status": status.value, "error": error, "duration_s": duration},
+                     group.table)
 
     def _resume_group(self, slot: _Slot) -> None:
         assert slot.group is not None
@@ -198,7 +220,8 @@ class Supervisor:
             for s in self.slots:
                 if s.proc is not None:
                     self._kill(s)
-            self.writer.flush()
+            for w in self.writers.values():
+                w.flush()
             self.summary.wall_s = time.monotonic() - self._start
         return self.summary
 
@@ -222,7 +245,9 @@ class Supervisor:
             if slot.proc is not None and slot.proc.sentinel in ready and not slot.proc.is_alive():
                 self._died(i)
             self._check_timeout(i)
-        self.writer.flush() if time.monotonic() - self.writer._since > 2.0 else None
+        for w in self.writers.values():
+            if time.monotonic() - w._since > 2.0:
+                w.flush()
 
     def _handle(self, i: int, msg: tuple[str, Any]) -> None:
         slot = self.slots[i]
@@ -240,7 +265,8 @@ class Supervisor:
         elif kind == "row":
             slot.seen.add(payload["item_key"])
             slot.inflight = None
-            self._record(payload)
+            assert slot.group is not None
+            self._record(payload, slot.group.table)
         elif kind == "done":
             self.groups_done += 1
             self._assign(slot)
@@ -260,7 +286,8 @@ class Supervisor:
             return
         if slot.inflight is not None:
             why = f"signal {-code} ({signal.Signals(-code).name})" if code is not None and code < 0 else f"exit code {code}"
-            self._synthetic(slot.inflight, Status.CRASH, f"process died during the item: {why}",
+            assert slot.group is not None
+            self._synthetic(slot.group, slot.inflight, Status.CRASH, f"process died during the item: {why}",
                             time.monotonic() - slot.since)
             slot.seen.add(slot.inflight)
             slot.inflight = None
@@ -274,7 +301,8 @@ class Supervisor:
             return
         elapsed = time.monotonic() - slot.since
         if elapsed > self.spec.timeout_s:
-            self._synthetic(slot.inflight, Status.TIMEOUT, f"no result after {self.spec.timeout_s:g} s; worker killed",
+            assert slot.group is not None
+            self._synthetic(slot.group, slot.inflight, Status.TIMEOUT, f"no result after {self.spec.timeout_s:g} s; worker killed",
                             elapsed)
             slot.seen.add(slot.inflight)
             slot.inflight = None
@@ -321,7 +349,8 @@ def spec_from_run(run: dict[str, Any], workers: int) -> RunSpec:
                    dtypes=tuple(c.get("dtypes", ())), thorough=bool(c.get("thorough")), workers=workers,
                    shard=c.get("shard", "1/1"), timeout_s=float(c.get("timeout_s", 60.0)), seed=c.get("seed"),
                    max_samples=c.get("max_samples"), ledger=c.get("ledger"), run_id=run["id"],
-                   variants=tuple(c.get("variants") or VARIANTS))
+                   variants=tuple(c.get("variants") or VARIANTS), opinfo=c.get("opinfo", True),
+                   schema=bool(c.get("schema")), models=tuple(c.get("models", ())))
 
 
 def execute_run(spec: RunSpec, db_path: str | os.PathLike[str], *, resume: str | None = None,
@@ -338,7 +367,8 @@ def execute_run(spec: RunSpec, db_path: str | os.PathLike[str], *, resume: str |
         spec = spec_from_run(run, spec.workers)
     # Validate everything before the database is touched: a bad selection writes nothing.
     config = spec.sweep_config()
-    groups = select_groups(spec.ops or None, spec.dtypes or None, parse_shard(spec.shard))
+    groups = select_groups(spec.ops or None, spec.dtypes or None, parse_shard(spec.shard), opinfo=spec.opinfo,
+                           schema=spec.schema, models=spec.models)
     if not groups:
         raise SelectionError("the selection holds no (op, dtype) pair the CPU supports")
     if not resume:
@@ -352,12 +382,14 @@ def execute_run(spec: RunSpec, db_path: str | os.PathLike[str], *, resume: str |
         else:
             assert target is not None
             run_id = store.start_run(
-                target=spec.target, build=target.build, torch_version=torch.__version__, kind="ops",
+                target=spec.target, build=target.build, torch_version=torch.__version__,
+                kind="mixed" if spec.models and spec.opinfo else ("models" if spec.models else "ops"),
                 config={**config.describe(), "ops": list(spec.ops), "dtypes": list(spec.dtypes),
                         "shard": spec.shard, "timeout_s": spec.timeout_s, "ledger": spec.ledger,
-                        "build_spec": spec.build},
+                        "build_spec": spec.build, "opinfo": spec.opinfo, "schema": spec.schema,
+                        "models": list(spec.models)},
                 run_id=spec.run_id, shard=spec.shard, git_sha=_git_sha())
-        done = _done_by_group(store.done_keys("op_results", run_id))
+        done = _done_by_group(store.done_keys("op_results", run_id) | store.done_keys("model_results", run_id))
         sup = Supervisor(spec, store, run_id, groups, done, progress)
         previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
         try:

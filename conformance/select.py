@@ -29,14 +29,25 @@ class SelectionError(ValueError):
     """An op glob, dtype or shard spec that selects nothing or cannot be parsed."""
 
 
+TABLE_OF = {"opinfo": "op_results", "schema": "op_results", "model": "model_results"}
+
+
 @dataclass(frozen=True)
 class Group:
+    """A unit of work a worker process takes: an OpInfo x dtype, an ATen overload whose inputs
+    come from its schema (``schema``), or a model graph x dtype (``model``)."""
+
     op: str
     dtype: str
+    kind: str = "opinfo"
 
     @property
     def key(self) -> str:
         return f"{self.op}|{self.dtype}"
+
+    @property
+    def table(self) -> str:
+        return TABLE_OF[self.kind]
 
 
 def item_key(op: str, variant: str, dtype: str, sample: int) -> str:
@@ -84,13 +95,25 @@ def select_ops(globs: Sequence[str] | None) -> list[str]:
 
 
 def select_groups(ops: Sequence[str] | None = None, dtypes: Sequence[str] | None = None,
-                  shard: tuple[int, int] = (1, 1)) -> list[Group]:
-    """Every (OpInfo, dtype) pair the CPU supports, in a stable order, restricted to one shard."""
-    infos = by_name()
-    wanted = parse_dtypes(dtypes)
-    groups = []
-    for name in select_ops(ops):
-        supported = {str(d).removeprefix("torch.") for d in cpu_dtypes(infos[name])}
-        groups.extend(Group(name, d) for d in wanted if d in supported)
+                  shard: tuple[int, int] = (1, 1), *, opinfo: bool = True, schema: bool = False,
+                  models: Sequence[str] = ()) -> list[Group]:
+    """The run's groups in a stable order, restricted to one shard: every (OpInfo, dtype) pair
+    the CPU supports; with ``schema``, every overload no OpInfo reaches that a backend could
+    see; with ``models``, every graph of those families (``all`` for every family)."""
+    groups: list[Group] = []
+    if opinfo:
+        infos = by_name()
+        wanted = parse_dtypes(dtypes)
+        for name in select_ops(ops):
+            supported = {str(d).removeprefix("torch.") for d in cpu_dtypes(infos[name])}
+            groups.extend(Group(name, d) for d in wanted if d in supported)
+    if schema:
+        from .inputs.schema import schema_candidates
+
+        groups.extend(Group(name, "any", "schema") for name in schema_candidates())
+    if models:
+        from .models.runner import model_groups
+
+        groups.extend(model_groups(models, dtypes))
     k, n = shard
     return [g for i, g in enumerate(groups) if i % n == k - 1]
