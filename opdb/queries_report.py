@@ -1,0 +1,284 @@
+"""Read queries of the static report (:mod:`reports`). Every statement the report runs is here.
+
+They are aggregate-first: the report never loads a whole results table into Python at once,
+except :func:`op_sample_stream`, which streams one run's rows ordered by op with each row already
+encoded as a JSON array by SQLite (so a 200k-result run renders in seconds).
+
+Example::
+
+    >>> from opdb import Store
+    >>> from opdb.queries_report import builds
+    >>> builds(Store.memory())
+    []
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .store import Store
+
+#: Statuses that count as failing (coverage "failing", summary "failing").
+FAILING = ("mismatch", "error", "crash", "timeout")
+_FAILING_SQL = "(" + ", ".join(f"'{s}'" for s in FAILING) + ")"
+OP_KINDS = ("ops", "mixed")
+MODEL_KINDS = ("models", "mixed")
+
+
+@dataclass(frozen=True)
+class BuildRuns:
+    """One build and the runs the report shows for it."""
+
+    build: str
+    op_run: dict[str, Any] | None  # latest finished op run (latest of any status if none finished)
+    model_run: dict[str, Any] | None  # likewise, for model runs
+
+    @property
+    def started_at(self) -> str:
+        runs = [r["started_at"] or "" for r in (self.op_run, self.model_run) if r]
+        return min(runs) if runs else ""
+
+
+def _pick(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The latest finished run, else the latest run of any status (``runs`` ordered oldest first)."""
+    finished = [r for r in runs if r["status"] == "finished"]
+    pool = finished or runs
+    return pool[-1] if pool else None
+
+
+def builds(store: Store) -> list[BuildRuns]:
+    """Every build in the DB with its latest op and model run, oldest build first."""
+    by_build: dict[str, list[dict[str, Any]]] = {}
+    for r in store.db.query("select * from runs order by started_at, id"):
+        by_build.setdefault(r["build"] or "-", []).append(r)
+    out = []
+    for build, runs in by_build.items():
+        op = _pick([r for r in runs if r["kind"] in OP_KINDS])
+        model = _pick([r for r in runs if r["kind"] in MODEL_KINDS])
+        if op is None and model is None:
+            continue
+        out.append(BuildRuns(build, op, model))
+    out.sort(key=lambda b: (b.started_at, b.build))
+    return out
+
+
+def status_counts_by_run(store: Store, run_ids: Sequence[str], table: str = "op_results"
+                         ) -> dict[str, dict[str, int]]:
+    """``{run_id: {status: count}}`` for ``table`` (op_results or model_results)."""
+    assert table in ("op_results", "model_results")
+    out: dict[str, dict[str, int]] = {r: {} for r in run_ids}
+    if not run_ids:
+        return out
+    marks = ", ".join("?" for _ in run_ids)
+    for row in store.db.execute(
+            f"select run_id, status, count(*) from [{table}] where run_id in ({marks}) "
+            f"group by run_id, status", list(run_ids)):
+        out[row[0]][row[1] or "?"] = row[2]
+    return out
+
+
+def catalog_total(store: Store, torch_version: str) -> int:
+    return store.db.execute("select count(*) from ops where torch_version = ?",
+                            [torch_version]).fetchone()[0]
+
+
+def coverage_count(store: Store, run_id: str) -> int:
+    return store.db.execute("select count(*) from coverage where run_id = ?", [run_id]).fetchone()[0]
+
+
+def coverage_by_class(store: Store, run_id: str, torch_version: str) -> list[dict[str, Any]]:
+    """Per op class: catalog overloads, exercised, native, fallback, failing (from ``coverage``)."""
+    return list(store.db.query(
+        """select c.value as class, count(*) as total,
+                  sum(cv.state = 'exercised') as exercised,
+                  sum(coalesce(cv.native_samples, 0) > 0) as native,
+                  sum(coalesce(cv.fallback_samples, 0) > 0) as fallback,
+                  sum(coalesce(cv.failing_samples, 0) > 0) as failing
+           from ops o join json_each(o.classes) c
+           left join coverage cv on cv.run_id = ? and cv.name = o.name
+           where o.torch_version = ? group by c.value order by total desc, class""",
+        [run_id, torch_version]))
+
+
+def coverage_totals(store: Store, run_id: str) -> dict[str, int]:
+    row = store.db.execute(
+        """select count(*), sum(state = 'exercised'), sum(coalesce(native_samples, 0) > 0),
+                  sum(coalesce(fallback_samples, 0) > 0), sum(coalesce(failing_samples, 0) > 0)
+           from coverage where run_id = ?""", [run_id]).fetchone()
+    keys = ("listed", "exercised", "native", "fallback", "failing")
+    return {k: int(v or 0) for k, v in zip(keys, row, strict=True)}
+
+
+def coverage_states(store: Store, run_id: str) -> dict[str, int]:
+    return {r[0]: r[1] for r in store.db.execute(
+        "select state, count(*) from coverage where run_id = ? group by state order by 2 desc", [run_id])}
+
+
+def _reached_sql(where_extra: str = "") -> str:
+    # Every (overload, dtype, status, how) an op result reached: one row per json element.
+    return f"""
+        select j.value as name, r.dtype as dtype, r.status as status, 'native' as how
+          from op_results r, json_each(r.native_ops) j
+         where r.run_id = ? and r.native_ops like '[_%' {where_extra}
+        union all
+        select j.value, r.dtype, r.status, 'fallback'
+          from op_results r, json_each(r.fallback_ops) j
+         where r.run_id = ? and r.fallback_ops like '[_%' {where_extra}"""
+
+
+def reached_totals(store: Store, run_id: str) -> dict[str, int]:
+    """Coverage figures from the op results alone (when the ``coverage`` table has nothing)."""
+    row = store.db.execute(
+        f"""select count(distinct name),
+                   count(distinct case when how = 'native' then name end),
+                   count(distinct case when how = 'fallback' then name end),
+                   count(distinct case when status in {_FAILING_SQL} then name end)
+            from ({_reached_sql()})""", [run_id, run_id]).fetchone()
+    keys = ("exercised", "native", "fallback", "failing")
+    return {k: int(v or 0) for k, v in zip(keys, row, strict=True)}
+
+
+def reached_by_class(store: Store, run_id: str, torch_version: str) -> list[dict[str, Any]]:
+    """Per op class, from the op results' native/fallback lists joined to the catalog."""
+    return list(store.db.query(
+        f"""with reached as (
+                select name, max(how = 'native') as native, max(how = 'fallback') as fallback,
+                       max(status in {_FAILING_SQL}) as failing
+                from ({_reached_sql()}) group by name)
+            select c.value as class, count(*) as total, count(r.name) as exercised,
+                   coalesce(sum(r.native), 0) as native, coalesce(sum(r.fallback), 0) as fallback,
+                   coalesce(sum(r.failing), 0) as failing
+            from ops o join json_each(o.classes) c left join reached r on r.name = o.name
+            where o.torch_version = ? group by c.value order by total desc, class""",
+        [run_id, run_id, torch_version]))
+
+
+def reached_by_dtype(store: Store, run_id: str) -> list[dict[str, Any]]:
+    """Per dtype: distinct overloads reached, natively, via fallback, by a failing sample."""
+    return list(store.db.query(
+        f"""select dtype, count(distinct name) as exercised,
+                   count(distinct case when how = 'native' then name end) as native,
+                   count(distinct case when how = 'fallback' then name end) as fallback,
+                   count(distinct case when status in {_FAILING_SQL} then name end) as failing
+            from ({_reached_sql()}) group by dtype order by dtype""", [run_id, run_id]))
+
+
+def overload_cells(store: Store, run_id: str) -> list[tuple[str, str, str, int]]:
+    """``(overload, dtype, status, samples)`` for every overload the run's op results reached."""
+    return [tuple(r) for r in store.db.execute(
+        f"""select name, dtype, status, count(*) from ({_reached_sql()})
+            group by name, dtype, status""", [run_id, run_id])]
+
+
+def coverage_rows(store: Store, run_id: str) -> list[dict[str, Any]]:
+    return list(store.db.query("select * from coverage where run_id = ? order by name", [run_id]))
+
+
+def overload_classes(store: Store, torch_version: str) -> dict[str, list[str]]:
+    return {r[0]: json.loads(r[1] or "[]") for r in store.db.execute(
+        "select name, classes from ops where torch_version = ?", [torch_version])}
+
+
+def opinfo_classes(store: Store, torch_version: str) -> dict[str, list[str]]:
+    """OpInfo name -> the classes of the catalog overloads its first sample reaches."""
+    out: dict[str, list[str]] = {}
+    for name, cls in store.db.execute(
+            """select distinct j.value, c.value from ops o, json_each(o.opinfos) j, json_each(o.classes) c
+               where o.torch_version = ? order by 1, 2""", [torch_version]):
+        out.setdefault(name, []).append(cls)
+    return out
+
+
+def slowest_ops(store: Store, run_id: str, limit: int = 15) -> list[dict[str, Any]]:
+    return list(store.db.query(
+        """select op, count(*) as samples, sum(duration_s) as total_s, max(duration_s) as max_s
+           from op_results where run_id = ? group by op order by total_s desc limit ?""",
+        [run_id, limit]))
+
+
+def matrix_cells(store: Store, run_id: str) -> list[tuple[str, str, str, int]]:
+    """``(op, dtype, status, samples)`` for the op × dtype matrix."""
+    return [tuple(r) for r in store.db.execute(
+        "select op, dtype, status, count(*) from op_results where run_id = ? group by op, dtype, status",
+        [run_id])]
+
+
+#: Columns of one op sample row as :func:`op_sample_stream` encodes it (a JSON array).
+SAMPLE_COLUMNS = ("id", "variant", "dtype", "sample", "status", "max_abs_err", "max_rel_err", "ulp_err",
+                  "mismatch_frac", "arbiter_err", "cpu_arbiter_err", "atol", "rtol", "tol_source",
+                  "comparator", "checks", "native_ops", "fallback_ops", "signature", "error",
+                  "duration_s", "seed")
+
+
+def op_sample_stream(store: Store, run_id: str) -> Iterator[tuple[str, str, str, float | None, str]]:
+    """``(op, dtype, status, max_rel_err, row_json)`` for every op result of a run, ordered by op.
+
+    ``row_json`` is a JSON array in :data:`SAMPLE_COLUMNS` order; ``checks`` is a string of the
+    failed structural checks (nan/dtype/shape/stride) or ''.
+    """
+    yield from store.db.execute(
+        """select op, dtype, status, max_rel_err, json_array(
+                  id, variant, dtype, sample, status, max_abs_err, max_rel_err, ulp_err,
+                  mismatch_frac, arbiter_err, cpu_arbiter_err, atol, rtol, tol_source, comparator,
+                  trim(case when nan_agree = 0 then 'nan ' else '' end ||
+                       case when dtype_ok = 0 then 'dtype ' else '' end ||
+                       case when shape_ok = 0 then 'shape ' else '' end ||
+                       case when stride_ok = 0 then 'stride' else '' end),
+                  case when json_valid(native_ops) then json(native_ops) else native_ops end,
+                  case when json_valid(fallback_ops) then json(fallback_ops) else fallback_ops end,
+                  signature, error, duration_s, seed)
+           from op_results where run_id = ? order by op, variant, dtype, sample, id""", [run_id])
+
+
+def model_rows(store: Store, run_id: str) -> list[dict[str, Any]]:
+    return list(store.db.query(
+        "select * from model_results where run_id = ? order by family, model_id, dtype, mode, id", [run_id]))
+
+
+def blocking_ops(store: Store, run_id: str, passing: Sequence[str], limit: int = 25
+                 ) -> list[dict[str, Any]]:
+    """First divergent ops ranked by how many failing graphs they block."""
+    marks = ", ".join("?" for _ in passing)
+    return list(store.db.query(
+        f"""select first_divergent_op as op, count(*) as graphs,
+                   count(distinct family) as families, group_concat(distinct family) as family_list
+            from model_results
+            where run_id = ? and status not in ({marks})
+              and first_divergent_op is not null and first_divergent_op != ''
+            group by first_divergent_op order by graphs desc, op limit ?""",
+        [run_id, *passing, limit]))
+
+
+def gate_items(store: Store, baseline_run: str, candidate_run: str) -> list[dict[str, Any]]:
+    return list(store.db.query(
+        """select * from gate_items where baseline_run = ? and candidate_run = ?
+           order by category, kind, op, item_key""", [baseline_run, candidate_run]))
+
+
+def status_changes(store: Store, baseline_run: str, candidate_run: str, table: str = "op_results"
+                   ) -> list[tuple[str, str | None, str | None, str | None, str | None, str | None]]:
+    """Items whose status differs between two runs (including new and removed ones):
+    ``(item_key, op, variant, dtype, baseline_status, candidate_status)``."""
+    assert table in ("op_results", "model_results")
+    if table == "op_results":
+        cols = "{t}.op, {t}.variant, {t}.dtype"
+    else:
+        cols = "{t}.model_id, {t}.mode, {t}.dtype"
+    return [tuple(r) for r in store.db.execute(
+        f"""select c.item_key, {cols.format(t='c')}, b.status, c.status
+              from [{table}] c left join [{table}] b on b.run_id = ? and b.item_key = c.item_key
+             where c.run_id = ? and (b.status is null or b.status != c.status)
+            union all
+            select b.item_key, {cols.format(t='b')}, b.status, null
+              from [{table}] b
+             where b.run_id = ? and not exists (
+                   select 1 from [{table}] c where c.run_id = ? and c.item_key = b.item_key)
+            order by 1""", [baseline_run, candidate_run, baseline_run, candidate_run])]
+
+
+def item_counts(store: Store, run_id: str, table: str) -> int:
+    assert table in ("op_results", "model_results")
+    return store.db.execute(f"select count(*) from [{table}] where run_id = ?", [run_id]).fetchone()[0]

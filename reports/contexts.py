@@ -1,0 +1,234 @@
+"""The context of every page: one dataclass per template, documented field by field.
+
+A template sees exactly the fields of its page's dataclass as top-level names (plus ``page``,
+the dataclass itself); the Environment uses ``StrictUndefined``, so a name a template uses that
+the dataclass lacks fails the render (and ``tests/test_report.py`` checks it statically too).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from markupsafe import Markup
+
+
+@dataclass
+class Link:
+    """A link in the navigation or between pages (``href`` relative to the current page)."""
+
+    href: str
+    text: str
+
+
+@dataclass
+class CountRow:
+    """Coverage figures for one group (op class, dtype, or all): overload counts."""
+
+    label: str
+    exercised: int
+    native: int
+    fallback: int
+    failing: int
+    total: int | None = None  # catalog overloads in the group, when the catalog is known
+
+
+@dataclass
+class BuildInfo:
+    """One build as the index and every page header show it."""
+
+    build: str
+    slug: str  # folder name of the build in the site
+    target: str
+    torch_version: str
+    op_run: dict[str, Any] | None  # the runs row (id, status, started_at, host, git_sha, ...)
+    model_run: dict[str, Any] | None
+    op_counts: list[tuple[str, int]]  # (status, count) in display order
+    op_total: int
+    model_counts: list[tuple[str, int]]
+    model_total: int
+    failing: int  # op results with a failing status
+    native_pass: int  # op results with status pass
+    fallback_pass: int  # op results with status pass_fallback
+    rendered: bool = True  # False for builds the site does not include (see --build)
+
+    @property
+    def failing_pct(self) -> float | None:
+        return 100.0 * self.failing / self.op_total if self.op_total else None
+
+
+@dataclass
+class Page:
+    """Fields every page has."""
+
+    title: str
+    root: str  # relative prefix from this page to the site root: "", "../" or "../../"
+    nav: list[Link]  # the build's navigation (empty on the index)
+    generated_at: str
+    db_label: str  # the database path as given to `conformance report --db`
+
+
+@dataclass
+class IndexPage(Page):
+    """``index.html``: every rendered build and the trend across all builds in the DB."""
+
+    builds: list[BuildInfo]
+    trend_svg: Markup
+
+
+@dataclass
+class SlowOp:
+    op: str
+    href: str
+    samples: int
+    total_s: float
+    max_s: float
+
+
+@dataclass
+class SummaryPage(Page):
+    """``<build>/index.html``: coverage, status counts, slowest ops, trend, links."""
+
+    info: BuildInfo
+    coverage_source: str  # "coverage" (table), "op_results" (native/fallback lists) or "" (no data)
+    coverage_all: CountRow | None
+    catalog_total: int  # overloads in the catalog for the run's torch version (0: no catalog)
+    by_class: list[CountRow]
+    by_dtype: list[CountRow]
+    states: list[tuple[str, int]]  # coverage states (exercised, composite_implicit, ...) and counts
+    slowest: list[SlowOp]
+    trend_svg: Markup
+    prev: Link | None  # the previous build's summary, when it is rendered
+    links: list[Link]
+
+
+@dataclass
+class MatrixPage(Page):
+    """``<build>/matrix.html``: op × dtype, one row per op, rendered by JS from ``table_json``."""
+
+    info: BuildInfo
+    dtypes: list[str]
+    n_opinfo: int  # rows for OpInfo ops
+    n_aten: int  # rows for catalog overloads
+    table_json: Markup  # data-table spec (columns, rows, filters), escaped for <script>
+
+
+@dataclass
+class OpPage(Page):
+    """``<build>/ops/<op>.html``: every sample of one OpInfo op (one part of them, if many)."""
+
+    info: BuildInfo
+    op: str
+    classes: list[str]
+    n_samples: int  # samples of the op (all parts)
+    dtype_counts: list[tuple[str, list[tuple[str, int]]]]  # dtype -> (status, count)
+    status_counts: list[tuple[str, int]]
+    hist_svg: Markup  # histogram of log10 max_rel_err
+    repros: list[str]  # `conformance repro` commands of the failing samples (first ones)
+    n_failing: int
+    samples_json: Markup  # data-table spec of this part's samples
+    part: int  # 1-based
+    parts: list[Link]  # one link per part (empty when there is one part)
+
+
+@dataclass
+class FamilyRow:
+    family: str
+    href: str
+    graphs: int
+    counts: list[tuple[str, int]]
+    passing: int
+    failing: int
+    worst_rel: float | None
+    worst_grad: float | None
+    compiled: int  # graph results in compile mode
+    recompiles: int
+    median_p50_ms: float | None
+
+
+@dataclass
+class ShapeRow:
+    shape: str
+    recompiles: int | None
+    p50_ms: float | None
+    p99_ms: float | None
+    extra: str  # other fields of the per-shape record
+
+
+@dataclass
+class GraphCard:
+    """One model result (a graph in one dtype and mode) on its family page."""
+
+    id: int
+    anchor: str
+    model_id: str
+    family: str
+    dtype: str
+    mode: str
+    status: str
+    graph_hash: str
+    params: str
+    max_abs_err: float | None
+    max_rel_err: float | None
+    grad_max_rel_err: float | None
+    loss_svg: Markup
+    compiles: int  # compiles of this graph: 1 + recompiles in compile mode, 0 in eager
+    recompiles: int
+    compile_s: float | None
+    p50_ms: float | None
+    p99_ms: float | None
+    shapes: list[ShapeRow]
+    first_divergent_op: str
+    first_divergent_detail: str
+    native_ops: int
+    fallback_ops: list[str]
+    error: str
+
+
+@dataclass
+class ModelsPage(Page):
+    """``<build>/models.html``: families, the blocking-ops ranking and every graph (JS table)."""
+
+    info: BuildInfo
+    latency_note: str  # what latencies mean on this target ('' when nothing to say)
+    families: list[FamilyRow]
+    blocking: list[dict[str, Any]]  # op, graphs, families, family_list
+    n_graphs: int
+    graphs_json: Markup
+
+
+@dataclass
+class FamilyPage(Page):
+    """``<build>/models/<family>.html``: a card per graph (one part of them, if many)."""
+
+    info: BuildInfo
+    family: str
+    latency_note: str
+    graphs: list[GraphCard]
+    n_graphs: int
+    part: int
+    parts: list[Link]
+
+
+@dataclass
+class DiffSection:
+    """Ops or models of the build diff."""
+
+    kind: str  # "ops" | "models"
+    source: str  # "gate" | "status diff (gate not run)" | "" (nothing to compare)
+    baseline_run: str
+    candidate_run: str
+    counts: list[tuple[str, int]]  # (category, count)
+    n_items: int
+    table_json: Markup
+    note: str = ""
+
+
+@dataclass
+class DiffPage(Page):
+    """``<build>/diff.html``: regressions and fixes against the previous build."""
+
+    info: BuildInfo
+    baseline: BuildInfo | None
+    baseline_link: Link | None
+    sections: list[DiffSection] = field(default_factory=list)
