@@ -19,6 +19,7 @@ class Link:
 
     href: str
     text: str
+    current: bool = False  # the page being shown (navigation only)
 
 
 @dataclass

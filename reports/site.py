@@ -65,7 +65,7 @@ from .status import FAILING, PASSING, STATUSES, WORST_RANK, ordered, severity, w
 
 TEMPLATES = Path(__file__).parent / "templates"
 ASSETS = ("report.css", "report.js")
-OP_PART_ROWS = 5000  # samples per op page part
+OP_PART_ROWS = 2000  # samples per op page part
 FAMILY_PART_GRAPHS = 100  # graph cards per family page part
 REPRO_LIST = 50  # repro commands listed in the page itself (the table has all)
 TABLE_PAGE_SIZE = 100  # rows per page of the JS tables
@@ -219,7 +219,7 @@ class SiteRenderer:
         items = [("index.html", "Summary"), ("matrix.html", "Op × dtype"), ("models.html", "Models"),
                  ("diff.html", "Diff")]
         nav = [Link(f"{root}index.html", "All builds")]
-        nav += [Link(b + f, t + (" ·" if f == here else "")) for f, t in items]
+        nav += [Link(b + f, t, current=f == here) for f, t in items]
         return nav
 
     # build infos
