@@ -1,0 +1,502 @@
+"""The static report: contexts vs templates, numbers vs the DB, escaping, pagination, the CLI.
+
+``make_report_db`` builds the small deterministic DB that ``test_report_browser.py`` uses too.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+from pathlib import Path
+
+import jinja2
+import pytest
+from click.testing import CliRunner
+from jinja2 import meta
+
+import conformance.cli_report  # noqa: F401  (attaches `report` to the group)
+import reports.site as site
+from conformance.cli import main
+from opdb import Store
+from reports import charts, render_site
+from reports.contexts import Page
+from reports.status import SEVERITY, severity, worst
+
+TV = "2.13.0+cpu"
+SCRIPT = "<script>alert('xss')</script>"
+RUN_A, RUN_B, RUN_C, RUN_C_BAD = "run-a", "run-b", "run-c", "run-c-interrupted"
+MODEL_A, MODEL_B = "models-a", "models-b"
+
+CATALOG = [
+    ("aten::add.Tensor", ["functional", "core"], ["add"]),
+    ("aten::add_.Tensor", ["inplace"], []),
+    ("aten::sin.default", ["functional", "core"], ["sin"]),
+    ("aten::cumsum.default", ["functional", "core"], ["cumsum"]),
+    ("aten::convolution.default", ["functional", "core"], ["nn.functional.conv2d"]),
+    ("aten::conv2d.default", ["functional", "composite_implicit"], []),
+    ("aten::bernoulli.p", ["functional", "random"], []),
+]
+
+# (op, dtype) -> statuses of samples 0..n-1, per build
+OPS_A = {
+    ("add", "float32"): ["pass", "pass", "pass"],
+    ("add", "bfloat16"): ["pass_fallback", "pass_fallback", "pass_fallback"],
+    ("sin", "float32"): ["pass", "mismatch"],
+    ("sin", "bfloat16"): ["pass", "pass"],
+    ("cumsum", "float32"): ["pass", "pass"],
+    ("cumsum", "int64"): ["pass_fallback", "pass_fallback"],
+    ("nn.functional.conv2d", "float32"): ["pass", "pass", "pass", "pass"],
+    ("nn.functional.conv2d", "bfloat16"): ["xfail", "skip", "pass", "pass"],
+}
+OPS_B = {
+    ("add", "float32"): ["pass", "pass", "pass"],
+    ("add", "bfloat16"): ["pass", "pass", "pass"],  # 3 improvements (fallback -> native)
+    ("sin", "float32"): ["pass", "pass"],  # 1 improvement (mismatch -> pass)
+    ("sin", "bfloat16"): ["pass", "mismatch"],  # 1 regression
+    ("cumsum", "float32"): ["pass", "error"],  # 1 regression (the <script> error)
+    ("cumsum", "int64"): ["unsupported_dtype", "unsupported_dtype"],  # 2 regressions
+    ("nn.functional.conv2d", "float32"): ["pass", "pass", "timeout", "crash"],  # 2 regressions
+    ("nn.functional.conv2d", "bfloat16"): ["xfail", "skip", "pass", "xpass"],  # 1 regression
+    ("nn.functional.relu", "float32"): ["pass"],  # new
+}
+OPS_C = {**OPS_B, ("sin", "bfloat16"): ["pass", "pass"]}
+
+NATIVE = {"add": ["aten::add.Tensor"], "sin": ["aten::sin.default"], "cumsum": ["aten::cumsum.default"],
+          "nn.functional.conv2d": ["aten::convolution.default"], "nn.functional.relu": ["aten::relu.default"]}
+
+
+def _op_rows(run_id: str, table: dict) -> list[dict]:
+    rows = []
+    for (op, dtype), statuses in table.items():
+        for i, status in enumerate(statuses):
+            fallback = status == "pass_fallback"
+            rel = {"pass": 0.0, "pass_fallback": 0.0, "mismatch": 0.25}.get(status)
+            if status == "pass" and i == 1:
+                rel = 1.5e-3
+            rows.append({
+                "run_id": run_id, "item_key": f"{op}|function|{dtype}|{i}", "op": op, "variant": "function",
+                "dtype": dtype, "sample": i, "status": status,
+                "error": SCRIPT if status == "error" else ("values differ" if status == "mismatch" else None),
+                "max_abs_err": rel, "max_rel_err": rel, "ulp_err": 3.0 if rel else None,
+                "mismatch_frac": 0.5 if status == "mismatch" else 0.0, "atol": 1e-5, "rtol": 1.3e-6,
+                "tol_source": "ledger.toml:default[0] (bf16 rounding)", "comparator": "allclose",
+                "native_ops": [] if fallback else NATIVE[op], "fallback_ops": NATIVE[op] if fallback else [],
+                "signature": "f32[4,4]", "seed": 7, "duration_s": 0.5 if op == "nn.functional.conv2d" else 0.01,
+                "nan_agree": 1, "dtype_ok": 1, "shape_ok": 0 if status == "crash" else 1, "stride_ok": 1,
+            })
+    return rows
+
+
+def _run(run_id: str, build: str, kind: str, started: str, status: str = "finished") -> dict:
+    return {"id": run_id, "target": "neuron-emu", "build": build, "torch_version": TV, "host": "h",
+            "git_sha": "abc", "started_at": started, "finished_at": started if status == "finished" else None,
+            "status": status, "kind": kind, "config": "{}"}
+
+
+def _model(run_id: str, i: int, family: str, status: str, fdo: str | None = None, **kw) -> dict:
+    row = {"run_id": run_id, "item_key": f"{family}-{i}|float32|compile", "model_id": f"{family}-{i}",
+           "family": family, "params": {"layers": i}, "graph_hash": f"{i:04d}deadbeefcafe", "dtype": "float32",
+           "mode": "compile" if i % 2 == 0 else "eager", "status": status, "max_abs_err": 1e-4 * (i + 1),
+           "max_rel_err": 1e-3 * (i + 1), "grad_max_rel_err": 2e-3 * (i + 1),
+           "loss_curve": {"target": [1.0, 0.8, 0.6, 0.5], "cpu": [1.0, 0.79, 0.58, 0.47]},
+           "native_ops": ["aten::mm.default"], "fallback_ops": ["aten::gelu.default"] if i == 1 else [],
+           "aten_ops": {"aten::mm.default": 3}, "first_divergent_op": fdo,
+           "first_divergent_detail": "rel err 0.3 at output 0" if fdo else None, "recompiles": i,
+           "compile_s": 1.5, "p50_ms": 2.0 + i, "p99_ms": 5.0 + i,
+           "shapes": [{"shape": "[2, 8]", "recompiles": 0, "p50_ms": 2.0, "p99_ms": 4.0},
+                      {"shape": "[4, 8]", "recompiles": i, "p50_ms": 3.0, "p99_ms": 6.0}],
+           "duration_s": 1.0}
+    row.update(kw)
+    return row
+
+
+def make_report_db(path: Path) -> Path:
+    """A small opdb with three builds (2.31.0, 2.33.0, 2.34.0), models, coverage and gate items."""
+    with Store.open(path) as st:
+        st.insert("ops", [{"torch_version": TV, "name": n, "op": n.split(".")[0], "overload": n.split(".")[1],
+                           "schema": "", "tags": [], "classes": c, "opinfos": o} for n, c, o in CATALOG])
+        st.insert("runs", [
+            _run(RUN_A, "2.31.0", "ops", "2026-11-01T10:00:00+00:00"),
+            _run(MODEL_A, "2.31.0", "models", "2026-11-01T11:00:00+00:00"),
+            _run(RUN_B, "2.33.0", "ops", "2026-11-02T10:00:00+00:00"),
+            _run(MODEL_B, "2.33.0", "models", "2026-11-02T11:00:00+00:00"),
+            _run(RUN_C, "2.34.0", "ops", "2026-11-03T10:00:00+00:00"),
+            _run(RUN_C_BAD, "2.34.0", "ops", "2026-11-03T12:00:00+00:00", status="interrupted"),
+        ])
+        st.insert("op_results", _op_rows(RUN_A, OPS_A) + _op_rows(RUN_B, OPS_B) + _op_rows(RUN_C, OPS_C)
+                  + [{"run_id": RUN_C_BAD, "item_key": "add|function|float32|0", "op": "add",
+                      "variant": "function", "dtype": "float32", "sample": 0, "status": "crash"}])
+        st.insert("model_results", [
+            _model(MODEL_A, 0, "mlp", "pass"), _model(MODEL_A, 1, "mlp", "pass"),
+            _model(MODEL_B, 0, "mlp", "pass"),
+            _model(MODEL_B, 1, "mlp", "mismatch", "aten::gelu.default"),
+            _model(MODEL_B, 2, "mlp", "error", "aten::gelu.default", error="<b>boom</b>"),
+            _model(MODEL_B, 3, "attention", "mismatch", "aten::softmax.int"),
+            _model(MODEL_B, 4, "attention", "pass_fallback"),
+        ])
+        # coverage for build 2.33.0 only (2.31.0 falls back to the op results' overload lists)
+        st.insert("coverage", [
+            {"run_id": RUN_B, "name": "aten::add.Tensor", "state": "exercised", "samples": 6,
+             "native_samples": 6, "fallback_samples": 0, "failing_samples": 0, "statuses": {"pass": 6},
+             "dtypes": ["float32", "bfloat16"], "sources": ["opinfo"]},
+            {"run_id": RUN_B, "name": "aten::sin.default", "state": "exercised", "samples": 4,
+             "native_samples": 4, "fallback_samples": 0, "failing_samples": 1,
+             "statuses": {"pass": 3, "mismatch": 1}, "dtypes": ["float32", "bfloat16"], "sources": ["opinfo"]},
+            {"run_id": RUN_B, "name": "aten::cumsum.default", "state": "exercised", "samples": 4,
+             "native_samples": 2, "fallback_samples": 2, "failing_samples": 1,
+             "statuses": {"pass": 1, "error": 1, "unsupported_dtype": 2}, "dtypes": ["float32", "int64"],
+             "sources": ["opinfo"]},
+            {"run_id": RUN_B, "name": "aten::conv2d.default", "state": "composite_implicit", "samples": 0,
+             "native_samples": 0, "fallback_samples": 0, "failing_samples": 0},
+            {"run_id": RUN_B, "name": "aten::bernoulli.p", "state": "random", "detail": SCRIPT, "samples": 0,
+             "native_samples": 0, "fallback_samples": 0, "failing_samples": 0},
+        ])
+        # the gate judged 2.33.0 -> 2.34.0
+        st.insert("gate_items", [
+            {"baseline_run": RUN_B, "candidate_run": RUN_C, "category": "improvement", "kind": "op",
+             "item_key": "sin|function|bfloat16|1", "op": "sin", "variant": "function", "dtype": "bfloat16",
+             "baseline": "mismatch", "candidate": "pass", "evidence": {"max_rel_err": 0.25},
+             "decided_at": "2026-11-03T13:00:00+00:00"},
+            {"baseline_run": RUN_B, "candidate_run": RUN_C, "category": "flaky", "kind": "op",
+             "item_key": "cumsum|function|float32|1", "op": "cumsum", "variant": "function",
+             "dtype": "float32", "baseline": "error", "candidate": "error",
+             "evidence": {"attempts": 3, "failures": 1, "note": SCRIPT}, "decided_at": "2026-11-03T13:00:00+00:00"},
+        ])
+    return path
+
+
+@pytest.fixture(scope="module")
+def report_db(tmp_path_factory) -> Path:
+    return make_report_db(tmp_path_factory.mktemp("db") / "rep.sqlite")
+
+
+@pytest.fixture(scope="module")
+def site_dir(report_db, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("site")
+    with Store.open(report_db) as st:
+        render_site(st, out, db_label=str(report_db))
+    return out
+
+
+def data_block(html: str, block_id: str) -> dict:
+    m = re.search(rf'<script type="application/json" id="{re.escape(block_id)}">(.*?)</script>', html, re.S)
+    assert m, f"no JSON block {block_id}"
+    return json.loads(m.group(1))
+
+
+def read(site_dir: Path, rel: str) -> str:
+    return (site_dir / rel).read_text(encoding="utf-8")
+
+
+def db_counts(db: Path, run_id: str, table: str = "op_results") -> dict[str, int]:
+    con = sqlite3.connect(db)
+    try:
+        return dict(con.execute(f"select status, count(*) from {table} where run_id = ? group by status",
+                                [run_id]).fetchall())
+    finally:
+        con.close()
+
+
+# -- contexts and templates -------------------------------------------------------------------
+PARTIAL_PARAMS = {
+    "_status_counts.html": {"counts", "total"},
+    "_coverage_table.html": {"rows", "first"},
+    "_datatable.html": {"spec_id", "spec"},
+    "_build_header.html": {"info"},
+    "_nav.html": {"nav", "root"},
+}
+
+
+def _names(env: jinja2.Environment, name: str) -> set[str]:
+    source = env.loader.get_source(env, name)[0]
+    return meta.find_undeclared_variables(env.parse(source))
+
+
+@pytest.mark.parametrize("page_cls", list(site.TEMPLATE_OF), ids=lambda c: c.__name__)
+def test_templates_use_only_their_dataclass_fields(page_cls):
+    env = site.make_environment()
+    allowed = {f for f in page_cls.__dataclass_fields__} | set(env.globals) | {"page"}
+    used = _names(env, site.TEMPLATE_OF[page_cls]) | _names(env, "base.html")
+    assert used <= allowed, f"{page_cls.__name__} lacks {sorted(used - allowed)}"
+    assert issubclass(page_cls, Page)
+    assert page_cls.__doc__, "every page context is documented"
+
+
+def test_partials_use_only_their_parameters():
+    env = site.make_environment()
+    partials = sorted(p.name for p in site.TEMPLATES.glob("_*.html"))
+    assert set(partials) == set(PARTIAL_PARAMS)
+    for name in partials:
+        extra = _names(env, name) - PARTIAL_PARAMS[name] - set(env.globals)
+        assert not extra, f"{name} uses {sorted(extra)}"
+
+
+def test_environment_autoescapes_and_is_strict():
+    env = site.make_environment()
+    assert env.from_string("{{ x }}").render(x=SCRIPT) == "&lt;script&gt;alert(&#39;xss&#39;)&lt;/script&gt;"
+    with pytest.raises(jinja2.UndefinedError):
+        env.from_string("{{ missing.attr }}").render()
+
+
+# -- what the site holds ---------------------------------------------------------------------------
+def test_site_layout(site_dir):
+    for rel in ["index.html", "assets/report.css", "assets/report.js"]:
+        assert (site_dir / rel).is_file(), rel
+    for build in ("2.31.0", "2.33.0", "2.34.0"):
+        for page in ("index.html", "matrix.html", "models.html", "diff.html", "ops/add.html",
+                     "ops/nn.functional.conv2d.html"):
+            assert (site_dir / build / page).is_file(), f"{build}/{page}"
+    assert (site_dir / "2.33.0/models/mlp.html").is_file()
+    # self-contained: no absolute or remote URLs
+    for f in site_dir.rglob("*.html"):
+        text = f.read_text()
+        assert not re.search(r'(src|href)="(https?:)?//', text), f
+        assert "cdn" not in text.lower(), f
+
+
+def test_index_numbers_match_db(site_dir, report_db):
+    html = read(site_dir, "index.html")
+    for build, run in (("2.31.0", RUN_A), ("2.33.0", RUN_B), ("2.34.0", RUN_C)):
+        row = re.search(rf'<tr data-build="{re.escape(build)}">(.*?)</tr>', html, re.S).group(1)
+        counts = db_counts(report_db, run)
+        assert f'data-k="op_total">{sum(counts.values())}<' in row
+        assert f'data-k="native_pass">{counts.get("pass", 0)}<' in row
+        failing = sum(counts.get(s, 0) for s in ("mismatch", "error", "timeout", "crash"))
+        assert f'data-k="failing">{failing}<' in row
+    assert "<svg" in html and "Trend across builds" in html
+
+
+def test_latest_finished_run_is_shown(site_dir):
+    html = read(site_dir, "2.34.0/index.html")
+    assert RUN_C in html and RUN_C_BAD not in html
+
+
+def test_summary_counts_coverage_and_slowest(site_dir, report_db):
+    html = read(site_dir, "2.33.0/index.html")
+    for status, n in db_counts(report_db, RUN_B).items():
+        assert re.search(rf'<tr data-status="{status}">.*?<td class="n">{n}</td>', html), status
+    # coverage from the coverage table: 3 exercised, 2 with failing samples, 1 with fallback
+    assert "the run's <code>coverage</code> table" in html
+    assert re.search(r'data-k="exercised"><span class="v">3</span><span class="of"> / 7</span>', html)
+    assert re.search(r'data-k="failing"><span class="v">2</span>', html)
+    assert re.search(r'data-k="fallback"><span class="v">1</span>', html)
+    core = re.search(r'<tr data-label="core">(.*?)</tr>', html).group(1)
+    assert '<td class="n">4</td><td class="n" data-k="exercised">3</td>' in core
+    assert "composite_implicit" in html and "random" in html
+    # slowest op first, linked to its page
+    slow = html[html.index('id="slowest"'):]
+    assert slow.index("nn.functional.conv2d") < slow.index(">add<")
+    assert 'href="ops/nn.functional.conv2d.html"' in slow
+    # no coverage rows for 2.31.0: figures come from native/fallback lists
+    html_a = read(site_dir, "2.31.0/index.html")
+    assert "native and fallback overload lists" in html_a
+    assert re.search(r'data-k="exercised"><span class="v">4</span>', html_a)
+    assert re.search(r'data-k="fallback"><span class="v">2</span>', html_a)
+
+
+def test_matrix_rows_and_worst_cells(site_dir):
+    spec = data_block(read(site_dir, "2.33.0/matrix.html"), "matrix-data")
+    keys = [c["key"] for c in spec["columns"]]
+    rows = {r[0][1]: r for r in spec["rows"]}
+    # OpInfo ops and catalog overloads (coverage rows and overloads reached without coverage)
+    assert {"add", "sin", "cumsum", "nn.functional.conv2d", "nn.functional.relu"} <= set(rows)
+    assert {"aten::conv2d.default", "aten::bernoulli.p", "aten::relu.default"} <= set(rows)
+    conv = rows["nn.functional.conv2d"]
+    f32 = conv[keys.index("dtype:float32")]
+    assert f32[0] == "crash" and f32[2] == 4 and "timeout 1" in f32[1] and "pass 2" in f32[1]
+    assert conv[keys.index("dtype:bfloat16")][0] == "xpass"
+    assert conv[keys.index("dtype:int64")] is None
+    assert rows["aten::conv2d.default"][keys.index("state")] == "composite_implicit"
+    assert set(rows["add"][keys.index("classes")]) == {"functional", "core"}
+    assert rows["add"][0][0] == "ops/add.html"
+    assert {f["label"] for f in spec["filters"]} >= {"has status", "class", "kind"}
+
+
+def test_op_page_samples_histogram_and_repro(site_dir, report_db):
+    html = read(site_dir, "2.33.0/ops/cumsum.html")
+    spec = data_block(html, "samples-data")
+    keys = [c["key"] for c in spec["columns"]]
+    assert len(spec["rows"]) == 4
+    err = next(r for r in spec["rows"] if r[keys.index("status")] == "error")
+    assert err[keys.index("error")] == SCRIPT
+    assert err[keys.index("tol_source")].startswith("ledger.toml:default[0]")
+    con = sqlite3.connect(report_db)
+    rid = con.execute("select id from op_results where run_id = ? and status = 'error'", [RUN_B]).fetchone()[0]
+    assert err[0] == rid
+    assert f"conformance repro {rid} --db {report_db}" in html
+    assert spec["db"] == str(report_db)
+    fb = next(r for r in spec["rows"] if r[keys.index("status")] == "unsupported_dtype")
+    assert fb[keys.index("native_ops")] == ["aten::cumsum.default"]
+    assert "<svg" in html and "log10" in html
+    conv = read(site_dir, "2.33.0/ops/nn.functional.conv2d.html")
+    rows = data_block(conv, "samples-data")["rows"]
+    assert any(r[keys.index("checks")] == "shape" for r in rows)
+
+
+def test_error_text_is_escaped_everywhere(site_dir):
+    for f in site_dir.rglob("*.html"):
+        text = f.read_text()
+        assert "<script>alert" not in text, f
+        assert "<b>boom</b>" not in text, f
+        # a JSON block can never be closed by data
+        for block in re.findall(r'<script type="application/json"[^>]*>(.*?)</script>', text, re.S):
+            assert "<" not in block
+    assert "&lt;b&gt;boom&lt;/b&gt;" in read(site_dir, "2.33.0/models/mlp.html")
+
+
+def test_script_json_cannot_break_out():
+    out = site.script_json(json.dumps({"e": "</script><script>alert(1)</script>&\u2028"}))
+    assert "</" not in out and "&" not in out.replace("\\u0026", "")
+    assert json.loads(str(out)) == {"e": "</script><script>alert(1)</script>&\u2028"}
+
+
+def test_models_page(site_dir, report_db):
+    html = read(site_dir, "2.33.0/models.html")
+    assert "CPU time" in html and "neuron-emu" in html
+    fam = re.search(r'<tr data-family="mlp">(.*?)</tr>', html, re.S).group(1)
+    assert '<td class="n">3</td><td class="n">1</td><td class="n">2</td>' in fam  # graphs, passing, failing
+    blocking = html[html.index('id="blocking"'):]
+    assert re.search(r"aten::gelu.default</code></td><td class=\"n\">2</td>", blocking)
+    assert blocking.index("aten::gelu.default") < blocking.index("aten::softmax.int")
+    spec = data_block(html, "graphs-data")
+    assert len(spec["rows"]) == sum(db_counts(report_db, MODEL_B, "model_results").values())
+    page = read(site_dir, "2.33.0/models/mlp.html")
+    assert page.count('<article class="graph"') == 3
+    assert "loss curve" in page and "<polyline" in page
+    assert "[4, 8]" in page and "recompiles" in page
+    assert "rel err 0.3 at output 0" in page
+    # 2.34.0 has no model run
+    assert "No model run for this build yet" in read(site_dir, "2.34.0/models.html")
+
+
+def test_diff_status_diff_when_gate_absent(site_dir):
+    html = read(site_dir, "2.33.0/diff.html")
+    assert 'data-source="status diff (gate not run)"' in html
+    spec = data_block(html, "diff-ops-data")
+    cats: dict[str, int] = {}
+    for r in spec["rows"]:
+        cats[r[0]] = cats.get(r[0], 0) + 1
+    assert cats == {"regression": 7, "improvement": 4, "new": 1}
+    assert re.search(r'data-category="regression"><span class="cat cat-regression">regression</span> '
+                     r'<span class="v">7</span>', html)
+    assert 'href="../2.31.0/index.html"' in html
+    models = data_block(html, "diff-models-data")
+    assert {r[0] for r in models["rows"]} == {"new", "removed", "regression"} or models["rows"]
+
+
+def test_diff_reads_gate_items_when_present(site_dir):
+    html = read(site_dir, "2.34.0/diff.html")
+    assert 'data-source="gate"' in html
+    spec = data_block(html, "diff-ops-data")
+    assert sorted(r[0] for r in spec["rows"]) == ["flaky", "improvement"]
+    flaky = next(r for r in spec["rows"] if r[0] == "flaky")
+    assert SCRIPT in flaky[-1]
+    # the first build has nothing to compare with
+    assert "No earlier build" in read(site_dir, "2.31.0/diff.html")
+
+
+def test_pagination_splits_large_ops_and_families(report_db, tmp_path, monkeypatch):
+    monkeypatch.setattr(site, "OP_PART_ROWS", 3)
+    monkeypatch.setattr(site, "FAMILY_PART_GRAPHS", 2)
+    with Store.open(report_db) as st:
+        render_site(st, tmp_path, builds=["2.33.0"])
+    ops = tmp_path / "2.33.0/ops"
+    assert (ops / "add.html").is_file() and (ops / "add.2.html").is_file() and not (ops / "add.3.html").exists()
+    first = (ops / "add.html").read_text()
+    assert len(data_block(first, "samples-data")["rows"]) == 3
+    assert len(data_block((ops / "add.2.html").read_text(), "samples-data")["rows"]) == 3
+    assert 'href="add.2.html"' in first and "6 samples" in first
+    assert (tmp_path / "2.33.0/models/mlp.2.html").is_file()
+    graphs = data_block((tmp_path / "2.33.0/models.html").read_text(), "graphs-data")["rows"]
+    assert any(r[0][0].startswith("models/mlp.2.html#g") for r in graphs)
+    # only the requested build is rendered, and the index links only to it
+    assert not (tmp_path / "2.31.0").exists()
+    assert 'href="2.31.0/' not in (tmp_path / "index.html").read_text()
+    assert data_block(first, "samples-data")["pageSize"] == site.TABLE_PAGE_SIZE
+
+
+def test_empty_db_renders_no_data_yet(tmp_path):
+    with Store.open(tmp_path / "e.sqlite") as st:
+        result = render_site(st, tmp_path / "site")
+    assert result.builds == [] and "No runs in this database yet" in (tmp_path / "site/index.html").read_text()
+
+
+def test_build_without_anything_else(tmp_path):
+    """A build with op results but no catalog, models, coverage or gate renders 'no data' sections."""
+    with Store.open(tmp_path / "b.sqlite") as st:
+        st.insert("runs", [_run("r1", "x/y", "ops", "2026-01-01T00:00:00+00:00")])
+        st.insert("op_results", _op_rows("r1", {("add", "float32"): ["pass", "error"]}))
+        render_site(st, tmp_path / "site")
+    b = tmp_path / "site/x_y"
+    assert "No ATen catalog" in (b / "index.html").read_text()
+    assert "No model run" in (b / "models.html").read_text()
+    assert "No earlier build" in (b / "diff.html").read_text()
+
+
+def test_slugs_are_unique_on_case_insensitive_disks():
+    slug = site.Slugger()
+    names = [slug(n) for n in ("T", "t", "a/b", "a_b", "..", "assets")]
+    assert len({n.lower() for n in names}) == len(names)
+    assert all("/" not in n and not n.startswith(".") for n in names)
+    assert slug("T") == names[0]
+
+
+def test_status_order():
+    assert worst(["pass", "skip"]) == "pass"
+    assert worst(["pass", "pass_fallback", "mismatch", "error"]) == "error"
+    assert worst(["timeout", "crash"]) == "crash"
+    assert [severity(s) for s in ("pass", "xfail", "skip", "pass_fallback", "xpass", "unsupported_dtype",
+                                  "mismatch", "error", "timeout", "crash")] == [0, 0, 0, 1, 2, 3, 4, 4, 5, 5]
+    assert set(SEVERITY) == set(site.STATUSES)
+
+
+def test_charts_escape_and_bin():
+    assert charts.log10_bins([0.0, 1e-3, 2e-3, 0.5, None, float("inf")]) == [
+        ("0", 1), ("1e-3", 2), ("1e-2", 0), ("1e-1", 1), ("inf", 1), ("n/a", 1)]
+    svg = charts.line_chart([("a<b>", [1.0, None, 3.0])], ["x", "<y>", "z"], title="t&t")
+    assert "<b>" not in svg and "&lt;y&gt;" in svg and "t&amp;t" in svg and svg.count("<polyline") == 2
+    assert "no data yet" in charts.line_chart([("a", [None])], ["x"], title="t")
+
+
+# -- the CLI ----------------------------------------------------------------------------------------
+def cli(*args: str):
+    return CliRunner().invoke(main, ["report", *args])
+
+
+def test_cli_renders(report_db, tmp_path):
+    r = cli("--db", str(report_db), "--out", str(tmp_path / "s"), "--build", "2.33.0")
+    assert r.exit_code == 0, r.output
+    assert "wrote" in r.output and (tmp_path / "s/2.33.0/index.html").is_file()
+    assert "Example:" in main.commands["report"].help
+
+
+@pytest.mark.parametrize("make", ["missing", "not_sqlite", "directory"])
+def test_cli_bad_db_exits_2_with_one_line(tmp_path, make):
+    p = tmp_path / "x.sqlite"
+    if make == "not_sqlite":
+        p.write_text("hello")
+    elif make == "directory":
+        p.mkdir()
+    r = cli("--db", str(p), "--out", str(tmp_path / "s"))
+    assert r.exit_code == 2
+    lines = r.output.strip().splitlines()
+    if make == "directory":  # click's own path check (shared --db option) says it
+        assert "is a directory" in lines[-1]
+    else:
+        assert len(lines) == 1 and lines[0].startswith("error: ") and str(p) in lines[0]
+    assert not (tmp_path / "s").exists()
+
+
+def test_cli_unknown_build_exits_2(report_db, tmp_path):
+    r = cli("--db", str(report_db), "--out", str(tmp_path / "s"), "--build", "9.9.9")
+    assert r.exit_code == 2
+    lines = r.output.strip().splitlines()
+    assert len(lines) == 1 and "unknown build '9.9.9'" in lines[0] and "2.31.0" in lines[0]
+
+
+def test_cli_out_is_a_file_exits_2(report_db, tmp_path):
+    f = tmp_path / "file"
+    f.write_text("x")
+    r = cli("--db", str(report_db), "--out", str(f))
+    assert r.exit_code == 2 and "is a file" in r.output
