@@ -18,6 +18,11 @@ from .cli import EXIT_FAILURES, EXIT_OK, UsageProblem, db_option, handles_errors
 @click.option("--ops", "ops", multiple=True, metavar="GLOB", help="OpInfo name globs (repeatable).")
 @click.option("--dtypes", "dtypes", multiple=True, metavar="LIST", help="Comma-separated dtypes.")
 @click.option("--thorough", is_flag=True, help="reference_inputs instead of sample_inputs.")
+@click.option("--schema/--no-schema", "schema", default=None,
+              help="Schema-driven inputs for overloads no OpInfo reaches (default: on for a full sweep).")
+@click.option("--models", "models", multiple=True, metavar="FAMILY|all|hf",
+              help="Run model graphs of these families (alone: models only).")
+@click.option("--model-limit", type=int, default=None, help="At most this many graphs per family.")
 @click.option("-n", "--workers", default=2, show_default=True, type=click.IntRange(1, 64))
 @click.option("--shard", default="1/1", show_default=True, metavar="K/N")
 @click.option("--resume", "resume", default=None, metavar="RUN_ID", help="Continue an interrupted run.")
@@ -31,7 +36,7 @@ from .cli import EXIT_FAILURES, EXIT_OK, UsageProblem, db_option, handles_errors
 @db_option(default="results/opdb.sqlite")
 @handles_errors
 def run_cmd(target: str, build: str | None, ops: tuple[str, ...], dtypes: tuple[str, ...], thorough: bool,
-            workers: int, shard: str, resume: str | None, run_id: str | None, timeout_s: float,
+            schema: bool | None, models: tuple[str, ...], model_limit: int | None, workers: int, shard: str, resume: str | None, run_id: str | None, timeout_s: float,
             max_samples: int | None, ledger: str | None, seed: int | None, exit_zero: bool, quiet: bool,
             db_path: str) -> None:
     """Sweep every OpInfo x dtype x variant x sample on a target against the CPU.
@@ -40,9 +45,12 @@ def run_cmd(target: str, build: str | None, ops: tuple[str, ...], dtypes: tuple[
     """
     from .run import RunSpec, execute_run, stderr_progress
 
+    opinfo = bool(ops) or not models
+    if schema is None:
+        schema = opinfo and not ops  # the full default sweep covers every overload it can
     spec = RunSpec(target=target, build=build, ops=ops, dtypes=dtypes, thorough=thorough, workers=workers,
                    shard=shard, timeout_s=timeout_s, seed=seed, max_samples=max_samples, ledger=ledger,
-                   run_id=run_id)
+                   run_id=run_id, opinfo=opinfo, schema=schema, models=models, model_limit=model_limit)
     summary = execute_run(spec, db_path, resume=resume, progress=None if quiet else stderr_progress)
     if not quiet:
         click.echo("", err=True)

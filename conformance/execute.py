@@ -42,6 +42,7 @@ class Outcome:
     device_meta: list[Meta] = field(default_factory=list)
     native: tuple[str, ...] = ()
     fallback: tuple[str, ...] = ()
+    reached: tuple[str, ...] = ()
     duration_s: float = 0.0
     arbiter: Callable[[], Any] | None = None
 
@@ -52,8 +53,46 @@ def _err(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {head}"[:2000]
 
 
-def _clone(sample: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
-    return sample.transform(lambda t: fn(t.detach()) if isinstance(t, torch.Tensor) else t)
+def _clone(sample: Any, fn: Callable[[torch.Tensor], torch.Tensor], device: str | torch.device | None = None) -> Any:
+    """Copy a sample's tensors through ``fn``; schema-generated ``device`` arguments become
+    ``device`` (the CPU for the reference run, the target's device for the target run)."""
+    from .inputs.schema import DeviceArg
+
+    def one(t: Any) -> Any:
+        if isinstance(t, torch.Tensor):
+            return fn(t.detach())
+        if isinstance(t, DeviceArg):
+            return torch.device(device or "cpu")
+        return t
+
+    if device is None and not _has_device_arg(sample):
+        return sample.transform(one)
+    mapped = _map_sample(sample, one)
+    # Factory samples name the device they were generated for ("cpu"): the target run must
+    # create its tensors on the target, or it would silently be a CPU-vs-CPU comparison.
+    if device is not None and _is_cpu(mapped.kwargs.get("device")):
+        mapped.kwargs["device"] = torch.device(device)
+    return mapped
+
+
+def _is_cpu(value: Any) -> bool:
+    return (isinstance(value, str) and value == "cpu") or (isinstance(value, torch.device) and value.type == "cpu")
+
+
+def _has_device_arg(sample: Any) -> bool:
+    from .inputs.schema import DeviceArg
+
+    return any(isinstance(v, DeviceArg) for v in list(sample.args) + list(sample.kwargs.values()))
+
+
+def _map_sample(sample: Any, one: Callable[[Any], Any]) -> Any:
+    def walk(v: Any) -> Any:
+        if isinstance(v, (list, tuple)):
+            return type(v)(walk(x) for x in v)
+        return one(v)
+
+    return type(sample)(walk(sample.input), args=tuple(walk(a) for a in sample.args),
+                        kwargs={k: walk(v) for k, v in sample.kwargs.items()})
 
 
 def _out_like(value: Any, device: str | torch.device) -> Any:
@@ -85,15 +124,16 @@ def run_item(target: Target, info: Any, variant: str, sample: Any, *, want_arbit
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            s_cpu = _clone(sample, torch.clone) if variant == "inplace" else sample
-            ref = _invoke(info.op, "function", sample, "cpu", None) if variant == "out" else None
+            copy_first = variant == "inplace" or getattr(info, "mutates", False) or _has_device_arg(sample)
+            s_cpu = _clone(sample, torch.clone, "cpu") if copy_first else sample
+            ref = _invoke(info.op, "function", s_cpu, "cpu", None) if variant == "out" else None
             out.cpu = _invoke(fn, variant, s_cpu, "cpu", ref)
         except Exception as exc:  # noqa: BLE001 - the CPU reference failed: the item is skipped
             out.cpu_error = _err(exc)
             return out
         dev = target.device
         try:
-            s_dev = _clone(sample, lambda t: t.to(dev, copy=True))
+            s_dev = _clone(sample, lambda t: t.to(dev, copy=True), dev)
             wrapped = target.wrap(fn)
             with target.trace() as trace:
                 t0 = time.perf_counter()
@@ -102,20 +142,20 @@ def run_item(target: Target, info: Any, variant: str, sample: Any, *, want_arbit
                 out.duration_s = time.perf_counter() - t0
             out.device_meta = [Meta.of(x) for x in leaves(result) if isinstance(x, torch.Tensor)]
             out.target = _to_cpu(result)
-            out.native, out.fallback = tuple(sorted(trace.native)), tuple(sorted(trace.fallback))
+            out.native, out.fallback, out.reached = _trace_of(trace)
         except Exception as exc:  # noqa: BLE001 - any target failure is evidence
             out.target_error = _err(exc)
-            out.native, out.fallback = _trace_of(locals().get("trace"))
+            out.native, out.fallback, out.reached = _trace_of(locals().get("trace"))
             return out
     if want_arbiter and sample_dtype(sample) in _FLOAT_LOW:
         out.arbiter = lambda: _arbiter(fn, variant, info, sample)
     return out
 
 
-def _trace_of(trace: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def _trace_of(trace: Any) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
     if trace is None:
-        return (), ()
-    return tuple(sorted(trace.native)), tuple(sorted(trace.fallback))
+        return (), (), ()
+    return tuple(sorted(trace.native)), tuple(sorted(trace.fallback)), tuple(sorted(trace.reached))
 
 
 def sample_dtype(sample: Any) -> torch.dtype | None:
@@ -167,3 +207,57 @@ def _sig(x: Any) -> str:
         return "(" + ",".join(_sig(v) for v in x) + ")"
     r = repr(x)
     return r if len(r) < 40 else r[:37] + "..."
+
+
+def _grad_inputs(sample: Any) -> list[torch.Tensor]:
+    return [x for x in leaves((sample.input, sample.args, sample.kwargs))
+            if isinstance(x, torch.Tensor) and x.requires_grad]
+
+
+def _leafify(sample: Any, device: str | torch.device) -> Any:
+    return sample.transform(lambda t: t.detach().to(device, copy=True).requires_grad_(t.requires_grad)
+                            if isinstance(t, torch.Tensor) else t)
+
+
+def _backward(fn: Callable[..., Any], sample: Any, upstream: list[torch.Tensor] | None, device: str | torch.device
+              ) -> tuple[list[Any], list[torch.Tensor]]:
+    out = fn(sample.input, *sample.args, **sample.kwargs)
+    outs = [o for o in leaves(out) if isinstance(o, torch.Tensor) and o.requires_grad]
+    if not outs:
+        raise ValueError("no differentiable output")
+    if upstream is None:
+        gen = torch.Generator().manual_seed(len(outs))
+        upstream = [torch.randn(o.shape, generator=gen, dtype=torch.float32).to(o.dtype) for o in outs]
+    grads = torch.autograd.grad(outs, _grad_inputs(sample), [g.to(device) for g in upstream], allow_unused=True)
+    return list(grads), upstream
+
+
+def run_backward(target: Target, info: Any, sample: Any) -> Outcome:
+    """Forward + backward of one sample (generated with requires_grad) on the CPU and on the
+    target, with the same upstream gradient; the results compared are the input gradients."""
+    out = Outcome()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            grads, upstream = _backward(info.op, _leafify(sample, "cpu"), None, "cpu")
+            out.cpu = grads
+        except Exception as exc:  # noqa: BLE001 - no CPU reference gradient: the item is skipped
+            out.cpu_error = _err(exc)
+            return out
+        dev = target.device
+        trace = None
+        try:
+            s_dev = _leafify(sample, dev)
+            wrapped = target.wrap(info.op)
+            with target.trace() as trace:
+                t0 = time.perf_counter()
+                grads_dev, _ = _backward(wrapped, s_dev, upstream, dev)
+                target.synchronize()
+                out.duration_s = time.perf_counter() - t0
+            out.device_meta = [Meta.of(g) for g in grads_dev if isinstance(g, torch.Tensor)]
+            out.target = _to_cpu(grads_dev)
+            out.native, out.fallback, out.reached = _trace_of(trace)
+        except Exception as exc:  # noqa: BLE001
+            out.target_error = _err(exc)
+            out.native, out.fallback, out.reached = _trace_of(trace)
+    return out

@@ -52,6 +52,7 @@ class RunSpec:
     opinfo: bool = True  # the OpInfo sweep
     schema: bool = False  # schema-driven inputs for overloads no OpInfo reaches
     models: tuple[str, ...] = ()  # model families ("all" for every family)
+    model_limit: int | None = None  # at most this many graphs per family
 
     def sweep_config(self) -> SweepConfig:
         kw: dict[str, Any] = {"thorough": self.thorough, "max_samples": self.max_samples,
@@ -350,7 +351,8 @@ def spec_from_run(run: dict[str, Any], workers: int) -> RunSpec:
                    shard=c.get("shard", "1/1"), timeout_s=float(c.get("timeout_s", 60.0)), seed=c.get("seed"),
                    max_samples=c.get("max_samples"), ledger=c.get("ledger"), run_id=run["id"],
                    variants=tuple(c.get("variants") or VARIANTS), opinfo=c.get("opinfo", True),
-                   schema=bool(c.get("schema")), models=tuple(c.get("models", ())))
+                   schema=bool(c.get("schema")), models=tuple(c.get("models", ())),
+                   model_limit=c.get("model_limit"))
 
 
 def execute_run(spec: RunSpec, db_path: str | os.PathLike[str], *, resume: str | None = None,
@@ -368,7 +370,7 @@ def execute_run(spec: RunSpec, db_path: str | os.PathLike[str], *, resume: str |
     # Validate everything before the database is touched: a bad selection writes nothing.
     config = spec.sweep_config()
     groups = select_groups(spec.ops or None, spec.dtypes or None, parse_shard(spec.shard), opinfo=spec.opinfo,
-                           schema=spec.schema, models=spec.models)
+                           schema=spec.schema, models=spec.models, model_limit=spec.model_limit)
     if not groups:
         raise SelectionError("the selection holds no (op, dtype) pair the CPU supports")
     if not resume:
@@ -387,7 +389,7 @@ def execute_run(spec: RunSpec, db_path: str | os.PathLike[str], *, resume: str |
                 config={**config.describe(), "ops": list(spec.ops), "dtypes": list(spec.dtypes),
                         "shard": spec.shard, "timeout_s": spec.timeout_s, "ledger": spec.ledger,
                         "build_spec": spec.build, "opinfo": spec.opinfo, "schema": spec.schema,
-                        "models": list(spec.models)},
+                        "models": list(spec.models), "model_limit": spec.model_limit},
                 run_id=spec.run_id, shard=spec.shard, git_sha=_git_sha())
         done = _done_by_group(store.done_keys("op_results", run_id) | store.done_keys("model_results", run_id))
         sup = Supervisor(spec, store, run_id, groups, done, progress)

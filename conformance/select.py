@@ -22,7 +22,7 @@ import torch
 from .inputs.opinfo import by_name, cpu_dtypes
 
 DEFAULT_DTYPES = ("float32", "bfloat16", "float16", "int32", "int64", "bool", "float64", "complex64")
-VARIANTS = ("function", "inplace", "out")
+VARIANTS = ("function", "inplace", "out", "backward")
 
 
 class SelectionError(ValueError):
@@ -96,7 +96,7 @@ def select_ops(globs: Sequence[str] | None) -> list[str]:
 
 def select_groups(ops: Sequence[str] | None = None, dtypes: Sequence[str] | None = None,
                   shard: tuple[int, int] = (1, 1), *, opinfo: bool = True, schema: bool = False,
-                  models: Sequence[str] = ()) -> list[Group]:
+                  models: Sequence[str] = (), model_limit: int | None = None) -> list[Group]:
     """The run's groups in a stable order, restricted to one shard: every (OpInfo, dtype) pair
     the CPU supports; with ``schema``, every overload no OpInfo reaches that a backend could
     see; with ``models``, every graph of those families (``all`` for every family)."""
@@ -114,6 +114,6 @@ def select_groups(ops: Sequence[str] | None = None, dtypes: Sequence[str] | None
     if models:
         from .models.runner import model_groups
 
-        groups.extend(model_groups(models, dtypes))
+        groups.extend(model_groups(models, dtypes, limit=model_limit))
     k, n = shard
     return [g for i, g in enumerate(groups) if i % n == k - 1]

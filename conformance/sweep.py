@@ -23,7 +23,7 @@ import torch
 
 from . import comparators
 from .compare import arbitrate, compare
-from .execute import run_item, signature
+from .execute import run_backward, run_item, signature
 from .inputs.opinfo import DEFAULT_SEED, by_name, samples, variant_fn
 from .ledger import Ledger
 from .select import VARIANTS, Group, item_key
@@ -51,11 +51,12 @@ def evaluate(target: Target, info: Any, op: str, variant: str, dtype: str, index
     xfail = config.ledger.expected_failure(op, variant, dtype, target.name)
     kind = comparators.comparator_for(op)
     start = time.perf_counter()
-    out = run_item(target, info, variant, sample)
+    out = run_backward(target, info, sample) if variant == "backward" else run_item(target, info, variant, sample)
     row: dict[str, Any] = {
         "item_key": item_key(op, variant, dtype, index), "op": op, "variant": variant, "dtype": dtype,
         "sample": index, "atol": tol.atol, "rtol": tol.rtol, "tol_source": tol.source, "comparator": kind,
-        "native_ops": list(out.native), "fallback_ops": list(out.fallback), "signature": signature(sample),
+        "native_ops": list(out.native), "fallback_ops": list(out.fallback), "reached_ops": list(out.reached),
+        "signature": signature(sample),
         "seed": config.seed,
     }
     close = False
@@ -83,8 +84,18 @@ def evaluate(target: Target, info: Any, op: str, variant: str, dtype: str, index
     return row
 
 
-def plan(info: Any, config: SweepConfig) -> list[str]:
-    return [v for v in config.variants if variant_fn(info, v) is not None]
+BACKWARD_DTYPES = ("float32", "bfloat16")
+
+
+def plan(info: Any, config: SweepConfig, dtype: str = "float32") -> list[str]:
+    """The forward variants the OpInfo has (backward is planned separately)."""
+    return [v for v in config.variants if v != "backward" and variant_fn(info, v) is not None]
+
+
+def wants_backward(info: Any, config: SweepConfig, dtype: str) -> bool:
+    if "backward" not in config.variants or dtype not in BACKWARD_DTYPES or not info.supports_autograd:
+        return False
+    return getattr(torch, dtype) in info.supported_backward_dtypes("cpu")
 
 
 def run_group(target: Target, group: Group, config: SweepConfig, *, skip: Container[str] = frozenset(),
@@ -109,6 +120,17 @@ def run_group(target: Target, group: Group, config: SweepConfig, *, skip: Contai
                 if on_start:
                     on_start(key)
                 yield evaluate(target, info, group.op, variant, group.dtype, index, sample, config)
+        if wants_backward(info, config, group.dtype):
+            gen = samples(info, dtype, thorough=config.thorough, seed=config.seed, requires_grad=True)
+            for index, sample in enumerate(gen):
+                if config.max_samples is not None and index >= config.max_samples:
+                    break
+                key = item_key(group.op, "backward", group.dtype, index)
+                if key in skip:
+                    continue
+                if on_start:
+                    on_start(key)
+                yield evaluate(target, info, group.op, "backward", group.dtype, index, sample, config)
     except Exception as exc:  # noqa: BLE001 - the sample generator itself failed
         key = item_key(group.op, "function", group.dtype, -1)
         if key not in skip:

@@ -40,3 +40,7 @@ def latest_run(store: Store, *, target: str | None = None, build: str | None = N
     where = " and ".join(clauses) or "1"
     rows = list(store.db.query(f"select * from runs where {where} order by started_at desc, id desc limit 1", params))
     return rows[0] if rows else None
+
+
+def coverage_rows(store: Store, run_id: str) -> list[dict[str, Any]]:
+    return list(store.db.query("select * from coverage where run_id = ? order by name", [run_id]))

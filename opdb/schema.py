@@ -87,6 +87,8 @@ OP_RESULTS = {
     "comparator": str,
     "native_ops": str,  # JSON list
     "fallback_ops": str,  # JSON list
+    "reached_ops": str,  # JSON list: every overload dispatched on the target (schema v2)
+    "inputs": bytes,  # torch.save'd minimal failing input of schema-driven items (schema v2)
     "signature": str,
     "seed": int,
 }
@@ -191,6 +193,9 @@ def _v2(db: sqlite_utils.Database) -> None:
     db["flakes"].create(FLAKES, pk=("run_id", "item_key"), if_not_exists=True)
     db["gate_items"].create({"id": int, **GATE_ITEMS}, pk="id", if_not_exists=True)
     db["gate_items"].create_index(["baseline_run", "candidate_run", "category"], if_not_exists=True)
+    for col, typ in (("reached_ops", str), ("inputs", bytes)):
+        if col not in db["op_results"].columns_dict:
+            db["op_results"].add_column(col, typ)
 
 
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2]

@@ -29,19 +29,21 @@ class TargetError(ValueError):
 
 @dataclass
 class OpTrace:
-    """Overloads that reached the target's backend during one execution."""
+    """Overloads one execution reached: ``dispatched`` (seen by a dispatch mode below autograd
+    and composite-implicit decompositions), and the device's own split into ``native`` and
+    ``fallback`` where the device tracks it."""
 
     native: set[str] = field(default_factory=set)
     fallback: set[str] = field(default_factory=set)
+    dispatched: set[str] = field(default_factory=set)
 
     @property
     def reached(self) -> set[str]:
-        return self.native | self.fallback
+        return self.native | self.fallback | self.dispatched
 
 
-class _Reached(TorchDispatchMode):
-    """Records every aten overload that reaches the backend (below autograd and
-    composite-implicit decompositions)."""
+class Dispatched(TorchDispatchMode):
+    """Records every aten overload dispatched below autograd into ``trace.dispatched``."""
 
     def __init__(self, trace: OpTrace) -> None:
         super().__init__()
@@ -49,7 +51,7 @@ class _Reached(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         if func.namespace == "aten":
-            self.trace.native.add(f"aten::{func._schema.name.split('::', 1)[1]}.{func._overloadname}")
+            self.trace.dispatched.add(f"aten::{func._schema.name.split('::', 1)[1]}.{func._overloadname}")
         return func(*args, **(kwargs or {}))
 
 
@@ -84,10 +86,17 @@ class Target:
 
     @contextlib.contextmanager
     def trace(self) -> Iterator[OpTrace]:
-        """Record the overloads one execution reaches. Default: a dispatch mode, all native."""
+        """Record the overloads one execution reaches. Default: a dispatch mode; every overload
+        that ran counts as native (the device has no fallback tracking to say otherwise)."""
         trace = OpTrace()
-        with _Reached(trace):
+        with Dispatched(trace):
             yield trace
+        trace.native = set(trace.dispatched)
+
+    @classmethod
+    def available_builds(cls) -> tuple[str, ...]:
+        """Builds this target can be run with, oldest first (empty: just the installed one)."""
+        return ()
 
     def repro_setup(self) -> tuple[str, str]:
         """Python source a standalone repro script runs first, and how it wraps ``{fn}``."""

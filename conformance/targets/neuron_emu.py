@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .base import OpTrace, Target, TargetError, register
+from .base import Dispatched, OpTrace, Target, TargetError, register
 
 
 @register
@@ -34,6 +34,12 @@ class NeuronEmuTarget(Target):
             raise TargetError(str(exc)) from exc
         self.build = build.name
 
+    @classmethod
+    def available_builds(cls) -> tuple[str, ...]:
+        import neuron_emu
+
+        return tuple(neuron_emu.shipped_builds())
+
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "emulated": True}
 
@@ -43,7 +49,8 @@ class NeuronEmuTarget(Target):
         emu.clear_op_tracking()
         trace = OpTrace()
         try:
-            yield trace
+            with Dispatched(trace):
+                yield trace
         finally:
             fallback = set(emu.get_fallback_ops())
             trace.fallback = fallback
