@@ -410,7 +410,7 @@ def get_op_counts() -> dict[str, dict[str, int]]:
 
 
 def clear_op_tracking() -> None:
-    """Forgets executed/fallback ops and re-arms the once-per-op fallback warning."""
+    """Forgets executed/fallback ops (the once-per-op fallback warning stays once per process)."""
     _ext().clear_counts()
 
 

@@ -680,7 +680,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   });
   m.def("clear_counts", []() {
     std::lock_guard<std::mutex> lk(g_mu);
-    for (auto& kv : g_counts) kv.second = Counts{};
+    // The once-per-operator warning stays once per process: clearing the counts does not re-arm it.
+    for (auto& kv : g_counts) {
+      bool warned = kv.second.warned;
+      kv.second = Counts{};
+      kv.second.warned = warned;
+    }
   });
   m.def("default_twin", []() { return twin_of(default_generator()); });
   m.def("generator_twin", [](const at::Generator& g) {
