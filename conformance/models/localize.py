@@ -1,0 +1,199 @@
+"""Localize a model-level divergence to the first ATen op whose own output diverges.
+
+The model's ATen graph (``make_fx`` over ``functional_call``; with ``backward=True`` the joint
+forward + backward graph of a vector-Jacobian product with seeded cotangents) is run node by node
+with three environments:
+
+* **cpu** -- every node on the CPU (the reference);
+* **device** -- every node on the target, each fed the target's own earlier results
+  (``propagated`` error: what the model run sees);
+* **local** -- each node on the target fed the *CPU's* inputs (``local`` error: what this op
+  alone gets wrong).
+
+The first node (graph order) whose local error exceeds the tolerance is the culprit; when no
+node's local error does, the first node whose propagated error does is reported with a note that
+the error accumulated. Errors are normwise, as in the model comparison: ``||t - c|| / ||c|| <= tol`` per output
+tensor (:func:`rel_l2`). Random ops
+(``nondeterministic_seeded``) are not compared; the device continues from the CPU's values.
+
+Example::
+
+    >>> import torch
+    >>> from conformance.models.localize import localize
+    >>> from conformance.targets import get_target
+    >>> m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.GELU())
+    >>> localize(m, (torch.randn(2, 4),), get_target("cpu"), torch.float32, tol=1e-5) is None
+    True
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import fx, nn
+from torch.func import functional_call
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.utils._pytree import tree_flatten, tree_map
+
+from ..compare import leaves
+from .tracing import _target
+
+
+@dataclass(frozen=True)
+class Divergence:
+    op: str  # "aten::gelu.default"
+    node: str  # fx node name
+    index: int  # position among the graph's op nodes
+    local_err: float  # ||t - c|| / ||c|| with the CPU's inputs
+    propagated_err: float  # ||t - c|| / ||c|| along the device's own chain
+    detail: str
+
+
+def _float_like(x: Any) -> bool:
+    return isinstance(x, torch.Tensor) and x.is_floating_point()
+
+
+def rel_l2(cpu: Any, dev: Any) -> float:
+    """Worst normwise relative error ``||t - c|| / ||c||`` over the float tensors of an output
+    (exact comparison for integer/bool tensors: 0 or inf). NaN/Inf where the CPU has none: inf."""
+    worst = 0.0
+    for c, t in zip(leaves(cpu), leaves(dev), strict=False):
+        if not (isinstance(c, torch.Tensor) and isinstance(t, torch.Tensor)):
+            continue
+        if c.shape != t.shape:
+            return float("inf")
+        if not c.numel():
+            continue
+        if not (c.is_floating_point() or c.is_complex()):
+            worst = max(worst, 0.0 if torch.equal(c, t.to(c.dtype)) else float("inf"))
+            continue
+        c64, t64 = c.detach().double(), t.detach().double()
+        cf, tf = torch.isfinite(c64), torch.isfinite(t64)
+        if not torch.equal(cf, tf):
+            return float("inf")
+        nc, nt = c64[~cf], t64[~tf]  # same positions: the same NaN/Inf values
+        if not (torch.equal(torch.isnan(nc), torch.isnan(nt)) and torch.equal(nc.nan_to_num(0.0), nt.nan_to_num(0.0))):
+            return float("inf")
+        num = float((t64[cf] - c64[cf]).norm())
+        den = float(c64[cf].norm())
+        worst = max(worst, num / den if den > 0 else (0.0 if num == 0 else float("inf")))
+    return worst
+
+
+def _shapes(value: Any) -> str:
+    parts = [f"{list(t.shape)} {str(t.dtype).removeprefix('torch.')}" for t in leaves(value) if isinstance(t, torch.Tensor)]
+    return ", ".join(parts[:4]) + (" ..." if len(parts) > 4 else "")
+
+
+def trace_graph(model: nn.Module, inputs: tuple, *, backward: bool = False,
+                seed: int = 0) -> tuple[fx.GraphModule, list[Any]]:
+    """The ATen graph to localize over and its flat real inputs (placeholders in order)."""
+    params = {n: p.detach().clone().requires_grad_(backward) for n, p in model.named_parameters()}
+    buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
+    if not backward:
+        def fwd(params: dict, buffers: dict, args: tuple) -> Any:
+            return functional_call(model, {**params, **buffers}, args)
+
+        gm = make_fx(fwd, tracing_mode="fake")(params, buffers, tuple(inputs))
+        flat, _ = tree_flatten((params, buffers, tuple(inputs)))
+        return gm, flat
+    # Cotangents for the float outputs, seeded, from a real forward run on a copy.
+    with torch.no_grad():
+        out = functional_call(copy.deepcopy(model), {**params, **{k: v.clone() for k, v in buffers.items()}}, tuple(inputs))
+    gen = torch.Generator().manual_seed(seed)
+    cots = [torch.randn(o.shape, generator=gen).to(o.dtype) for o in leaves(out) if _float_like(o)]
+
+    def joint(params: dict, buffers: dict, args: tuple, cots: list) -> Any:
+        out = functional_call(model, {**params, **buffers}, args)
+        outs = [o for o in leaves(out) if _float_like(o) and o.requires_grad]
+        grads = torch.autograd.grad(outs, list(params.values()), grad_outputs=cots[:len(outs)], allow_unused=True)
+        return out, grads
+
+    gm = make_fx(joint, tracing_mode="fake")(params, buffers, tuple(inputs), cots)
+    flat, _ = tree_flatten((params, buffers, tuple(inputs), cots))
+    return gm, [x.detach() if isinstance(x, torch.Tensor) else x for x in flat]
+
+
+def localize(model: nn.Module, inputs: tuple, target: Any, dtype: torch.dtype, *, tol: float,
+             backward: bool = False, seed: int = 0) -> Divergence | None:
+    """The first op of ``model``'s ATen graph that diverges on ``target`` (None if none does).
+
+    ``model``/``inputs`` are float32 CPU originals (copied, cast to ``dtype``, never mutated).
+    """
+    model = copy.deepcopy(model).to(dtype)
+    inputs = tree_map(lambda x: x.to(dtype) if _float_like(x) else x, tuple(inputs))
+    gm, flat = trace_graph(model, inputs, backward=backward, seed=seed)
+    dev = torch.device(target.device)
+
+    def to_dev(v: Any) -> Any:
+        def one(x: Any) -> Any:
+            if isinstance(x, torch.Tensor):
+                return x.detach().clone().to(dev)
+            if isinstance(x, torch.device) and x.type == "cpu":
+                return dev
+            return x
+        return tree_map(one, v)
+
+    env_c: dict[fx.Node, Any] = {}
+    env_t: dict[fx.Node, Any] = {}
+    placeholders = iter(flat)
+    first_prop: Divergence | None = None
+    index = -1
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            v = next(placeholders)
+            env_c[node] = v.clone() if isinstance(v, torch.Tensor) else v
+            env_t[node] = to_dev(v)
+            continue
+        if node.op == "get_attr":
+            v = getattr(gm, str(node.target))
+            env_c[node], env_t[node] = v, to_dev(v)
+            continue
+        if node.op == "output":
+            break
+        index += 1
+        args_c, kwargs_c = fx.node.map_arg((node.args, node.kwargs), lambda n: env_c[n])
+        local_args, local_kwargs = to_dev((args_c, kwargs_c))  # before the CPU op mutates anything
+        out_c = node.target(*args_c, **kwargs_c)
+        args_t, kwargs_t = fx.node.map_arg((node.args, node.kwargs), lambda n: env_t[n])
+        args_t, kwargs_t = to_dev_devices((args_t, kwargs_t), dev)
+        op = _target(node)
+        random = isinstance(node.target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in node.target.tags
+        env_c[node] = out_c
+        if random:
+            env_t[node] = to_dev(out_c)
+            continue
+        try:
+            out_t = node.target(*args_t, **kwargs_t)
+        except Exception as exc:  # noqa: BLE001 - the device cannot run this node
+            return Divergence(op, node.name, index, float("inf"), float("inf"),
+                              f"{op} (node {node.name}, output {_shapes(out_c)}) raises on the target: "
+                              f"{type(exc).__name__}: {exc}"[:2000])
+        env_t[node] = out_t
+        if not any(isinstance(x, torch.Tensor) for x in leaves(out_c)):
+            continue
+        out_local = node.target(*local_args, **local_kwargs)
+        local_cpu = tree_map(lambda x: x.detach().to("cpu") if isinstance(x, torch.Tensor) else x, out_local)
+        prop_cpu = tree_map(lambda x: x.detach().to("cpu") if isinstance(x, torch.Tensor) else x, out_t)
+        le, pe = rel_l2(out_c, local_cpu), rel_l2(out_c, prop_cpu)
+        if le <= tol and pe <= tol:
+            continue
+        where = (f"{op} (node {node.name}, #{index} of the {'joint forward+backward' if backward else 'forward'} "
+                 f"graph; inputs {_shapes(args_c)} -> output {_shapes(out_c)})")
+        errs = (f"local error {le:.3g} (target fed the CPU's inputs) vs propagated error {pe:.3g} "
+                f"(target's own chain), ||t - c|| / ||c||, tolerance {tol:g}")
+        if le > tol:
+            return Divergence(op, node.name, index, le, pe, f"{where}: {errs}"[:2000])
+        if first_prop is None:
+            first_prop = Divergence(op, node.name, index, le, pe,
+                                    f"{where}: error accumulated from earlier ops (no single op diverges locally): "
+                                    f"{errs}"[:2000])
+    return first_prop
+
+
+def to_dev_devices(value: Any, dev: torch.device) -> Any:
+    """Factory kwargs baked as ``device='cpu'`` by the trace point at the target's device."""
+    return tree_map(lambda x: dev if isinstance(x, torch.device) and x.type == "cpu" else x, value)

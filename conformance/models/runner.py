@@ -1,0 +1,523 @@
+"""Model-graph items of a run: parity, gradients, a short training run and compile behaviour.
+
+A *group* is one graph x dtype (``Group(op=model_id, dtype, kind="model")``); it has two items,
+``{model_id}|eager|{dtype}|0`` and ``{model_id}|compile|{dtype}|0``. Per item, on the target
+against eager CPU from identical weights and data:
+
+* the ATen op histogram and structural hash of the forward graph (``make_fx``, fake mode) and the
+  overloads that ran natively or fell back on the device (``target.trace()`` of the real run);
+* forward parity (``compare`` + ``decide``, the op sweep's evidence and verdict rules) at a
+  model-level tolerance (:func:`model_tolerance`);
+* backward: every parameter's gradient (``grad_max_rel_err``);
+* a ``TRAIN_STEPS``-step SGD run on both sides; both loss curves are stored and compared
+  (the first step's forward/backward *is* the parity run);
+* ``compile`` items run the same protocol through ``torch.compile(backend=<target's>,
+  dynamic=False)`` wrapped in a counting backend (device-generic), then sweep the spec's shape
+  variants recording recompiles and p50/p99 forward latency after warm-up;
+* a failing item is localized (:mod:`conformance.models.localize`) to its first divergent op.
+
+A spec that cannot be looked up, built or traced yields ``error`` rows for its items; nothing
+raises out of :func:`run_model_group`.
+
+Example::
+
+    >>> from conformance.models.runner import model_groups, run_model_group
+    >>> from conformance.sweep import SweepConfig
+    >>> from conformance.targets import get_target
+    >>> g = model_groups(["mlp"], ["float32"], limit=1)[0]
+    >>> g.key
+    'mlp.d1w16.relu.none.bias|float32'
+    >>> [r["status"] for r in run_model_group(get_target("cpu"), g, SweepConfig(), modes=("eager",))]
+    ['pass']
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+import math
+import statistics
+import time
+import tomllib
+import traceback
+from collections.abc import Callable, Container, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_map
+
+from ..compare import Evidence, compare, leaves
+from .localize import rel_l2
+from ..select import Group, SelectionError, parse_dtypes
+from ..verdict import Status, decide
+
+MODES = ("eager", "compile")
+MODEL_DTYPES = ("float32", "bfloat16")
+TRAIN_STEPS = 3
+LR = 0.01
+WARMUP = 1
+TIMED_ITERS = 5
+TOLERANCES = Path(__file__).with_name("tolerances.toml")
+
+
+# -- selection -----------------------------------------------------------------------------
+def _known() -> list[str]:
+    from .registry import FAMILIES
+
+    return ["all", *sorted(FAMILIES), "hf"]
+
+
+def _specs_for(name: str, limit: int | None) -> list[Any]:
+    from .registry import FAMILIES, enumerate_graphs
+
+    if name == "all":
+        return [s for fam in FAMILIES for s in enumerate_graphs([fam], limit=limit)]
+    if name in FAMILIES:
+        return list(enumerate_graphs([name], limit=limit))
+    if name == "hf" or name.startswith("hf."):
+        from . import hf
+
+        if not hf.available():
+            raise SelectionError(f"model selection {name!r} needs Hugging Face transformers: {hf.unavailable_reason()}")
+        specs = hf.enumerate_specs(limit=limit)
+        if name == "hf":
+            return specs
+        hit = [s for s in specs if s.model_id == name]
+        if not hit:
+            raise SelectionError(f"unknown hf model {name!r}; known: {', '.join(s.model_id for s in specs)}")
+        return hit
+    if "." in name:  # an exact model id
+        try:
+            return [resolve_spec(name)]
+        except (KeyError, ValueError):
+            pass
+    raise SelectionError(f"unknown model family {name!r}; known: {', '.join(_known())} "
+                         "(or an exact model id such as mlp.d1w16.relu.none.bias)")
+
+
+def model_groups(models: Sequence[str], dtypes: Sequence[str] | None = None,
+                 limit: int | None = None) -> list[Group]:
+    """One group per graph x dtype: float32 always, bfloat16 where the family supports it.
+
+    ``models``: ``all``, family names, ``hf`` (Hugging Face architectures) or exact model ids.
+    ``dtypes`` restricts the dtypes (names as in ``--dtypes``; others are ignored).
+    ``limit``: at most this many graphs per family (deterministic grid order).
+    """
+    if isinstance(models, str):
+        models = [models]
+    wanted = [d for d in parse_dtypes(dtypes) if d in MODEL_DTYPES] if dtypes else list(MODEL_DTYPES)
+    groups: list[Group] = []
+    seen: set[str] = set()
+    for name in models:
+        for spec in _specs_for(name, limit):
+            if spec.model_id in seen:
+                continue
+            seen.add(spec.model_id)
+            for d in wanted:
+                if d == "bfloat16" and not spec.supports_bf16:
+                    continue
+                groups.append(Group(spec.model_id, d, "model"))
+    return groups
+
+
+def resolve_spec(model_id: str) -> Any:
+    """The spec of a model id (registry families and ``hf.*``); KeyError when unknown."""
+    family = model_id.split(".", 1)[0]
+    if family == "hf":
+        from . import hf
+
+        return hf.spec_by_id(model_id)
+    from .registry import FAMILIES, spec_by_id
+
+    if family not in FAMILIES:
+        raise KeyError(f"unknown model family {family!r}; known: {', '.join(_known())}")
+    return spec_by_id(model_id)
+
+
+def model_key(model_id: str, mode: str, dtype: str) -> str:
+    return f"{model_id}|{mode}|{dtype}|0"
+
+
+# -- tolerances ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ModelTolerance:
+    fwd_rtol: float  # ||t - c|| / ||c|| per float output tensor (and per node when localizing)
+    grad_rtol: float  # per parameter, normwise, floored at 10 % of the largest gradient norm
+    loss_rtol: float  # per SGD step, |l_t - l_c| / max(|l_c|, 1)
+    atol: float  # the ledger's elementwise tolerance, for the evidence fields only
+    rtol: float
+    source: str
+
+
+@functools.lru_cache(maxsize=1)
+def _floors() -> tuple[dict[str, Any], ...]:
+    return tuple(tomllib.loads(TOLERANCES.read_text()).get("floor", []))
+
+
+def model_tolerance(config: Any, model_id: str, dtype: str, target: str) -> ModelTolerance:
+    """Ledger tolerance for (model_id, "model", dtype, target), widened to the model-level floor
+    of ``tolerances.toml`` (see there for what each bound means)."""
+    import fnmatch
+
+    tol = config.ledger.tolerance(model_id, "model", dtype, target)
+    floor: dict[str, Any] = {}
+    for f in _floors():
+        if fnmatch.fnmatchcase(target, f.get("target", "*")) and fnmatch.fnmatchcase(dtype, f.get("dtype", "*")):
+            floor = f
+    fwd = max(tol.rtol, floor.get("fwd_rtol", 0.0))
+    grad = max(tol.rtol, floor.get("grad_rtol", 0.0))
+    loss = max(tol.rtol, floor.get("loss_rtol", 0.0))
+    src = tol.source if fwd == tol.rtol else f"{TOLERANCES.name}: {floor.get('reason', '')} (ledger: {tol.source})"
+    return ModelTolerance(fwd, grad, loss, tol.atol, tol.rtol, src)
+
+
+# -- helpers -------------------------------------------------------------------------------
+def _cast(tree: Any, dtype: torch.dtype) -> Any:
+    return tree_map(lambda x: x.to(dtype) if isinstance(x, torch.Tensor) and x.is_floating_point() else x, tree)
+
+
+def _to_cpu(tree: Any) -> Any:
+    """Device tensors to the CPU (differentiable: gradients flow back to the device)."""
+    return tree_map(lambda x: x.to("cpu") if isinstance(x, torch.Tensor) else x, tree)
+
+
+def _detach_cpu(tree: Any) -> Any:
+    return tree_map(lambda x: x.detach().to("cpu") if isinstance(x, torch.Tensor) else x, tree)
+
+
+def _err(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:2000]
+
+
+def _percentile(xs: Sequence[float], q: float) -> float | None:
+    if not xs:
+        return None
+    s = sorted(xs)
+    k = (len(s) - 1) * q
+    lo, hi = math.floor(k), math.ceil(k)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def forward_evidence(cpu_out: Any, tgt_out: Any, tol: ModelTolerance) -> tuple[Evidence, float, str]:
+    """(op-sweep evidence at the ledger tolerance, normwise error, failure detail or "").
+
+    The evidence fields (max_abs_err, max_rel_err, shapes, dtypes) are the op sweep's; closeness
+    is normwise (``rel_l2 <= fwd_rtol``) plus matching structure, shapes and dtypes.
+    """
+    ev = compare(cpu_out, tgt_out, atol=tol.atol, rtol=tol.rtol)
+    err = rel_l2(cpu_out, tgt_out)
+    if not (ev.shape_ok and ev.dtype_ok) or len(leaves(cpu_out)) != len(leaves(tgt_out)):
+        return ev, err, ev.detail or "output structure differs"
+    if not err <= tol.fwd_rtol:
+        return ev, err, (f"||t - c|| / ||c|| = {err:.3g} > fwd_rtol={tol.fwd_rtol:g} "
+                         f"(max abs err {ev.max_abs_err:.3g})")
+    return ev, err, ""
+
+
+def grad_evidence(cpu_grads: dict[str, torch.Tensor | None], tgt_grads: dict[str, torch.Tensor | None],
+                  tol: ModelTolerance) -> tuple[bool, float, str]:
+    """(close, worst per-parameter error, detail) over every parameter's gradient.
+
+    A parameter's error is ``||g_t - g_c|| / max(||g_c||, 0.1 * largest ||g_c||)``: a bias that
+    feeds a norm has ~0 gradient on both sides and must not dominate.
+    """
+    norms = {n: float(g.double().norm()) for n, g in cpu_grads.items() if g is not None}
+    floor = 0.1 * max(norms.values(), default=0.0)
+    worst, bad = 0.0, []
+    for name, gc in cpu_grads.items():
+        gt = tgt_grads.get(name)
+        if gc is None and gt is None:
+            continue
+        if gc is None or gt is None or gc.shape != gt.shape:
+            why = "missing" if gt is None else "unexpected" if gc is None else f"shape {list(gt.shape)} vs {list(gc.shape)}"
+            bad.append(f"{name}: gradient {why} on target")
+            worst = math.inf
+            continue
+        diff = (gt.double() - gc.double())
+        num = float(diff.norm()) if bool(torch.isfinite(diff).all()) else math.inf
+        den = max(norms[name], floor)
+        e = num / den if den > 0 else (0.0 if num == 0 else math.inf)
+        worst = max(worst, e)
+        if not e <= tol.grad_rtol:
+            bad.append(f"{name}: {e:.3g}")
+    detail = "" if not bad else (f"gradients outside grad_rtol={tol.grad_rtol:g}: " + "; ".join(bad[:5])
+                                 + (f" (+{len(bad) - 5} more)" if len(bad) > 5 else ""))
+    return not bad, worst, detail
+
+
+def loss_close(cpu: Sequence[float], tgt: Sequence[float], tol: ModelTolerance) -> tuple[bool, str]:
+    if len(cpu) != len(tgt):
+        return False, f"loss curve has {len(tgt)} steps on target vs {len(cpu)} on CPU"
+    for i, (c, t) in enumerate(zip(cpu, tgt, strict=True)):
+        if math.isnan(c) and math.isnan(t):
+            continue
+        if not (abs(t - c) <= tol.loss_rtol * max(abs(c), 1.0)):
+            return False, f"loss curve diverges at step {i}: target {t:.6g} vs CPU {c:.6g} (loss_rtol={tol.loss_rtol:g})"
+    return True, ""
+
+
+# -- compile counting (device-generic) -----------------------------------------------------
+class CountingBackend:
+    """A ``torch.compile`` backend that counts graph compilations and delegates to ``inner``."""
+
+    def __init__(self, inner: str | Callable[..., Any]):
+        self.inner = torch._dynamo.lookup_backend(inner) if isinstance(inner, str) else inner
+        self.compiles = 0
+        self.seconds = 0.0
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Any, **kwargs: Any) -> Any:
+        self.compiles += 1
+        t0 = time.perf_counter()
+        try:
+            return self.inner(gm, example_inputs, **kwargs)
+        finally:
+            self.seconds += time.perf_counter() - t0
+
+
+# -- one side of the protocol --------------------------------------------------------------
+@dataclass
+class SideResult:
+    out: Any = None  # first forward output (CPU copy, detached)
+    grads: dict[str, torch.Tensor | None] | None = None  # first step's gradients (CPU copies)
+    losses: list[float] | None = None
+    first_s: float = 0.0  # wall time of the first forward+backward
+    native: set[str] | None = None
+    fallback: set[str] | None = None
+    error: str | None = None
+
+
+def _train(spec: Any, model: nn.Module, fn: Callable[..., Any], inputs: tuple, target: Any | None,
+           steps: int, seed: int, *, compiled: bool = False) -> SideResult:
+    """Forward + backward (+ SGD step) ``steps`` times on one side.
+
+    The target's op trace covers one step: the first (eager), or the second for a compiled
+    callable, run with ``set_stance("eager_on_recompile")`` so that frames a dispatch-tracing
+    mode exposes are not compiled (cached graphs still run) and compile counts stay clean.
+    """
+    res = SideResult(losses=[])
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    trace_at = min(1, steps - 1) if compiled else 0
+    for step in range(steps):
+        torch.manual_seed(seed + step)
+        opt.zero_grad(set_to_none=True)
+        t0 = time.perf_counter()
+        if step == trace_at and target is not None:
+            stance = torch.compiler.set_stance("eager_on_recompile") if compiled else contextlib.nullcontext()
+            with stance, target.trace() as tr:
+                out = fn(*inputs)
+                loss = spec.loss(_to_cpu(out))
+                loss.backward()
+            target.synchronize()
+            res.native, res.fallback = set(tr.native), set(tr.fallback)
+        else:
+            out = fn(*inputs)
+            loss = spec.loss(_to_cpu(out))
+            loss.backward()
+            if target is not None:
+                target.synchronize()
+        if step == 0:
+            res.first_s = time.perf_counter() - t0
+            res.out = _detach_cpu(out)
+            res.grads = {n: (p.grad.detach().to("cpu").clone() if p.grad is not None else None)
+                         for n, p in model.named_parameters()}
+        res.losses.append(float(loss.detach().float()))
+        opt.step()
+    return res
+
+
+def _time_forward(fn: Callable[..., Any], inputs: tuple, target: Any, iters: int) -> list[float]:
+    out = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn(*inputs)
+        target.synchronize()
+        out.append((time.perf_counter() - t0) * 1e3)
+    return out
+
+
+# -- the group -----------------------------------------------------------------------------
+@dataclass
+class _Prepared:
+    spec: Any
+    model: nn.Module  # float32, initial weights, never run
+    inputs: tuple  # float32 canonical inputs
+    graph_hash: str | None = None
+    aten_ops: dict[str, int] | None = None
+
+
+def _prepare(model_id: str) -> _Prepared:
+    """Look up, build and trace a spec; raises with a message naming the failing stage."""
+    from .tracing import hash_graph, histogram, trace
+
+    try:
+        spec = resolve_spec(model_id)
+    except Exception as exc:  # noqa: BLE001
+        raise RuntimeError(f"unknown model: {_err(exc)}") from exc
+    try:
+        model = spec.build()
+        inputs = spec.example_inputs()
+    except Exception as exc:  # noqa: BLE001
+        raise RuntimeError(f"model construction failed: {_err(exc)}") from exc
+    try:
+        gm = trace(copy.deepcopy(model), inputs)
+    except Exception as exc:  # noqa: BLE001
+        raise RuntimeError(f"export (make_fx trace) failed: {_err(exc)}") from exc
+    return _Prepared(spec, model, inputs, hash_graph(gm), histogram(gm))
+
+
+def run_model_group(target: Any, group: Group, config: Any, *, skip: Container[str] = frozenset(),
+                    on_start: Callable[[str], None] | None = None,
+                    modes: Sequence[str] = MODES) -> Iterator[dict[str, Any]]:
+    """Yield one row per item (mode) of a model group; items in ``skip`` are not run."""
+    keys = [(m, model_key(group.op, m, group.dtype)) for m in modes]
+    todo = [(m, k) for m, k in keys if k not in skip]
+    if not todo:
+        return
+    family = group.op.split(".", 1)[0]
+    base = {"model_id": group.op, "family": family, "dtype": group.dtype}
+    start = time.perf_counter()
+    if on_start:
+        on_start(todo[0][1])
+    try:
+        prep = _prepare(group.op)
+    except Exception as exc:  # noqa: BLE001 - the graph's own error, never the sweep's
+        msg = str(exc) if isinstance(exc, RuntimeError) else _err(exc)
+        for i, (mode, key) in enumerate(todo):
+            if i and on_start:
+                on_start(key)
+            yield {**base, "item_key": key, "mode": mode, "status": Status.ERROR.value, "error": msg,
+                   "duration_s": time.perf_counter() - start if i == 0 else 0.0}
+        return
+    base.update(params=dict(prep.spec.params), graph_hash=prep.graph_hash, aten_ops=prep.aten_ops)
+    for i, (mode, key) in enumerate(todo):
+        if i and on_start:
+            on_start(key)
+        t0 = time.perf_counter()
+        try:
+            row = run_item(target, prep, group.dtype, mode, config)
+        except Exception as exc:  # noqa: BLE001 - a harness bug must not end the sweep
+            row = {"status": Status.ERROR.value,
+                   "error": f"harness error: {_err(exc)}\n{traceback.format_exc(limit=-3)}"[:2000]}
+        dur = time.perf_counter() - (start if i == 0 else t0)  # the first item carries build and trace
+        yield {**base, **row, "item_key": key, "mode": mode, "duration_s": dur}
+
+
+def run_item(target: Any, prep: _Prepared, dtype_name: str, mode: str, config: Any) -> dict[str, Any]:
+    """Execute, compare and decide one model item (eager or compile); the row without keys."""
+    spec = prep.spec
+    dtype = getattr(torch, dtype_name)
+    tol = model_tolerance(config, spec.model_id, dtype_name, target.name)
+    xfail = config.ledger.expected_failure(spec.model_id, "model", dtype_name, target.name)
+    seed = int(getattr(config, "seed", 0) or 0)
+    row: dict[str, Any] = {}
+
+    cpu_model = copy.deepcopy(prep.model).to(dtype)
+    inputs = _cast(prep.inputs, dtype)
+    # CPU reference.
+    try:
+        cpu = _train(spec, cpu_model, cpu_model, inputs, None, TRAIN_STEPS, seed)
+    except Exception as exc:  # noqa: BLE001
+        cpu = SideResult(error=_err(exc))
+    # Target.
+    counter: CountingBackend | None = None
+    tgt = SideResult()
+    tgt_model: nn.Module | None = None
+    fn: Callable[..., Any] | None = None
+    if cpu.error is None:
+        try:
+            tgt_model = copy.deepcopy(prep.model).to(dtype).to(target.device)
+            tgt_inputs = target.to_device(inputs)
+            if mode == "compile":
+                torch._dynamo.reset()
+                counter = CountingBackend(target.compile_backend())
+                fn = torch.compile(tgt_model, backend=counter, dynamic=False)
+            else:
+                fn = target.wrap(tgt_model)
+            tgt = _train(spec, tgt_model, fn, tgt_inputs, target, TRAIN_STEPS, seed, compiled=mode == "compile")
+        except Exception as exc:  # noqa: BLE001
+            tgt = SideResult(error=_err(exc))
+    row["native_ops"] = sorted(tgt.native or ())
+    row["fallback_ops"] = sorted(tgt.fallback or ())
+
+    close, problems = False, []
+    if cpu.error is None and tgt.error is None:
+        ev, fwd_err, fwd_detail = forward_evidence(cpu.out, tgt.out, tol)
+        row["max_abs_err"], row["max_rel_err"] = ev.row()["max_abs_err"], ev.row()["max_rel_err"]
+        if fwd_detail:
+            problems.append(f"forward: {fwd_detail}")
+        g_close, g_err, g_detail = grad_evidence(cpu.grads or {}, tgt.grads or {}, tol)
+        row["grad_max_rel_err"] = g_err if math.isfinite(g_err) else 1e308
+        if not g_close:
+            problems.append(f"backward: {g_detail}")
+        l_close, l_detail = loss_close(cpu.losses or [], tgt.losses or [], tol)
+        if not l_close:
+            problems.append(f"training: {l_detail}")
+        row["loss_curve"] = {"target": tgt.losses, "cpu": cpu.losses}
+        close = not fwd_detail and g_close and l_close
+    status = decide(cpu_error=cpu.error, target_error=tgt.error, close=close, fallback=sorted(tgt.fallback or ()),
+                    expected_failure=xfail.statuses if xfail else None)
+    error = (f"CPU reference failed: {cpu.error}" if cpu.error else tgt.error) or ("; ".join(problems) or None)
+    if status in (Status.XFAIL, Status.XPASS) and xfail is not None:
+        error = f"{error or 'passed'} [expected failure: {xfail.where}: {xfail.reason}]"
+    if problems and cpu.error is None and tgt.error is None:
+        error = f"{error} [tolerance from {tol.source}]"
+    row["status"], row["error"] = status.value, error
+
+    # Localize a numeric failure to its first divergent op.
+    if problems and cpu.error is None and tgt.error is None:
+        from .localize import localize
+
+        try:
+            div = localize(prep.model, prep.inputs, target, dtype, tol=tol.fwd_rtol,
+                           backward=not any(p.startswith("forward") for p in problems), seed=seed)
+        except Exception as exc:  # noqa: BLE001
+            row["first_divergent_detail"] = f"localization failed: {_err(exc)}"[:2000]
+        else:
+            if div is not None:
+                row["first_divergent_op"] = div.op
+                row["first_divergent_detail"] = div.detail
+            else:
+                row["first_divergent_detail"] = ("no single op diverges beyond tolerance when fed the CPU's inputs"
+                                                 + ("; the divergence comes from compilation" if mode == "compile" else
+                                                    "; the error accumulates across ops"))
+
+    # Performance: compile counts, shape sweep and latency.
+    if tgt.error is None and fn is not None and cpu.error is None:
+        try:
+            if mode == "compile":
+                assert counter is not None
+                row.update(_shape_sweep(spec, fn, dtype, target, counter, tgt.first_s))
+            else:
+                times = _time_forward(fn, target.to_device(inputs), target, WARMUP + TIMED_ITERS)[WARMUP:]
+                row["p50_ms"], row["p99_ms"] = _percentile(times, 0.5), _percentile(times, 0.99)
+        except Exception as exc:  # noqa: BLE001
+            row["error"] = f"{row['error'] + '; ' if row['error'] else ''}latency sweep failed: {_err(exc)}"[:2000]
+    return row
+
+
+def _shape(inputs: tuple) -> list[Any]:
+    return [list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__ for x in leaves(inputs)]
+
+
+def _shape_sweep(spec: Any, fn: Callable[..., Any], dtype: torch.dtype, target: Any, counter: CountingBackend,
+                 first_s: float) -> dict[str, Any]:
+    """Compile count/time of the canonical shape, then each shape variant: recompiles and latency."""
+    compiles0 = counter.compiles
+    shapes, recompiles = [], 0
+    for v, inputs in enumerate(spec.shape_variants()):
+        x = target.to_device(_cast(inputs, dtype))
+        before = counter.compiles
+        fn(*x)  # first call at this shape: compiles when the shape is new
+        target.synchronize()
+        n = counter.compiles - before if v else compiles0  # canonical shape: compiled by the training run
+        if v:
+            recompiles += n
+        times = _time_forward(fn, x, target, WARMUP + TIMED_ITERS)[WARMUP:]
+        shapes.append({"shape": _shape(inputs), "recompiled": bool(v and n), "compiles": n,
+                       "p50_ms": _percentile(times, 0.5), "p99_ms": _percentile(times, 0.99)})
+    return {"recompiles": recompiles, "compile_s": first_s, "shapes": shapes,
+            "p50_ms": shapes[0]["p50_ms"], "p99_ms": shapes[0]["p99_ms"]}
