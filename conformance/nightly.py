@@ -22,6 +22,7 @@ class NightlySpec:
     ops: tuple[str, ...] = ()
     dtypes: tuple[str, ...] = ()
     models: tuple[str, ...] = ("all",)
+    model_limit: int | None = None
     schema: bool = True
     workers: int = 2
     shard: str = "1/1"
@@ -58,7 +59,7 @@ def run_nightly(spec: NightlySpec, db_path: str | os.PathLike[str],
         run_id = f"{spec.run_id_prefix}-{build}" if spec.run_id_prefix else None
         rs = RunSpec(target=spec.target, build=None if build == "-" else build, ops=spec.ops, dtypes=spec.dtypes,
                      workers=spec.workers, shard=spec.shard, timeout_s=spec.timeout_s, max_samples=spec.max_samples,
-                     schema=spec.schema, models=spec.models, run_id=run_id)
+                     schema=spec.schema, models=spec.models, model_limit=spec.model_limit, run_id=run_id)
         echo(f"== {spec.target} build {build}: sweep ==")
         summary = execute_run(rs, db_path, progress=progress)
         if progress is not None:
@@ -67,39 +68,42 @@ def run_nightly(spec: NightlySpec, db_path: str | os.PathLike[str],
         result.runs[build] = summary.run_id
         result.summaries[build] = summary
     if spec.shard != "1/1":
-        echo(f"shard {spec.shard} done; merge the shard databases, then run `conformance nightly --finish`")
+        echo(f"shard {spec.shard} done; merge the shard databases (conformance merge OUT IN...), then run "
+             f"`conformance nightly --finish` on the merged one")
         return result
-    finish(db_path, list(result.runs.values()), spec, result, echo)
+    finish_stages(db_path, spec, result, echo, run_ids=list(result.runs.values()))
     return result
 
 
-def finish(db_path: str | os.PathLike[str], run_ids: Sequence[str], spec: NightlySpec, result: NightlyResult,
-           echo: Callable[[str], None] = print) -> None:
+def _runs_to_finish(store: Store, spec: NightlySpec) -> list[str]:
+    """After a merge: the latest finished run of each build, in build order."""
+    from opdb.queries import latest_run
+
+    ids = []
+    for build in spec.builds or default_builds(spec.target):
+        run = latest_run(store, target=spec.target, build=build)
+        if run is not None:
+            ids.append(run["id"])
+    return ids
+
+
+def finish_stages(db_path: str | os.PathLike[str], spec: NightlySpec, result: NightlyResult,
+                  echo: Callable[[str], None] = print, run_ids: Sequence[str] | None = None) -> None:
     """The stages after the sweeps: coverage, report, gate."""
+    from reports import render_site
+
     from . import coverage
+    from .gate import nightly_gate
 
     with Store.open(db_path) as store:
-        for rid in run_ids:
-            coverage.compute(store, rid)
-    stages = _optional_stages()
-    if spec.site and "report" in stages:
-        result.site = stages["report"](db_path, spec.site, echo)
-    if spec.gate and "gate" in stages and len(run_ids) > 1:
-        result.gate_exit = stages["gate"](db_path, run_ids, echo)
-
-
-def _optional_stages() -> dict[str, Callable[..., object]]:
-    stages: dict[str, Callable[..., object]] = {}
-    try:
-        from .gate import nightly_gate
-
-        stages["gate"] = nightly_gate
-    except ImportError:
-        pass
-    try:
-        from reports.render import nightly_report  # type: ignore[attr-defined]
-
-        stages["report"] = nightly_report
-    except ImportError:
-        pass
-    return stages
+        ids = list(run_ids) if run_ids is not None else _runs_to_finish(store, spec)
+        for rid in ids:
+            counts = coverage.compute(store, rid)
+            echo(f"coverage of {rid}: " + ", ".join(f"{k}={v}" for k, v in sorted(counts.items())))
+    if spec.gate and len(ids) > 1:
+        result.gate_exit = nightly_gate(str(db_path), ids, echo)
+    if spec.site:
+        with Store.open(db_path) as store:
+            site = render_site(store, Path(spec.site), builds=[], db_label=str(db_path))
+        result.site = Path(spec.site)
+        echo(f"report: {site.pages} pages for {len(site.builds)} build(s): {Path(spec.site) / 'index.html'}")

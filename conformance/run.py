@@ -65,6 +65,7 @@ class RunSpec:
 @dataclass
 class Summary:
     run_id: str
+    infra: str | None = None  # why the canaries failed, when they did
     counts: collections.Counter[str] = field(default_factory=collections.Counter)
     op_time: collections.Counter[str] = field(default_factory=collections.Counter)
     wall_s: float = 0.0
@@ -78,6 +79,8 @@ class Summary:
     def render(self, top: int = 10) -> str:
         lines = [f"run {self.run_id}: {self.items} items in {self.wall_s:.1f} s"
                  + (" (interrupted)" if self.interrupted else "")]
+        if self.infra:
+            lines.append(f"INFRA: canaries failed, the run was stopped: {self.infra}")
         for status in Status:
             if self.counts.get(status.value):
                 lines.append(f"  {status.value:<18}{self.counts[status.value]:>8}")
@@ -90,6 +93,9 @@ class Summary:
 # -- worker side ---------------------------------------------------------------------------
 def _worker(conn: Connection, spec: RunSpec) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when to stop
+    import faulthandler
+
+    faulthandler.disable()  # a device fault is expected here and recorded as `crash`; no dump
     torch.set_num_threads(1)
     from .targets import get_target
 
@@ -140,17 +146,37 @@ class _Slot:
     ready: bool = False
 
 
+class Only:
+    """A skip-container that skips every item except ``keys`` (used to re-run chosen items)."""
+
+    def __init__(self, keys: frozenset[str]) -> None:
+        self.keys = keys
+
+    def __contains__(self, key: object) -> bool:
+        return key not in self.keys
+
+    def __or__(self, seen: set[str]) -> Only:
+        return Only(self.keys - frozenset(seen))
+
+
 class Supervisor:
-    def __init__(self, spec: RunSpec, store: Store, run_id: str, groups: Sequence[Group],
-                 done: dict[str, set[str]], progress: Callable[[str], None] | None) -> None:
+    """Runs groups in worker processes. Rows go to ``sink(row, table)`` (by default the store's
+    batched writers); ``only`` restricts each group to chosen item keys (re-runs)."""
+
+    def __init__(self, spec: RunSpec, store: Store | None, run_id: str, groups: Sequence[Group],
+                 done: dict[str, set[str]], progress: Callable[[str], None] | None, *,
+                 sink: Callable[[dict[str, Any], str], None] | None = None,
+                 only: dict[str, frozenset[str]] | None = None) -> None:
         self.spec, self.store, self.run_id = spec, store, run_id
         self.queue = collections.deque(groups)
         self.total_groups = len(groups)
         self.done = done
+        self.only = only
         self.summary = Summary(run_id)
         self.progress = progress
         self.ctx = mp.get_context("fork")
-        self.writers = {t: store.writer(t) for t in ("op_results", "model_results")}
+        self.writers = {t: store.writer(t) for t in ("op_results", "model_results")} if store else {}
+        self.sink = sink or (lambda row, table: self.writers[table].add(row))
         self.slots: list[_Slot] = []
         self.groups_done = 0
         self._last_progress = 0.0
@@ -177,7 +203,12 @@ class Supervisor:
             return
         group = self.queue.popleft()
         slot.group, slot.seen, slot.inflight = group, set(), None
-        slot.conn.send((group, frozenset(self.done.get(group.key, ()))))
+        slot.conn.send((group, self._skip(group, set())))
+
+    def _skip(self, group: Group, seen: set[str]) -> Any:
+        if self.only is not None:
+            return Only(self.only.get(group.key, frozenset())) | seen
+        return frozenset(set(self.done.get(group.key, ())) | seen)
 
     def _restart(self, slot: _Slot) -> _Slot:
         """Replace a dead or killed worker; it continues the same group after the bad item."""
@@ -188,7 +219,7 @@ class Supervisor:
 
     def _record(self, row: dict[str, Any], table: str) -> None:
         row.update(run_id=self.run_id, shard=self.spec.shard, recorded_at=now())
-        self.writers[table].add(row)
+        self.sink(row, table)
         self.summary.counts[row["status"]] += 1
         self.summary.items += 1
         self.summary.op_time[row.get("op") or row.get("model_id") or "?"] += row.get("duration_s") or 0.0
@@ -204,8 +235,7 @@ class Supervisor:
 
     def _resume_group(self, slot: _Slot) -> None:
         assert slot.group is not None
-        skip = set(self.done.get(slot.group.key, ())) | slot.seen
-        slot.conn.send((slot.group, frozenset(skip)))
+        slot.conn.send((slot.group, self._skip(slot.group, slot.seen)))
 
     # the loop
     def run(self) -> Summary:
@@ -343,6 +373,52 @@ def _git_sha() -> str:
         return ""
 
 
+CANARIES = Path(__file__).parent / "data" / "canaries.toml"
+
+
+def run_canaries(spec: RunSpec, store: Store, run_id: str) -> str | None:
+    """Run the canary items; store them (variant ``canary``); return why they failed, or None."""
+    import tomllib
+
+    data = tomllib.loads(CANARIES.read_text())
+    cspec = RunSpec(**{**spec.__dict__, "variants": ("function",), "max_samples": int(data["samples"]),
+                       "workers": 1})
+    groups = [Group(op, data["dtype"]) for op in data["ops"]]
+    rows: list[dict[str, Any]] = []
+    sup = Supervisor(cspec, None, run_id, groups, {}, None, sink=lambda row, table: rows.append(row))
+    sup.run()
+    bad = []
+    for r in rows:
+        r["item_key"] = r["item_key"].replace("|function|", "|canary|")
+        r["variant"] = "canary"
+        if not Status(r["status"]).passed:
+            bad.append(f"{r['op']} sample {r['sample']}: {r['status']} ({(r.get('error') or '')[:120]})")
+    store.insert("op_results", rows)
+    if not rows:
+        return "no canary produced a result"
+    return "; ".join(bad) or None
+
+
+def rerun_items(spec: RunSpec, run_id: str, keys: Sequence[str], attempts: int) -> dict[str, list[str]]:
+    """Re-run chosen items ``attempts`` times each (same seeds, isolated workers); returns the
+    statuses per item key. Nothing is written."""
+    by_group: dict[str, set[str]] = collections.defaultdict(set)
+    kinds: dict[str, str] = {}
+    for key in keys:
+        name, variant, dtype, _ = key.split("|")
+        gkey = f"{name}|{dtype}"
+        by_group[gkey].add(key)
+        kinds[gkey] = "model" if variant in ("eager", "compile") else ("schema" if variant == "schema" else "opinfo")
+    groups = [Group(g.split("|")[0], g.split("|")[1], kinds[g]) for g in sorted(by_group)]
+    only = {g: frozenset(v) for g, v in by_group.items()}
+    out: dict[str, list[str]] = collections.defaultdict(list)
+    for _ in range(attempts):
+        sup = Supervisor(spec, None, run_id, groups, {}, None, only=only,
+                         sink=lambda row, table: out[row["item_key"]].append(row["status"]))
+        sup.run()
+    return dict(out)
+
+
 def spec_from_run(run: dict[str, Any], workers: int) -> RunSpec:
     """The spec a stored run was started with (what --resume continues)."""
     c = json.loads(run.get("config") or "{}")
@@ -391,6 +467,11 @@ def execute_run(spec: RunSpec, db_path: str | os.PathLike[str], *, resume: str |
                         "build_spec": spec.build, "opinfo": spec.opinfo, "schema": spec.schema,
                         "models": list(spec.models), "model_limit": spec.model_limit},
                 run_id=spec.run_id, shard=spec.shard, git_sha=_git_sha())
+        infra = run_canaries(spec, store, run_id)
+        if infra:
+            store.set_run_status(run_id, "infra")
+            store.finish_run(run_id, shard=spec.shard, status="infra")
+            return Summary(run_id, infra=infra)
         done = _done_by_group(store.done_keys("op_results", run_id) | store.done_keys("model_results", run_id))
         sup = Supervisor(spec, store, run_id, groups, done, progress)
         previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))

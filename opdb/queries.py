@@ -44,3 +44,35 @@ def latest_run(store: Store, *, target: str | None = None, build: str | None = N
 
 def coverage_rows(store: Store, run_id: str) -> list[dict[str, Any]]:
     return list(store.db.query("select * from coverage where run_id = ? order by name", [run_id]))
+
+
+def gate_pairs(store: Store) -> list[dict[str, Any]]:
+    """(baseline, candidate) run pairs the gate has decided, newest first."""
+    return list(store.db.query(
+        "select baseline_run, candidate_run, max(decided_at) as decided_at, count(*) as items "
+        "from gate_items group by baseline_run, candidate_run order by decided_at desc"))
+
+
+def results_by_key(store: Store, run_id: str, table: str = "op_results") -> dict[str, dict[str, Any]]:
+    """A run's result rows keyed by item key."""
+    if table not in ("op_results", "model_results"):
+        raise OpdbError(f"not a result table: {table!r}")
+    return {r["item_key"]: r for r in store.db.query(f"select * from [{table}] where run_id = ?", [run_id])}
+
+
+def finished_runs(store: Store, *, target: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
+    """Finished runs, newest first."""
+    where, params = "status = 'finished'", []
+    if target:
+        where += " and target = ?"
+        params.append(target)
+    q = f"select * from runs where {where} order by started_at desc, id desc"
+    if limit:
+        q += f" limit {int(limit)}"
+    return list(store.db.query(q, params))
+
+
+def item_outcomes(store: Store, run_id: str) -> list[dict[str, Any]]:
+    """(op, variant, dtype, status, errors) of every op result of a run."""
+    return list(store.db.query(
+        "select op, variant, dtype, status, max_abs_err, max_rel_err from op_results where run_id = ?", [run_id]))

@@ -21,9 +21,6 @@ from typing import Any
 
 from .store import Store
 
-#: Statuses that count as failing (coverage "failing", summary "failing").
-FAILING = ("mismatch", "error", "crash", "timeout")
-_FAILING_SQL = "(" + ", ".join(f"'{s}'" for s in FAILING) + ")"
 OP_KINDS = ("ops", "mixed")
 MODEL_KINDS = ("models", "mixed")
 
@@ -117,60 +114,25 @@ def coverage_states(store: Store, run_id: str) -> dict[str, int]:
         "select state, count(*) from coverage where run_id = ? group by state order by 2 desc", [run_id])}
 
 
-def _reached_sql(where_extra: str = "") -> str:
+def _reached_sql() -> str:
     # Every (overload, dtype, status, how) an op result reached: one row per json element.
     return f"""
         select j.value as name, r.dtype as dtype, r.status as status, 'native' as how
           from op_results r, json_each(r.native_ops) j
-         where r.run_id = ? and r.native_ops like '[_%' {where_extra}
+         where r.run_id = ? and r.native_ops like '[_%'
         union all
         select j.value, r.dtype, r.status, 'fallback'
           from op_results r, json_each(r.fallback_ops) j
-         where r.run_id = ? and r.fallback_ops like '[_%' {where_extra}"""
+         where r.run_id = ? and r.fallback_ops like '[_%'"""
 
 
-def reached_totals(store: Store, run_id: str) -> dict[str, int]:
-    """Coverage figures from the op results alone (when the ``coverage`` table has nothing)."""
-    row = store.db.execute(
-        f"""select count(distinct name),
-                   count(distinct case when how = 'native' then name end),
-                   count(distinct case when how = 'fallback' then name end),
-                   count(distinct case when status in {_FAILING_SQL} then name end)
-            from ({_reached_sql()})""", [run_id, run_id]).fetchone()
-    keys = ("exercised", "native", "fallback", "failing")
-    return {k: int(v or 0) for k, v in zip(keys, row, strict=True)}
-
-
-def reached_by_class(store: Store, run_id: str, torch_version: str) -> list[dict[str, Any]]:
-    """Per op class, from the op results' native/fallback lists joined to the catalog."""
-    return list(store.db.query(
-        f"""with reached as (
-                select name, max(how = 'native') as native, max(how = 'fallback') as fallback,
-                       max(status in {_FAILING_SQL}) as failing
-                from ({_reached_sql()}) group by name)
-            select c.value as class, count(*) as total, count(r.name) as exercised,
-                   coalesce(sum(r.native), 0) as native, coalesce(sum(r.fallback), 0) as fallback,
-                   coalesce(sum(r.failing), 0) as failing
-            from ops o join json_each(o.classes) c left join reached r on r.name = o.name
-            where o.torch_version = ? group by c.value order by total desc, class""",
-        [run_id, run_id, torch_version]))
-
-
-def reached_by_dtype(store: Store, run_id: str) -> list[dict[str, Any]]:
-    """Per dtype: distinct overloads reached, natively, via fallback, by a failing sample."""
-    return list(store.db.query(
-        f"""select dtype, count(distinct name) as exercised,
-                   count(distinct case when how = 'native' then name end) as native,
-                   count(distinct case when how = 'fallback' then name end) as fallback,
-                   count(distinct case when status in {_FAILING_SQL} then name end) as failing
-            from ({_reached_sql()}) group by dtype order by dtype""", [run_id, run_id]))
-
-
-def overload_cells(store: Store, run_id: str) -> list[tuple[str, str, str, int]]:
-    """``(overload, dtype, status, samples)`` for every overload the run's op results reached."""
+def reached_cells(store: Store, run_id: str) -> list[tuple[str, str, str, str, int]]:
+    """``(overload, dtype, status, how, samples)`` for every overload the run's op results reached,
+    ``how`` being 'native' or 'fallback' (from their native_ops / fallback_ops lists). One scan;
+    the report derives coverage totals, per-class and per-dtype figures and matrix rows from it."""
     return [tuple(r) for r in store.db.execute(
-        f"""select name, dtype, status, count(*) from ({_reached_sql()})
-            group by name, dtype, status""", [run_id, run_id])]
+        f"""select name, dtype, status, how, count(*) from ({_reached_sql()})
+            group by name, dtype, status, how""", [run_id, run_id])]
 
 
 def coverage_rows(store: Store, run_id: str) -> list[dict[str, Any]]:
@@ -213,14 +175,14 @@ SAMPLE_COLUMNS = ("id", "variant", "dtype", "sample", "status", "max_abs_err", "
                   "duration_s", "seed")
 
 
-def op_sample_stream(store: Store, run_id: str) -> Iterator[tuple[str, str, str, float | None, str]]:
-    """``(op, dtype, status, max_rel_err, row_json)`` for every op result of a run, ordered by op.
+def op_sample_stream(store: Store, run_id: str) -> Iterator[tuple[str, int, str, str, float | None, str]]:
+    """``(op, id, dtype, status, max_rel_err, row_json)`` for every op result of a run, ordered by op.
 
     ``row_json`` is a JSON array in :data:`SAMPLE_COLUMNS` order; ``checks`` is a string of the
     failed structural checks (nan/dtype/shape/stride) or ''.
     """
     yield from store.db.execute(
-        """select op, dtype, status, max_rel_err, json_array(
+        """select op, id, dtype, status, max_rel_err, json_array(
                   id, variant, dtype, sample, status, max_abs_err, max_rel_err, ulp_err,
                   mismatch_frac, arbiter_err, cpu_arbiter_err, atol, rtol, tol_source, comparator,
                   trim(case when nan_agree = 0 then 'nan ' else '' end ||

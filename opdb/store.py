@@ -236,6 +236,14 @@ class Store:
         return {r[0] for r in self.db.execute(
             f"select item_key from [{table}] where run_id = ?", [run_id]).fetchall()}
 
+    def replace_gate_decisions(self, baseline_run: str, candidate_run: str, rows: Sequence[dict[str, Any]]) -> None:
+        """Replace the stored gate decisions of one (baseline, candidate) pair."""
+        with self._transaction():
+            self.db.execute("delete from gate_items where baseline_run = ? and candidate_run = ?",
+                            [baseline_run, candidate_run])
+            if rows:
+                self.db["gate_items"].insert_all([_encode(r) for r in rows], batch_size=500)
+
     # -- catalog -------------------------------------------------------------------------
     def store_catalog(self, rows: Sequence[dict[str, Any]]) -> int:
         return self.insert("ops", rows, replace=True)

@@ -1,0 +1,136 @@
+"""CLI commands of the gate stage: ``gate``, ``ledger stale``, ``nightly``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from opdb import Store
+from opdb.queries import finished_runs, item_outcomes
+
+from .cli import EXIT_FAILURES, EXIT_OK, EXIT_USAGE, db_option, handles_errors, main
+from .cli_sweep import ledger_group
+
+
+@main.command("gate")
+@click.option("--baseline", required=True, metavar="RUN|BUILD")
+@click.option("--candidate", required=True, metavar="RUN|BUILD")
+@click.option("--reruns", default=3, show_default=True, help="Re-runs of each regression before it counts (0: none).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the decision as JSON.")
+@click.option("--junit", "junit_path", type=click.Path(dir_okay=False), help="Write JUnit XML.")
+@click.option("--markdown", "md_path", type=click.Path(dir_okay=False), help="Write a Markdown summary.")
+@db_option(default="results/opdb.sqlite")
+@handles_errors
+def gate_cmd(baseline: str, candidate: str, reruns: int, json_path: str | None, junit_path: str | None,
+             md_path: str | None, db_path: str) -> None:
+    """Compare a candidate build (or run) with a baseline; exit 1 on regressions, 2 on infra.
+
+    Example: conformance gate --db results/opdb.sqlite --baseline 2.32.0 --candidate 2.33.0 --json gate.json
+    """
+    from .gate import GateError, junit, markdown, run_gate, summary_lines
+
+    with Store.open(db_path, create=False) as st:
+        try:
+            result = run_gate(st, baseline, candidate, attempts=reruns)
+        except GateError as exc:
+            if json_path:
+                Path(json_path).write_text(json.dumps({"regressions": [], "improvements": [], "verdict": "infra",
+                                                       "error": str(exc)}, indent=1))
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(EXIT_USAGE)
+    for line in summary_lines(result):
+        click.echo(line)
+    if json_path:
+        Path(json_path).write_text(json.dumps(result.as_json(), indent=1, default=str))
+    if junit_path:
+        Path(junit_path).write_text(junit(result))
+    if md_path:
+        Path(md_path).write_text(markdown(result))
+    sys.exit(EXIT_FAILURES if result.verdict == "fail" else EXIT_OK)
+
+
+@ledger_group.command("stale")
+@click.option("--ledger", "ledger_path", default=None, type=click.Path(dir_okay=False))
+@click.option("--runs", "n_runs", default=3, show_default=True, help="Look at the last N finished runs.")
+@click.option("--target", default=None, help="Only runs of this target.")
+@db_option(default="results/opdb.sqlite")
+@handles_errors
+def ledger_stale(ledger_path: str | None, n_runs: int, target: str | None, db_path: str) -> None:
+    """List ledger entries that can go: expired, or passing in each of the last N runs.
+
+    Example: conformance ledger stale --runs 5 --target neuron-emu
+    """
+    from .ledger import Ledger, _torch_default
+
+    led = Ledger.load(ledger_path)
+    with Store.open(db_path, create=False) as st:
+        runs = finished_runs(st, target=target, limit=n_runs)
+        outcomes = {r["id"]: item_outcomes(st, r["id"]) for r in runs}
+    stale = 0
+    for e in led.entries():
+        if e.kind == "default":
+            continue
+        why = ""
+        if e.expired():
+            why = f"expired on {e.expires}"
+        elif runs:
+            per_run = []
+            for r in runs:
+                hits = [o for o in outcomes[r["id"]] if e.matches(o["op"], o["variant"], o["dtype"], r["target"])]
+                if not hits:
+                    per_run.append(None)
+                elif e.kind == "xfail":
+                    per_run.append(all(o["status"] in ("xpass", "pass", "pass_fallback") for o in hits))
+                else:
+                    per_run.append(all((o["max_abs_err"] or 0) <= _torch_default(o["dtype"]).atol
+                                       or (o["max_rel_err"] or 0) <= _torch_default(o["dtype"]).rtol for o in hits))
+            if per_run and all(p is True for p in per_run):
+                why = (f"passed in each of the last {len(runs)} runs" if e.kind == "xfail"
+                       else f"not needed in each of the last {len(runs)} runs (errors within torch's default tolerance)")
+        if why:
+            stale += 1
+            click.echo(f"{e.where}: op={e.op} dtype={e.dtype} target={e.target}: {why} (reason was: {e.reason})")
+    click.echo(f"{stale} stale entries")
+
+
+@main.command("nightly")
+@click.option("--target", default="neuron-emu", show_default=True)
+@click.option("--build", "builds", multiple=True, help="Build(s) to run, oldest first (default: all shipped).")
+@click.option("--ops", "ops", multiple=True, metavar="GLOB")
+@click.option("--dtypes", "dtypes", multiple=True, metavar="LIST")
+@click.option("--models", "models", multiple=True, default=("all",), show_default=True)
+@click.option("--model-limit", type=int, default=None, help="At most this many graphs per family.")
+@click.option("--no-models", is_flag=True, help="Skip the model corpus.")
+@click.option("--no-schema", is_flag=True, help="Skip schema-driven coverage.")
+@click.option("-n", "--workers", default=2, show_default=True)
+@click.option("--shard", default="1/1", show_default=True, metavar="K/N")
+@click.option("--run-id-prefix", default=None, help="Shards of one nightly must share this.")
+@click.option("--site", default="results/site", show_default=True, type=click.Path(file_okay=False))
+@click.option("--finish", is_flag=True, help="After merging shard DBs: coverage, report and gate only.")
+@db_option(default="results/opdb.sqlite")
+@handles_errors
+def nightly_cmd(target: str, builds: tuple[str, ...], ops: tuple[str, ...], dtypes: tuple[str, ...],
+                models: tuple[str, ...], model_limit: int | None, no_models: bool, no_schema: bool, workers: int,
+                shard: str, run_id_prefix: str | None, site: str, finish: bool, db_path: str) -> None:
+    """The nightly: sweeps + models per build, coverage, the report site, and the gate.
+
+    Example: conformance nightly --build 2.32.0 --build 2.33.0 --ops "nn.functional.*" --model-limit 5
+    """
+    from .nightly import NightlyResult, NightlySpec, finish_stages, run_nightly
+    from .run import stderr_progress
+
+    Path(db_path).parent.mkdir(parents=True, exist_ok=True)
+    spec = NightlySpec(target=target, builds=builds, ops=ops, dtypes=dtypes, models=() if no_models else models,
+                       model_limit=model_limit, schema=not no_schema and not ops, workers=workers, shard=shard,
+                       run_id_prefix=run_id_prefix, site=site)
+    if finish:
+        result = NightlyResult()
+        finish_stages(db_path, spec, result, click.echo)
+    else:
+        result = run_nightly(spec, db_path, progress=stderr_progress, echo=click.echo)
+    if any(s.infra for s in result.summaries.values()):
+        sys.exit(EXIT_USAGE)
+    sys.exit(result.gate_exit)
