@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from opdb import Store  # noqa: E402
 from reports import render_site  # noqa: E402
+from reports.site import default_jobs  # noqa: E402
 
 TV = "2.13.0+cpu"
 STATUSES = ["pass", "pass_fallback", "mismatch", "error", "unsupported_dtype", "skip", "xfail", "xpass",
@@ -140,6 +141,7 @@ def main() -> None:
     ap.add_argument("--builds", type=int, default=2)
     ap.add_argument("--ops", type=int, default=600, help="distinct OpInfo ops")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--jobs", type=int, default=None, help="render processes (default: one per CPU, max 4)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--keep", type=Path, default=None, help="leave the last site here")
     ap.add_argument("--db", type=Path, default=None,
@@ -161,14 +163,14 @@ def main() -> None:
             out = tmp / f"site{k}"
             with Store.open(db) as st:
                 t = time.perf_counter()
-                result = render_site(st, out, db_label=str(db))
+                result = render_site(st, out, db_label=str(db), jobs=args.jobs)
                 times.append(time.perf_counter() - t)
             if k < args.repeat - 1:
                 shutil.rmtree(out)
         assert result is not None
         sizes = sorted((p.stat().st_size, p) for p in result.out.rglob("*") if p.is_file())
         total = sum(s for s, _ in sizes)
-        print(f"render: median {statistics.median(times):.2f} s of {args.repeat} "
+        print(f"render (jobs={args.jobs or default_jobs()}): median {statistics.median(times):.2f} s of {args.repeat} "
               f"({', '.join(f'{x:.2f}' for x in times)})")
         print("  by step (last run): " + ", ".join(f"{k} {v:.2f} s" for k, v in result.timings.items()))
         print(f"site: {len(sizes)} files, {total / 1e6:.1f} MB; largest page "

@@ -17,8 +17,10 @@ from .cli import UsageProblem, db_option, handles_errors, main
               help="Render only this build (repeatable; default: every build in the DB).")
 @click.option("--out", "out_dir", default="site", show_default=True, type=click.Path(file_okay=False),
               help="Folder to write the site into (created if missing).")
+@click.option("-j", "--jobs", type=click.IntRange(1, 64), default=None,
+              help="Render builds in this many processes [default: one per CPU, at most 4].")
 @handles_errors
-def report_cmd(db_path: str, builds: tuple[str, ...], out_dir: str) -> None:
+def report_cmd(db_path: str, builds: tuple[str, ...], out_dir: str, jobs: int | None) -> None:
     """Render a static HTML site (one folder per build, an index of builds) from --db.
 
     The site is self-contained and works from file:// offline. For each build it shows the
@@ -34,7 +36,7 @@ def report_cmd(db_path: str, builds: tuple[str, ...], out_dir: str) -> None:
         raise UsageProblem(f"{out}: exists and is not a folder")
     with Store.open(db_path, create=False) as st:
         try:
-            result = render_site(st, out, builds=list(builds), db_label=db_path)
+            result = render_site(st, out, builds=list(builds), db_label=db_path, jobs=jobs)
         except UnknownBuild as exc:
             raise UsageProblem(str(exc)) from None
         except OSError as exc:

@@ -87,29 +87,30 @@ def line_chart(series: Sequence[tuple[str, Sequence[float | None]]], x_labels: S
         if i % every == 0 or i == n - 1:
             short = lab if len(lab) <= 14 else lab[:13] + "…"
             out.append(f'<text x="{x(i):.1f}" y="{top + ph + 16}" class="xl">{escape(short)}</text>')
+    xs = [f"{x(i):.1f}" for i in range(n)]
+    scale = ph / (hi - lo)
+    base = top + ph
+    dots = n <= 24  # per-point dots with tooltips only on short series (loss curves stay small)
     for k, (name, vs) in enumerate(series):
         colour = _PALETTE[k % len(_PALETTE)]
-        seg: list[str] = []
-        segs: list[list[str]] = []
-        for i, v in enumerate(vs):
+        ename = escape(name)
+        segs: list[list[str]] = [[]]
+        for i, v in enumerate(vs[:n]):
             if v is None or not math.isfinite(v):
-                if seg:
-                    segs.append(seg)
-                seg = []
+                if segs[-1]:
+                    segs.append([])
                 continue
-            seg.append(f"{x(i):.1f},{y(v):.1f}")
-        if seg:
-            segs.append(seg)
-        for s in segs:
-            out.append(f'<polyline fill="none" stroke="{colour}" stroke-width="2" points="{" ".join(s)}"/>')
-        if n <= 60:
-            for i, v in enumerate(vs):
-                if v is not None and math.isfinite(v):
-                    out.append(f'<circle cx="{x(i):.1f}" cy="{y(v):.1f}" r="3" fill="{colour}">'
-                               f'<title>{escape(name)} @ {escape(x_labels[i])}: {escape(_fmt(v))}</title></circle>')
+            yv = base - (min(max(v, lo), hi) - lo) * scale
+            segs[-1].append(f"{xs[i]},{yv:.1f}")
+            if dots:
+                out.append(f'<circle cx="{xs[i]}" cy="{yv:.1f}" r="3" fill="{colour}">'
+                           f'<title>{ename} @ {escape(x_labels[i])}: {escape(_fmt(v))}</title></circle>')
+        for seg in segs:
+            if seg:
+                out.append(f'<polyline fill="none" stroke="{colour}" stroke-width="2" points="{" ".join(seg)}"/>')
         lx = left + 4 + k * 150
         out.append(f'<rect x="{lx}" y="{height - 16}" width="10" height="10" fill="{colour}"/>'
-                   f'<text x="{lx + 14}" y="{height - 7}" class="lg">{escape(name)}</text>')
+                   f'<text x="{lx + 14}" y="{height - 7}" class="lg">{ename}</text>')
     out.append("</svg>")
     return Markup("".join(out))
 

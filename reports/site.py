@@ -26,6 +26,8 @@ from __future__ import annotations
 import datetime as _dt
 import itertools
 import json
+import multiprocessing
+import os
 import re
 import shutil
 import statistics
@@ -186,6 +188,54 @@ def _now() -> str:
     return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
+class Reached:
+    """Coverage figures derived from :func:`opdb.queries_report.reached_cells` rows."""
+
+    def __init__(self, rows: list[tuple[str, str, str, str, int]]) -> None:
+        self.rows = rows
+
+    def _sets(self, rows: Iterable[tuple[str, str, str, str, int]]) -> tuple[set, set, set, set]:
+        ex, nat, fb, fail = set(), set(), set(), set()
+        for name, _, status, how, _ in rows:
+            ex.add(name)
+            (nat if how == "native" else fb).add(name)
+            if status in FAILING:
+                fail.add(name)
+        return ex, nat, fb, fail
+
+    def totals(self, total: int | None) -> CountRow:
+        ex, nat, fb, fail = self._sets(self.rows)
+        return CountRow("all overloads", len(ex), len(nat), len(fb), len(fail), total)
+
+    def by_dtype(self) -> list[CountRow]:
+        groups: dict[str, list] = {}
+        for r in self.rows:
+            groups.setdefault(r[1] or "-", []).append(r)
+        out = []
+        for dtype in sorted(groups):
+            ex, nat, fb, fail = self._sets(groups[dtype])
+            out.append(CountRow(dtype, len(ex), len(nat), len(fb), len(fail)))
+        return out
+
+    def by_class(self, classes: dict[str, list[str]]) -> list[CountRow]:
+        ex, nat, fb, fail = self._sets(self.rows)
+        counts: dict[str, list[int]] = {}
+        for name, cls_list in classes.items():
+            flags = (1, name in ex, name in nat, name in fb, name in fail)
+            for c in cls_list:
+                acc = counts.setdefault(c, [0, 0, 0, 0, 0])
+                for i, f in enumerate(flags):
+                    acc[i] += f
+        rows = [CountRow(c, v[1], v[2], v[3], v[4], v[0]) for c, v in counts.items()]
+        rows.sort(key=lambda r: (-(r.total or 0), r.label))
+        return rows
+
+    def cells(self) -> list[tuple[str, str, str, int]]:
+        """``(overload, dtype, status, samples)``; a sample reaching an overload both natively and
+        via fallback counts twice (once per way)."""
+        return [(name, dtype, status, n) for name, dtype, status, _, n in self.rows]
+
+
 # -- the renderer ----------------------------------------------------------------------------------
 class SiteRenderer:
     """Builds every page's context from the store and writes the pages."""
@@ -196,6 +246,9 @@ class SiteRenderer:
         self.generated_at = _now()
         self.result = SiteResult(out=out, builds=[])
         self.build_slug = Slugger()
+        self._reached: dict[str, Reached] = {}
+        self._classes: dict[tuple[str, str], dict[str, list[str]]] = {}
+        self._op_slugs = Slugger()
 
     # writing
     def write(self, rel: str, page: Page) -> None:
@@ -287,16 +340,12 @@ class SiteRenderer:
                 states = list(q.coverage_states(self.store, rid).items())
             elif info.op_total:
                 source = "op_results"
-                t = q.reached_totals(self.store, rid)
-                coverage_all = CountRow("all overloads", t["exercised"], t["native"], t["fallback"],
-                                        t["failing"], catalog_total or None)
+                reached = self.reached(info)
+                coverage_all = reached.totals(catalog_total or None)
                 if catalog_total:
-                    by_class = [CountRow(r["class"], r["exercised"], r["native"], r["fallback"],
-                                         r["failing"], r["total"])
-                                for r in q.reached_by_class(self.store, rid, info.torch_version)]
+                    by_class = reached.by_class(self.overload_classes(info.torch_version))
             if info.op_total:
-                by_dtype = [CountRow(r["dtype"] or "-", r["exercised"], r["native"], r["fallback"], r["failing"])
-                            for r in q.reached_by_dtype(self.store, rid)]
+                by_dtype = self.reached(info).by_dtype()
                 slowest = [SlowOp(r["op"], f"ops/{self.op_slug(r['op'])}.html", r["samples"],
                                   r["total_s"] or 0.0, r["max_s"] or 0.0)
                            for r in q.slowest_ops(self.store, rid)]
@@ -318,6 +367,25 @@ class SiteRenderer:
         i = infos.index(info)
         return infos[i - 1] if i > 0 else None
 
+    def reached(self, info: BuildInfo) -> Reached:
+        """The overloads the build's op results reached (one scan per build, cached)."""
+        rid = info.op_run["id"] if info.op_run else ""
+        if rid not in self._reached:
+            self._reached = {rid: Reached(q.reached_cells(self.store, rid) if rid else [])}
+        return self._reached[rid]
+
+    def overload_classes(self, torch_version: str) -> dict[str, list[str]]:
+        key = ("ov", torch_version)
+        if key not in self._classes:
+            self._classes[key] = q.overload_classes(self.store, torch_version)
+        return self._classes[key]
+
+    def opinfo_classes(self, torch_version: str) -> dict[str, list[str]]:
+        key = ("oi", torch_version)
+        if key not in self._classes:
+            self._classes[key] = q.opinfo_classes(self.store, torch_version)
+        return self._classes[key]
+
     def op_slug(self, op: str) -> str:
         return self._op_slugs(op)
 
@@ -329,10 +397,10 @@ class SiteRenderer:
         if info.op_run:
             rid = info.op_run["id"]
             tv = info.torch_version
-            op_classes = q.opinfo_classes(self.store, tv)
-            ov_classes = q.overload_classes(self.store, tv)
+            op_classes = self.opinfo_classes(tv)
+            ov_classes = self.overload_classes(tv)
             cells = q.matrix_cells(self.store, rid)
-            ov_cells = q.overload_cells(self.store, rid)
+            ov_cells = self.reached(info).cells()
             dtypes = sorted({c[1] or "-" for c in cells} | {c[1] or "-" for c in ov_cells})
             col = {d: i for i, d in enumerate(dtypes)}
 
@@ -397,7 +465,7 @@ class SiteRenderer:
         if not info.op_run:
             return
         rid = info.op_run["id"]
-        op_classes = q.opinfo_classes(self.store, info.torch_version)
+        op_classes = self.opinfo_classes(info.torch_version)
         for op, group in itertools.groupby(q.op_sample_stream(self.store, rid), key=lambda r: r[0]):
             rows = list(group)
             self._op_page(info, op, rows, op_classes.get(op, []))
@@ -407,15 +475,12 @@ class SiteRenderer:
         slug = self.op_slug(op)
         by_dtype: dict[str, Counter] = {}
         status_counts: Counter = Counter()
-        for _, dtype, status, _, _ in rows:
+        for _, _, dtype, status, _, _ in rows:
             by_dtype.setdefault(dtype or "-", Counter())[status] += 1
             status_counts[status] += 1
-        failing_ids = []
-        for r in rows:
-            if r[2] in FAILING and len(failing_ids) < REPRO_LIST:
-                failing_ids.append(json.loads(r[4])[0])
+        failing_ids = [r[1] for r in rows if r[3] in FAILING][:REPRO_LIST]
         n_failing = sum(n for s, n in status_counts.items() if s in FAILING)
-        hist = charts.histogram(charts.log10_bins([r[3] for r in rows]),
+        hist = charts.histogram(charts.log10_bins([r[4] for r in rows]),
                                 title=f"max relative error of {op} (log10 bins, {len(rows)} samples)",
                                 x_label="max_rel_err decade (0: exact, n/a: not measured)")
         dtype_counts = [(d, ordered(dict(c))) for d, c in sorted(by_dtype.items())]
@@ -430,7 +495,7 @@ class SiteRenderer:
         repros = [f"conformance repro {i} --db {self.db_label}" for i in failing_ids]
         for k in range(nparts):
             chunk = rows[k * OP_PART_ROWS:(k + 1) * OP_PART_ROWS]
-            rows_json = "[" + ",".join(r[4] for r in chunk) + "]"
+            rows_json = "[" + ",".join(r[5] for r in chunk) + "]"
             page = OpPage(
                 **self._base(f"{op} — {info.build}", root, self._nav(info, root, "")), info=info, op=op,
                 classes=classes, n_samples=len(rows), dtype_counts=dtype_counts,
@@ -615,8 +680,8 @@ class SiteRenderer:
                            table_spec(columns, _dumps(rows), filters=filters, id=f"diff-{kind}"))
 
     # everything
-    def render(self, only: Sequence[str] | None) -> SiteResult:
-        t0 = time.perf_counter()
+    def prepare(self, only: Sequence[str] | None) -> tuple[list[BuildInfo], list[BuildInfo]]:
+        """Every build's info (ordered by start) and the ones to render; checks ``only``."""
         all_builds = q.builds(self.store)
         known = [b.build for b in all_builds]
         if only:
@@ -627,24 +692,69 @@ class SiteRenderer:
         infos = self.build_infos(all_builds)
         for i in infos:
             i.rendered = not only or i.build in only
-        rendered = [i for i in infos if i.rendered]
+        return infos, [i for i in infos if i.rendered]
+
+    def render_build(self, info: BuildInfo, infos: list[BuildInfo]) -> None:
+        """Every page of one build."""
+        self._op_slugs = Slugger()
+        steps = (("summary", lambda: self.summary(info, infos)), ("matrix", lambda: self.matrix(info)),
+                 ("ops", lambda: self.op_pages(info)), ("models", lambda: self.models(info)),
+                 ("diff", lambda: self.diff(info, infos)))
+        for name, fn in steps:
+            s = time.perf_counter()
+            fn()
+            self.result.timings[name] = self.result.timings.get(name, 0.0) + time.perf_counter() - s
+        self._reached = {}
+
+    def render(self, only: Sequence[str] | None, jobs: int = 1) -> SiteResult:
+        t0 = time.perf_counter()
+        infos, rendered = self.prepare(only)
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "assets").mkdir(exist_ok=True)
         for name in ASSETS:
             shutil.copyfile(TEMPLATES / name, self.out / "assets" / name)
         self.index(infos, rendered)
-        for info in rendered:
-            self._op_slugs = Slugger()
-            steps = (("summary", lambda: self.summary(info, infos)), ("matrix", lambda: self.matrix(info)),
-                     ("ops", lambda: self.op_pages(info)), ("models", lambda: self.models(info)),
-                     ("diff", lambda: self.diff(info, infos)))
-            for name, fn in steps:
-                s = time.perf_counter()
-                fn()
-                self.result.timings[name] = self.result.timings.get(name, 0.0) + time.perf_counter() - s
+        jobs = max(1, min(jobs, len(rendered)))
+        if jobs > 1 and self.store.path is not None:
+            self._render_parallel(rendered, only, jobs)
+        else:
+            for info in rendered:
+                self.render_build(info, infos)
         self.result.builds = [i.build for i in rendered]
         self.result.seconds = time.perf_counter() - t0
         return self.result
+
+    def _render_parallel(self, rendered: list[BuildInfo], only: Sequence[str] | None, jobs: int) -> None:
+        # Builds are independent: each worker opens the database itself and renders whole builds.
+        # Largest builds first, so the pool stays busy.
+        order = sorted(rendered, key=lambda i: -(i.op_total + i.model_total))
+        batches: list[list[str]] = [[] for _ in range(jobs)]
+        for k, info in enumerate(order):
+            batches[k % jobs].append(info.build)
+        ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods()
+                                          else "spawn")
+        args = [(str(self.store.path), str(self.out), self.db_label, self.generated_at, list(only or []), b)
+                for b in batches if b]
+        with ctx.Pool(len(args)) as pool:
+            for part in pool.starmap(_render_worker, args):
+                self.result.pages += part.pages
+                self.result.bytes += part.bytes
+                if part.largest[1] > self.result.largest[1]:
+                    self.result.largest = part.largest
+                for k, v in part.timings.items():
+                    self.result.timings[k] = self.result.timings.get(k, 0.0) + v
+
+
+def _render_worker(db: str, out: str, db_label: str, generated_at: str, only: list[str],
+                   builds: list[str]) -> SiteResult:
+    with Store.open(db, create=False) as store:
+        r = SiteRenderer(store, Path(out), db_label=db_label)
+        r.generated_at = generated_at
+        infos, _ = r.prepare(only)
+        for info in infos:
+            if info.build in builds:
+                r.render_build(info, infos)
+        return r.result
 
 
 _SAMPLE_KINDS = {"id": "int", "sample": "int", "status": "status", "max_abs_err": "num", "max_rel_err": "num",
@@ -687,11 +797,17 @@ def _evidence(text: str | None) -> str:
     return str(data) if not isinstance(data, str) else data
 
 
+def default_jobs() -> int:
+    return max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+
+
 def render_site(store: Store, out: str | Path, *, builds: Sequence[str] | None = None,
-                db_label: str | None = None) -> SiteResult:
+                db_label: str | None = None, jobs: int | None = 1) -> SiteResult:
     """Render the site for ``builds`` (all builds when empty) into ``out``; returns what was written.
 
-    Raises :class:`UnknownBuild` (a ValueError) when a requested build is not in the database.
+    ``jobs`` > 1 renders builds in that many processes (each opens the database file itself);
+    ``None`` picks one per available CPU (at most 4). Raises :class:`UnknownBuild` (a ValueError)
+    when a requested build is not in the database.
     """
     label = db_label or (str(store.path) if store.path else ":memory:")
-    return SiteRenderer(store, Path(out), db_label=label).render(builds)
+    return SiteRenderer(store, Path(out), db_label=label).render(builds, jobs=default_jobs() if jobs is None else jobs)

@@ -501,3 +501,14 @@ def test_cli_out_is_a_file_exits_2(report_db, tmp_path):
     f.write_text("x")
     r = cli("--db", str(report_db), "--out", str(f))
     assert r.exit_code == 2 and "is a file" in r.output
+
+
+def test_parallel_render_writes_the_same_site(report_db, tmp_path):
+    with Store.open(report_db) as st:
+        serial = render_site(st, tmp_path / "a", jobs=1)
+        parallel = render_site(st, tmp_path / "b", jobs=2)
+    assert (serial.pages, serial.bytes, serial.builds) == (parallel.pages, parallel.bytes, parallel.builds)
+    stamp = re.compile(r"Generated [0-9T:+-]+")
+    for f in (tmp_path / "a").rglob("*.html"):
+        other = tmp_path / "b" / f.relative_to(tmp_path / "a")
+        assert stamp.sub("", f.read_text()) == stamp.sub("", other.read_text()), f
