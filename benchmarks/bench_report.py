@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
+import resource
 import shutil
 import statistics
 import sys
@@ -134,6 +136,11 @@ def build_db(path: Path, *, results: int, models: int, builds: int, n_ops: int, 
             prev = rid
 
 
+def _cpu() -> float:
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--results", type=int, default=200_000, help="op results in the DB (all builds)")
@@ -158,13 +165,14 @@ def main() -> None:
                      seed=args.seed)
             print(f"db: {args.results:,} op results, {args.models:,} model results, {args.builds} builds "
                   f"({db.stat().st_size / 1e6:.0f} MB) built in {time.perf_counter() - t:.1f} s")
-        times, result = [], None
+        times, cpus, result = [], [], None
         for k in range(args.repeat):
             out = tmp / f"site{k}"
             with Store.open(db) as st:
-                t = time.perf_counter()
+                c, t = _cpu(), time.perf_counter()
                 result = render_site(st, out, db_label=str(db), jobs=args.jobs)
                 times.append(time.perf_counter() - t)
+                cpus.append(_cpu() - c)
             if k < args.repeat - 1:
                 shutil.rmtree(out)
         assert result is not None
@@ -172,6 +180,8 @@ def main() -> None:
         total = sum(s for s, _ in sizes)
         print(f"render (jobs={args.jobs or default_jobs()}): median {statistics.median(times):.2f} s of {args.repeat} "
               f"({', '.join(f'{x:.2f}' for x in times)})")
+        print(f"  CPU time (all processes): median {statistics.median(cpus):.2f} s; load average before: "
+              f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
         print("  by step (last run): " + ", ".join(f"{k} {v:.2f} s" for k, v in result.timings.items()))
         print(f"site: {len(sizes)} files, {total / 1e6:.1f} MB; largest page "
               f"{result.largest[0]} {result.largest[1] / 1e6:.2f} MB")

@@ -114,25 +114,33 @@ def coverage_states(store: Store, run_id: str) -> dict[str, int]:
         "select state, count(*) from coverage where run_id = ? group by state order by 2 desc", [run_id])}
 
 
-def _reached_sql() -> str:
-    # Every (overload, dtype, status, how) an op result reached: one row per json element.
-    return f"""
-        select j.value as name, r.dtype as dtype, r.status as status, 'native' as how
-          from op_results r, json_each(r.native_ops) j
-         where r.run_id = ? and r.native_ops like '[_%'
-        union all
-        select j.value, r.dtype, r.status, 'fallback'
-          from op_results r, json_each(r.fallback_ops) j
-         where r.run_id = ? and r.fallback_ops like '[_%'"""
+def _names(text: str | None) -> list[str]:
+    if not text or text == "[]":
+        return []
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return []
+    return [str(v) for v in value] if isinstance(value, list) else []
 
 
 def reached_cells(store: Store, run_id: str) -> list[tuple[str, str, str, str, int]]:
     """``(overload, dtype, status, how, samples)`` for every overload the run's op results reached,
-    ``how`` being 'native' or 'fallback' (from their native_ops / fallback_ops lists). One scan;
-    the report derives coverage totals, per-class and per-dtype figures and matrix rows from it."""
-    return [tuple(r) for r in store.db.execute(
-        f"""select name, dtype, status, how, count(*) from ({_reached_sql()})
-            group by name, dtype, status, how""", [run_id, run_id])]
+    ``how`` being 'native' or 'fallback' (from their native_ops / fallback_ops lists).
+
+    One grouped scan: samples of an op mostly share their overload lists, so SQLite groups the
+    rows by (lists, dtype, status) and only the distinct lists are decoded here. The report
+    derives coverage totals, per-class and per-dtype figures and matrix rows from the result.
+    """
+    counts: dict[tuple[str, str, str, str], int] = {}
+    for native, fallback, dtype, status, n in store.db.execute(
+            """select native_ops, fallback_ops, dtype, status, count(*) from op_results
+               where run_id = ? group by native_ops, fallback_ops, dtype, status""", [run_id]):
+        for how, text in (("native", native), ("fallback", fallback)):
+            for name in _names(text):
+                key = (name, dtype, status, how)
+                counts[key] = counts.get(key, 0) + n
+    return [(*k, n) for k, n in sorted(counts.items(), key=lambda kv: tuple(x or "" for x in kv[0]))]
 
 
 def coverage_rows(store: Store, run_id: str) -> list[dict[str, Any]]:
