@@ -212,6 +212,17 @@ class FamilyPage(Page):
 
 
 @dataclass
+class DiffOp:
+    """One op (or model) of a diff section's roll-up."""
+
+    op: str
+    href: str | None
+    regressions: int
+    improvements: int
+    other: int  # flaky, drift, changed, new, removed
+
+
+@dataclass
 class DiffSection:
     """Ops or models of the build diff."""
 
@@ -221,8 +232,11 @@ class DiffSection:
     candidate_run: str
     counts: list[tuple[str, int]]  # (category, count)
     n_items: int
-    table_json: Markup
+    table_json: Markup  # data-table spec of the first n_shown items (worst categories first)
     note: str = ""
+    by_op: list[DiffOp] = field(default_factory=list)  # the ops with the most regressions first
+    n_ops: int = 0  # ops in the roll-up (by_op holds the first DIFF_OPS)
+    n_shown: int = 0
 
 
 @dataclass

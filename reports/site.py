@@ -49,6 +49,7 @@ from .contexts import (
     BuildInfo,
     CountRow,
     DiffPage,
+    DiffOp,
     DiffSection,
     FamilyPage,
     FamilyRow,
@@ -69,6 +70,8 @@ TEMPLATES = Path(__file__).parent / "templates"
 ASSETS = ("report.css", "report.js")
 OP_PART_ROWS = 2000  # samples per op page part
 FAMILY_PART_GRAPHS = 100  # graph cards per family page part
+DIFF_ROWS = 10_000  # items of one diff section embedded in the page (worst categories first)
+DIFF_OPS = 200  # rows of the per-op roll-up of a diff section
 REPRO_LIST = 50  # repro commands listed in the page itself (the table has all)
 TABLE_PAGE_SIZE = 100  # rows per page of the JS tables
 
@@ -249,6 +252,7 @@ class SiteRenderer:
         self._reached: dict[str, Reached] = {}
         self._classes: dict[tuple[str, str], dict[str, list[str]]] = {}
         self._op_slugs = Slugger()
+        self._op_pages: set[str] = set()
 
     # writing
     def write(self, rel: str, page: Page) -> None:
@@ -472,6 +476,7 @@ class SiteRenderer:
 
     def _op_page(self, info: BuildInfo, op: str, rows: list[tuple], classes: list[str]) -> None:
         root = "../../"
+        self._op_pages.add(op)
         slug = self.op_slug(op)
         by_dtype: dict[str, Counter] = {}
         status_counts: Counter = Counter()
@@ -646,7 +651,7 @@ class SiteRenderer:
         filters = [{"col": 0, "label": "category", "mode": "eq"}, {"col": 4, "label": "dtype", "mode": "eq"}]
 
         def op_link(op: str | None) -> list[Any]:
-            if kind == "ops" and op:
+            if kind == "ops" and op and op in self._op_pages:
                 return [f"ops/{self.op_slug(op)}.html", op]
             return [None, op or ""]
 
@@ -676,8 +681,20 @@ class SiteRenderer:
         cats = ["regression", "improvement", "flaky", "drift", "changed", "new", "removed"]
         counts_list = [(c, counts[c]) for c in cats if counts.get(c)] + \
                       sorted((c, n) for c, n in counts.items() if c not in cats)
+        per_op: dict[str, Counter] = {}
+        links: dict[str, Any] = {}
+        for r in rows:
+            name = r[2][1] or ""
+            per_op.setdefault(name, Counter())[r[0]] += 1
+            links[name] = r[2][0]
+        by_op = [DiffOp(name, links[name], c.get("regression", 0), c.get("improvement", 0),
+                        sum(n for k, n in c.items() if k not in ("regression", "improvement")))
+                 for name, c in per_op.items()]
+        by_op.sort(key=lambda d: (-d.regressions, -d.improvements, d.op))
+        shown = rows[:DIFF_ROWS]
         return DiffSection(kind, source, brun, crun, counts_list, len(rows),
-                           table_spec(columns, _dumps(rows), filters=filters, id=f"diff-{kind}"))
+                           table_spec(columns, _dumps(shown), filters=filters, id=f"diff-{kind}"),
+                           by_op=by_op[:DIFF_OPS], n_ops=len(by_op), n_shown=len(shown))
 
     # everything
     def prepare(self, only: Sequence[str] | None) -> tuple[list[BuildInfo], list[BuildInfo]]:
@@ -697,6 +714,7 @@ class SiteRenderer:
     def render_build(self, info: BuildInfo, infos: list[BuildInfo]) -> None:
         """Every page of one build."""
         self._op_slugs = Slugger()
+        self._op_pages = set()
         steps = (("summary", lambda: self.summary(info, infos)), ("matrix", lambda: self.matrix(info)),
                  ("ops", lambda: self.op_pages(info)), ("models", lambda: self.models(info)),
                  ("diff", lambda: self.diff(info, infos)))

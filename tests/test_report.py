@@ -512,3 +512,17 @@ def test_parallel_render_writes_the_same_site(report_db, tmp_path):
     for f in (tmp_path / "a").rglob("*.html"):
         other = tmp_path / "b" / f.relative_to(tmp_path / "a")
         assert stamp.sub("", f.read_text()) == stamp.sub("", other.read_text()), f
+
+
+def test_diff_rolls_up_by_op_and_caps_items(report_db, tmp_path, monkeypatch):
+    monkeypatch.setattr(site, "DIFF_ROWS", 2)
+    with Store.open(report_db) as st:
+        render_site(st, tmp_path, builds=["2.33.0"])
+    html = (tmp_path / "2.33.0/diff.html").read_text()
+    conv = re.search(r'<tr data-op="nn.functional.conv2d">(.*?)</tr>', html).group(1)
+    assert '<td class="n">3</td><td class="n">0</td><td class="n">0</td>' in conv
+    assert 'href="ops/nn.functional.conv2d.html"' in conv
+    assert "The first 2 of 12 items" in html
+    spec = data_block(html, "diff-ops-data")
+    assert [r[0] for r in spec["rows"]] == ["regression", "regression"]
+    assert re.search(r'<span class="v">7</span>', html)  # counts still cover every item
