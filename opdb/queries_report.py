@@ -214,7 +214,7 @@ def blocking_ops(store: Store, run_id: str, passing: Sequence[str], limit: int =
     marks = ", ".join("?" for _ in passing)
     return list(store.db.query(
         f"""select first_divergent_op as op, count(*) as graphs,
-                   count(distinct family) as families, group_concat(distinct family) as family_list
+                   count(distinct family) as families, replace(group_concat(distinct family), ',', ', ') as family_list
             from model_results
             where run_id = ? and status not in ({marks})
               and first_divergent_op is not null and first_divergent_op != ''

@@ -48,8 +48,8 @@ from . import charts
 from .contexts import (
     BuildInfo,
     CountRow,
-    DiffPage,
     DiffOp,
+    DiffPage,
     DiffSection,
     FamilyPage,
     FamilyRow,
@@ -693,7 +693,7 @@ class SiteRenderer:
         by_op.sort(key=lambda d: (-d.regressions, -d.improvements, d.op))
         shown = rows[:DIFF_ROWS]
         return DiffSection(kind, source, brun, crun, counts_list, len(rows),
-                           table_spec(columns, _dumps(shown), filters=filters, id=f"diff-{kind}"),
+                           table_spec(columns, _dumps(shown), filters=filters, id=f"diff-{kind}-items"),
                            by_op=by_op[:DIFF_OPS], n_ops=len(by_op), n_shown=len(shown))
 
     # everything

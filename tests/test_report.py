@@ -526,3 +526,13 @@ def test_diff_rolls_up_by_op_and_caps_items(report_db, tmp_path, monkeypatch):
     spec = data_block(html, "diff-ops-data")
     assert [r[0] for r in spec["rows"]] == ["regression", "regression"]
     assert re.search(r'<span class="v">7</span>', html)  # counts still cover every item
+
+
+def test_element_ids_are_unique_per_page(site_dir):
+    for f in site_dir.rglob("*.html"):
+        ids = re.findall(r'\bid="([^"]+)"', f.read_text())
+        assert len(ids) == len(set(ids)), (f, sorted({i for i in ids if ids.count(i) > 1}))
+        # tables made by report.js get their id from the spec: it must not collide either
+        specs = [json.loads(m)["id"] for m in re.findall(
+            r'<script type="application/json" id="[^"]+">(.*?)</script>', f.read_text(), re.S)]
+        assert not set(specs) & set(ids), f

@@ -182,8 +182,8 @@ def test_diff_pages(site, page):
     shot(page, "diff-status")
     page.goto(url(out, "2.34.0/diff.html"))
     assert "gate's decisions" in page.locator("#diff-ops .source").inner_text()
-    assert page.locator("#diff-ops tbody tr").count() == 2
-    assert page.locator('#diff-ops td[data-col="evidence"]', has_text="<script>").count() == 1
+    assert page.locator("#diff-ops-items tbody tr").count() == 2
+    assert page.locator('#diff-ops-items td[data-col="evidence"]', has_text="<script>").count() == 1
     shot(page, "diff-gate")
     page.get_by_role("link", name="2.33.0").first.click()
     assert re.search(r"2\.33\.0/index\.html$", page.url)
