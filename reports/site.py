@@ -506,7 +506,7 @@ class SiteRenderer:
                 classes=classes, n_samples=len(rows), dtype_counts=dtype_counts,
                 status_counts=ordered(dict(status_counts)), hist_svg=hist, repros=repros,
                 n_failing=n_failing,
-                samples_json=table_spec(columns, rows_json, filters=filters, id="samples",
+                samples_json=table_spec(columns, rows_json, filters=filters, id="samples-table",
                                         failing=sorted(FAILING), db=self.db_label),
                 part=k + 1, parts=parts)
             self.write(f"{info.slug}/ops/{names[k]}", page)
@@ -571,7 +571,7 @@ class SiteRenderer:
         page = ModelsPage(**self._base(f"Models: {info.build}", root, self._nav(info, root, "models.html")),
                           info=info, latency_note=note, families=families, blocking=blocking,
                           n_graphs=len(rows), graphs_json=table_spec(columns, _dumps(table), filters=filters,
-                                                                     id="graphs"))
+                                                                     id="graphs-table"))
         self.write(f"{info.slug}/models.html", page)
 
     @staticmethod
