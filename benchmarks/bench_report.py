@@ -148,7 +148,7 @@ def main() -> None:
     ap.add_argument("--builds", type=int, default=2)
     ap.add_argument("--ops", type=int, default=600, help="distinct OpInfo ops")
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--jobs", type=int, default=None, help="render processes (default: one per CPU, max 4)")
+    ap.add_argument("--jobs", type=int, default=1, help="render processes (0: one per CPU, at most 4)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--keep", type=Path, default=None, help="leave the last site here")
     ap.add_argument("--db", type=Path, default=None,
@@ -170,7 +170,7 @@ def main() -> None:
             out = tmp / f"site{k}"
             with Store.open(db) as st:
                 c, t = _cpu(), time.perf_counter()
-                result = render_site(st, out, db_label=str(db), jobs=args.jobs)
+                result = render_site(st, out, db_label=str(db), jobs=args.jobs or None)
                 times.append(time.perf_counter() - t)
                 cpus.append(_cpu() - c)
             if k < args.repeat - 1:

@@ -17,8 +17,8 @@ from .cli import UsageProblem, db_option, handles_errors, main
               help="Render only this build (repeatable; default: every build in the DB).")
 @click.option("--out", "out_dir", default="site", show_default=True, type=click.Path(file_okay=False),
               help="Folder to write the site into (created if missing).")
-@click.option("-j", "--jobs", type=click.IntRange(1, 64), default=None,
-              help="Render builds in this many processes [default: one per CPU, at most 4].")
+@click.option("-j", "--jobs", type=click.IntRange(0, 64), default=1, show_default=True,
+              help="Render builds in this many processes (0: one per CPU, at most 4).")
 @handles_errors
 def report_cmd(db_path: str, builds: tuple[str, ...], out_dir: str, jobs: int | None) -> None:
     """Render a static HTML site (one folder per build, an index of builds) from --db.
@@ -36,7 +36,7 @@ def report_cmd(db_path: str, builds: tuple[str, ...], out_dir: str, jobs: int | 
         raise UsageProblem(f"{out}: exists and is not a folder")
     with Store.open(db_path, create=False) as st:
         try:
-            result = render_site(st, out, builds=list(builds), db_label=db_path, jobs=jobs)
+            result = render_site(st, out, builds=list(builds), db_label=db_path, jobs=jobs or None)
         except UnknownBuild as exc:
             raise UsageProblem(str(exc)) from None
         except OSError as exc:

@@ -536,3 +536,9 @@ def test_element_ids_are_unique_per_page(site_dir):
         specs = [json.loads(m)["id"] for m in re.findall(
             r'<script type="application/json" id="[^"]+">(.*?)</script>', f.read_text(), re.S)]
         assert not set(specs) & set(ids), f
+
+
+def test_cli_jobs(report_db, tmp_path):
+    r = cli("--db", str(report_db), "--out", str(tmp_path / "s"), "--jobs", "0")
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "s/2.34.0/diff.html").is_file()
