@@ -149,8 +149,11 @@ class FamilyRow:
 
 @dataclass
 class ShapeRow:
-    shape: str
-    recompiles: int | None
+    """One record of a graph's shape sweep (``model_results.shapes``)."""
+
+    shape: str  # the input shapes, as the runner recorded them
+    compiles: int | None  # compiles this shape caused (the canonical shape: the first compile)
+    recompiled: bool | None  # whether this shape made the graph recompile
     p50_ms: float | None
     p99_ms: float | None
     extra: str  # other fields of the per-shape record
@@ -173,7 +176,7 @@ class GraphCard:
     max_rel_err: float | None
     grad_max_rel_err: float | None
     loss_svg: Markup
-    compiles: int  # compiles of this graph: 1 + recompiles in compile mode, 0 in eager
+    compiles: int  # compiles of this graph: the shape sweep's sum, else 1 + recompiles (compile mode)
     recompiles: int
     compile_s: float | None
     p50_ms: float | None

@@ -597,9 +597,16 @@ class SiteRenderer:
             for rec in raw:
                 if not isinstance(rec, dict):
                     rec = {"shape": rec}
-                known = ("shape", "recompiles", "p50_ms", "p99_ms")
+                known = ("shape", "compiles", "recompiled", "recompiles", "p50_ms", "p99_ms")
+                recompiled = rec.get("recompiled")
+                if recompiled is None and rec.get("recompiles") is not None:
+                    recompiled = bool(_int(rec.get("recompiles")))
+                compiles = _int(rec.get("compiles"))
+                if compiles is None and rec.get("recompiles") is not None:
+                    compiles = _int(rec.get("recompiles"))
                 shapes.append(ShapeRow(
-                    shape=str(rec.get("shape", "")), recompiles=_int(rec.get("recompiles")),
+                    shape=_shape_text(rec.get("shape", "")), compiles=compiles,
+                    recompiled=None if recompiled is None else bool(recompiled),
                     p50_ms=_float(rec.get("p50_ms")), p99_ms=_float(rec.get("p99_ms")),
                     extra=", ".join(f"{k}={v}" for k, v in rec.items() if k not in known)))
         native = _json(g["native_ops"], [])
@@ -610,7 +617,7 @@ class SiteRenderer:
             dtype=g["dtype"] or "", mode=g["mode"] or "", status=g["status"] or "?",
             graph_hash=g["graph_hash"] or "", params=g["params"] or "", max_abs_err=g["max_abs_err"],
             max_rel_err=g["max_rel_err"], grad_max_rel_err=g["grad_max_rel_err"], loss_svg=loss_svg,
-            compiles=(1 + recompiles) if g["mode"] == "compile" else 0, recompiles=recompiles,
+            compiles=_compiles(g["mode"], recompiles, shapes), recompiles=recompiles,
             compile_s=g["compile_s"], p50_ms=g["p50_ms"], p99_ms=g["p99_ms"], shapes=shapes,
             first_divergent_op=g["first_divergent_op"] or "", first_divergent_detail=g["first_divergent_detail"] or "",
             native_ops=len(native) if isinstance(native, list) else 0,
@@ -779,6 +786,24 @@ _SAMPLE_KINDS = {"id": "int", "sample": "int", "status": "status", "max_abs_err"
                  "ulp_err": "num", "mismatch_frac": "num", "arbiter_err": "num", "cpu_arbiter_err": "num",
                  "atol": "num", "rtol": "num", "native_ops": "list", "fallback_ops": "list", "error": "pre",
                  "duration_s": "num", "seed": "int", "tol_source": "pre"}
+
+
+def _shape_text(shape: Any) -> str:
+    """``[[2, 8], [8]]`` -> ``[2, 8], [8]``; a flat list of ints is one shape."""
+    if isinstance(shape, (list, tuple)):
+        if all(isinstance(x, int) for x in shape):
+            return "[" + ", ".join(map(str, shape)) + "]"
+        return ", ".join(_shape_text(x) for x in shape)
+    return str(shape)
+
+
+def _compiles(mode: str | None, recompiles: int, shapes: list[ShapeRow]) -> int:
+    if mode != "compile":
+        return 0
+    known = [s.compiles for s in shapes if s.compiles is not None]
+    if known and any(s.recompiled is not None for s in shapes):
+        return sum(known)
+    return 1 + recompiles
 
 
 def _json(text: Any, default: Any) -> Any:

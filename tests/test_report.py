@@ -104,8 +104,10 @@ def _model(run_id: str, i: int, family: str, status: str, fdo: str | None = None
            "aten_ops": {"aten::mm.default": 3}, "first_divergent_op": fdo,
            "first_divergent_detail": "rel err 0.3 at output 0" if fdo else None, "recompiles": i,
            "compile_s": 1.5, "p50_ms": 2.0 + i, "p99_ms": 5.0 + i,
-           "shapes": [{"shape": "[2, 8]", "recompiles": 0, "p50_ms": 2.0, "p99_ms": 4.0},
-                      {"shape": "[4, 8]", "recompiles": i, "p50_ms": 3.0, "p99_ms": 6.0}],
+           # the runner's per-shape records: the canonical shape, then each variant
+           "shapes": [{"shape": [[2, 8]], "recompiled": False, "compiles": 1, "p50_ms": 2.0, "p99_ms": 4.0},
+                      {"shape": [[4, 8], [8]], "recompiled": i > 0, "compiles": i, "p50_ms": 3.0,
+                       "p99_ms": 6.0}],
            "duration_s": 1.0}
     row.update(kw)
     return row
@@ -364,7 +366,8 @@ def test_models_page(site_dir, report_db):
     page = read(site_dir, "2.33.0/models/mlp.html")
     assert page.count('<article class="graph"') == 3
     assert "loss curve" in page and "<polyline" in page
-    assert "[4, 8]" in page and "recompiles" in page
+    assert "<code>[4, 8], [8]</code>" in page and "recompiled" in page
+    assert "<dt>compiles</dt><dd>3 (2 recompiles" in page  # mlp-2: compile mode, 1 + 2 shape compiles
     assert "rel err 0.3 at output 0" in page
     # 2.34.0 has no model run
     assert "No model run for this build yet" in read(site_dir, "2.34.0/models.html")
