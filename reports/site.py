@@ -645,7 +645,11 @@ class SiteRenderer:
         self.write(f"{info.slug}/diff.html", page)
 
     def _diff_section(self, kind: str, table: str, brun: str, crun: str) -> DiffSection:
-        gate = [g for g in q.gate_items(self.store, brun, crun)]
+        # The gate judged this pair when it stored any decision for it; a mixed run's pair holds op,
+        # drift and model decisions together, so each section keeps its own kinds.
+        decided = q.gate_items(self.store, brun, crun)
+        kinds = ("model",) if kind == "models" else ("op", "drift")
+        gate = [g for g in decided if (g["kind"] or "op") in kinds]
         columns = [{"key": "category", "label": "category", "kind": "text"},
                    {"key": "kind", "label": "kind", "kind": "text"},
                    {"key": "op", "label": "op / model", "kind": "link"},
@@ -662,7 +666,7 @@ class SiteRenderer:
                 return [f"ops/{self.op_slug(op)}.html", op]
             return [None, op or ""]
 
-        if gate:
+        if decided:
             rows = [[g["category"], g["kind"], op_link(g["op"]), g["variant"], g["dtype"], g["baseline"],
                      g["candidate"], g["item_key"], _evidence(g["evidence"])] for g in gate]
             source = "gate"

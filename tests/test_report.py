@@ -545,3 +545,22 @@ def test_cli_jobs(report_db, tmp_path):
     r = cli("--db", str(report_db), "--out", str(tmp_path / "s"), "--jobs", "0")
     assert r.exit_code == 0, r.output
     assert (tmp_path / "s/2.34.0/diff.html").is_file()
+
+
+def test_mixed_run_gate_items_split_by_kind(tmp_path):
+    with Store.open(tmp_path / "m.sqlite") as st:
+        st.insert("runs", [{**_run("m1", "1.0", "mixed", "2026-01-01T00:00:00+00:00")},
+                           {**_run("m2", "1.1", "mixed", "2026-01-02T00:00:00+00:00")}])
+        st.insert("op_results", _op_rows("m1", {("add", "float32"): ["pass"]})
+                  + _op_rows("m2", {("add", "float32"): ["mismatch"]}))
+        st.insert("model_results", [_model("m1", 0, "mlp", "pass"), _model("m2", 0, "mlp", "pass")])
+        st.insert("gate_items", [
+            {"baseline_run": "m1", "candidate_run": "m2", "category": "regression", "kind": "op",
+             "item_key": "add|function|float32|0", "op": "add", "variant": "function", "dtype": "float32",
+             "baseline": "pass", "candidate": "mismatch", "evidence": "{}", "decided_at": "x"}])
+        render_site(st, tmp_path / "site")
+    html = (tmp_path / "site/1.1/diff.html").read_text()
+    assert html.count('data-source="gate"') == 2  # the gate judged the pair: both sections say so
+    assert [r[0] for r in data_block(html, "diff-ops-data")["rows"]] == ["regression"]
+    models = html[html.index('id="diff-models"'):]
+    assert "No differences." in models and "diff-models-data" not in models
