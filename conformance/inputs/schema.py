@@ -122,6 +122,8 @@ _STRATEGIES: dict[tuple[Any, ...], st.SearchStrategy[Any] | None] = {}
 def _make_strategy(arg: Any, base: tuple[int, ...], dtype: torch.dtype) -> st.SearchStrategy[Any] | None:
     t, name = arg.type, arg.name
     kind = _type_name(t)
+    if kind == "OptionalType" and _type_name(t.getElementType()) == "DeviceObjType":
+        return st.just(DEVICE)  # never None: the target run must create its tensors on the target
     if kind == "OptionalType":
         inner = _arg_strategy(_Fake(name, t.getElementType(), arg.kwarg_only, arg.alias_info), base, dtype)
         return st.none() if inner is None else st.one_of(inner, st.none())
@@ -204,7 +206,7 @@ def call_strategy(op: torch._ops.OpOverload) -> st.SearchStrategy[Call]:
             writes = a.alias_info is not None and a.alias_info.is_write
             if strat is None or (defaults_from_here and not a.kwarg_only):
                 continue  # has a default (checked below)
-            if a.has_default_value() and not writes and draw(st.booleans()):
+            if a.has_default_value() and not writes and a.name != "device" and draw(st.booleans()):
                 defaults_from_here = defaults_from_here or not a.kwarg_only
                 continue  # keep the default
             value = draw(strat)

@@ -1,0 +1,98 @@
+"""Coverage states, the reason classifier, and backward comparison."""
+
+from __future__ import annotations
+
+import textwrap
+
+import torch
+from click.testing import CliRunner
+
+from conformance import catalog
+from conformance.cli import main
+from conformance.coverage import STATES, classify_unreached, compute
+from conformance.inputs.opinfo import by_name, samples
+from conformance.sweep import SweepConfig, evaluate
+from conformance.targets import get_target
+
+
+def _o(name):
+    return {o.name: o for o in catalog.overloads()}[name]
+
+
+def test_reason_classifier():
+    assert classify_unreached(_o("aten::linear.default"), {}, {})[0] == "composite_implicit"
+    no_cpu = next(o for o in catalog.overloads() if o.has("no_cpu_kernel") and not o.has("composite_implicit"))
+    assert classify_unreached(no_cpu, {}, {})[0] == "no_cpu_kernel"
+    state, detail = classify_unreached(_o("aten::_sparse_coo_tensor_unsafe.default"), {}, {})
+    assert state in ("layout", "composite_implicit")
+    assert classify_unreached(_o("aten::randn.default"), {}, {})[0] == "random"
+    assert classify_unreached(_o("aten::cumsum.default"), {}, {"aten::cumsum.default": "slow"}) == ("ledger", "slow")
+    tried = {"aten::cumsum.default": "no valid input: 120 generated calls rejected"}
+    assert classify_unreached(_o("aten::cumsum.default"), tried, {}) == ("no_valid_input", tried["aten::cumsum.default"])
+    assert "did not run" in classify_unreached(_o("aten::cumsum.default"), {}, {})[1]
+
+
+def test_every_overload_ends_in_exactly_one_state(store):
+    run = store.start_run(target="t", build="b", torch_version=torch.__version__, config={})
+    store.insert("op_results", [
+        {"run_id": run, "item_key": "cumsum|function|float32|0", "op": "cumsum", "variant": "function",
+         "dtype": "float32", "status": "pass", "native_ops": ["aten::cumsum.default"], "fallback_ops": [],
+         "reached_ops": ["aten::cumsum.default", "aten::empty.memory_format"]},
+        {"run_id": run, "item_key": "cumsum|backward|float32|0", "op": "cumsum", "variant": "backward",
+         "dtype": "float32", "status": "mismatch", "native_ops": [], "fallback_ops": ["aten::cumsum.default"],
+         "reached_ops": []},
+        {"run_id": run, "item_key": "aten::_foo.default|schema|any|0", "op": "aten::_cdist_forward.default",
+         "variant": "schema", "dtype": "any", "status": "skip", "error": "no valid input: tried 120"},
+    ])
+    counts = compute(store, run)
+    assert sum(counts.values()) == len(catalog.overloads())
+    assert set(counts) <= set(STATES)
+    rows = {r["name"]: r for r in store.db.query("select * from coverage where run_id = ?", [run])}
+    cs = rows["aten::cumsum.default"]
+    assert cs["state"] == "exercised" and cs["samples"] == 2 and cs["native_samples"] == 1
+    assert cs["fallback_samples"] == 1 and cs["failing_samples"] == 1
+    assert set(eval(cs["sources"].replace("null", "None"))) == {"opinfo", "backward"}
+    assert rows["aten::empty.memory_format"]["state"] == "exercised"
+    assert rows["aten::linear.default"]["state"] == "composite_implicit"
+    assert rows["aten::_cdist_forward.default"]["state"] == "no_valid_input"
+    assert rows["aten::_cdist_forward.default"]["detail"] == "no valid input: tried 120"
+
+
+def test_coverage_cli_prints_the_table(tmp_path):
+    from opdb import Store
+
+    db = tmp_path / "c.sqlite"
+    with Store.open(db) as st:
+        run = st.start_run(target="t", build="b", torch_version=torch.__version__, config={})
+    r = CliRunner().invoke(main, ["ops", "--coverage", run, "--db", str(db)])
+    assert r.exit_code == 0, r.output
+    assert "composite_implicit" in r.output and "backend-reachable overloads exercised" in r.output
+
+
+BACKWARD_DEFECT = """
+[build]
+name = "bwd-defect"
+inherits = "2.33.0"
+[ops]
+native = ["aten::relu.default", "aten::threshold_backward.default"]
+[[defects]]
+op = "aten::threshold_backward.default"
+kind = "wrong_result"
+magnitude = 0.2
+"""
+
+
+def test_backward_is_compared_and_exercises_backward_overloads(tmp_path):
+    info = by_name()["nn.functional.relu"]
+    sample = next(s for s in samples(info, torch.float32, requires_grad=True) if s.input.numel() >= 8)
+    cfg = SweepConfig()
+    clean = evaluate(get_target("neuron-emu", "2.33.0"), info, "relu", "backward", "float32", 0, sample, cfg)
+    assert clean["status"] in ("pass", "pass_fallback"), clean["error"]
+    assert "aten::threshold_backward.default" in clean["native_ops"] + clean["fallback_ops"]
+    path = tmp_path / "b.toml"
+    path.write_text(textwrap.dedent(BACKWARD_DEFECT))
+    target = get_target("neuron-emu", str(path))
+    bad = evaluate(target, info, "relu", "backward", "float32", 0, sample, cfg)
+    assert bad["status"] == "mismatch" and "aten::threshold_backward.default" in bad["native_ops"]
+    fwd = evaluate(target, info, "relu", "function", "float32", 0, sample, cfg)
+    assert fwd["status"] in ("pass", "pass_fallback")
