@@ -300,7 +300,7 @@ def _train(spec: Any, model: nn.Module, fn: Callable[..., Any], inputs: tuple, t
     """
     res = SideResult(losses=[])
     opt = torch.optim.SGD(model.parameters(), lr=LR)
-    trace_at = min(1, steps - 1) if compiled else 0
+    trace_at = 1 if compiled else 0  # a single compiled step is not traced
     for step in range(steps):
         torch.manual_seed(seed + step)
         opt.zero_grad(set_to_none=True)
@@ -370,9 +370,14 @@ def _prepare(model_id: str) -> _Prepared:
 
 
 def run_model_group(target: Any, group: Group, config: Any, *, skip: Container[str] = frozenset(),
-                    on_start: Callable[[str], None] | None = None,
-                    modes: Sequence[str] = MODES) -> Iterator[dict[str, Any]]:
-    """Yield one row per item (mode) of a model group; items in ``skip`` are not run."""
+                    on_start: Callable[[str], None] | None = None, modes: Sequence[str] = MODES,
+                    train_steps: int = TRAIN_STEPS, timed_iters: int = TIMED_ITERS,
+                    localize_failures: bool = True) -> Iterator[dict[str, Any]]:
+    """Yield one row per item (mode) of a model group; items in ``skip`` are not run.
+
+    ``train_steps`` (>= 1; the first is the parity run), ``timed_iters`` (0: no latency; the
+    compile shape sweep still records recompiles) and ``localize_failures`` trade depth for speed.
+    """
     keys = [(m, model_key(group.op, m, group.dtype)) for m in modes]
     todo = [(m, k) for m, k in keys if k not in skip]
     if not todo:
@@ -398,7 +403,8 @@ def run_model_group(target: Any, group: Group, config: Any, *, skip: Container[s
             on_start(key)
         t0 = time.perf_counter()
         try:
-            row = run_item(target, prep, group.dtype, mode, config)
+            row = run_item(target, prep, group.dtype, mode, config, train_steps=train_steps,
+                           timed_iters=timed_iters, localize_failures=localize_failures)
         except Exception as exc:  # noqa: BLE001 - a harness bug must not end the sweep
             row = {"status": Status.ERROR.value,
                    "error": f"harness error: {_err(exc)}\n{traceback.format_exc(limit=-3)}"[:2000]}
@@ -406,7 +412,9 @@ def run_model_group(target: Any, group: Group, config: Any, *, skip: Container[s
         yield {**base, **row, "item_key": key, "mode": mode, "duration_s": dur}
 
 
-def run_item(target: Any, prep: _Prepared, dtype_name: str, mode: str, config: Any) -> dict[str, Any]:
+def run_item(target: Any, prep: _Prepared, dtype_name: str, mode: str, config: Any, *,
+             train_steps: int = TRAIN_STEPS, timed_iters: int = TIMED_ITERS,
+             localize_failures: bool = True) -> dict[str, Any]:
     """Execute, compare and decide one model item (eager or compile); the row without keys."""
     spec = prep.spec
     dtype = getattr(torch, dtype_name)
@@ -419,7 +427,7 @@ def run_item(target: Any, prep: _Prepared, dtype_name: str, mode: str, config: A
     inputs = _cast(prep.inputs, dtype)
     # CPU reference.
     try:
-        cpu = _train(spec, cpu_model, cpu_model, inputs, None, TRAIN_STEPS, seed)
+        cpu = _train(spec, cpu_model, cpu_model, inputs, None, train_steps, seed)
     except Exception as exc:  # noqa: BLE001
         cpu = SideResult(error=_err(exc))
     # Target.
@@ -437,7 +445,7 @@ def run_item(target: Any, prep: _Prepared, dtype_name: str, mode: str, config: A
                 fn = torch.compile(tgt_model, backend=counter, dynamic=False)
             else:
                 fn = target.wrap(tgt_model)
-            tgt = _train(spec, tgt_model, fn, tgt_inputs, target, TRAIN_STEPS, seed, compiled=mode == "compile")
+            tgt = _train(spec, tgt_model, fn, tgt_inputs, target, train_steps, seed, compiled=mode == "compile")
         except Exception as exc:  # noqa: BLE001
             tgt = SideResult(error=_err(exc))
     row["native_ops"] = sorted(tgt.native or ())
@@ -468,7 +476,7 @@ def run_item(target: Any, prep: _Prepared, dtype_name: str, mode: str, config: A
     row["status"], row["error"] = status.value, error
 
     # Localize a numeric failure to its first divergent op.
-    if problems and cpu.error is None and tgt.error is None:
+    if localize_failures and problems and cpu.error is None and tgt.error is None:
         from .localize import localize
 
         try:
@@ -490,9 +498,9 @@ def run_item(target: Any, prep: _Prepared, dtype_name: str, mode: str, config: A
         try:
             if mode == "compile":
                 assert counter is not None
-                row.update(_shape_sweep(spec, fn, dtype, target, counter, tgt.first_s))
-            else:
-                times = _time_forward(fn, target.to_device(inputs), target, WARMUP + TIMED_ITERS)[WARMUP:]
+                row.update(_shape_sweep(spec, fn, dtype, target, counter, tgt.first_s, timed_iters))
+            elif timed_iters:
+                times = _time_forward(fn, target.to_device(inputs), target, WARMUP + timed_iters)[WARMUP:]
                 row["p50_ms"], row["p99_ms"] = _percentile(times, 0.5), _percentile(times, 0.99)
         except Exception as exc:  # noqa: BLE001
             row["error"] = f"{row['error'] + '; ' if row['error'] else ''}latency sweep failed: {_err(exc)}"[:2000]
@@ -504,7 +512,7 @@ def _shape(inputs: tuple) -> list[Any]:
 
 
 def _shape_sweep(spec: Any, fn: Callable[..., Any], dtype: torch.dtype, target: Any, counter: CountingBackend,
-                 first_s: float) -> dict[str, Any]:
+                 first_s: float, timed_iters: int = TIMED_ITERS) -> dict[str, Any]:
     """Compile count/time of the canonical shape, then each shape variant: recompiles and latency."""
     compiles0 = counter.compiles
     shapes, recompiles = [], 0
@@ -516,7 +524,7 @@ def _shape_sweep(spec: Any, fn: Callable[..., Any], dtype: torch.dtype, target: 
         n = counter.compiles - before if v else compiles0  # canonical shape: compiled by the training run
         if v:
             recompiles += n
-        times = _time_forward(fn, x, target, WARMUP + TIMED_ITERS)[WARMUP:]
+        times = _time_forward(fn, x, target, WARMUP + timed_iters)[WARMUP:] if timed_iters else []
         shapes.append({"shape": _shape(inputs), "recompiled": bool(v and n), "compiles": n,
                        "p50_ms": _percentile(times, 0.5), "p99_ms": _percentile(times, 0.99)})
     return {"recompiles": recompiles, "compile_s": first_s, "shapes": shapes,
