@@ -47,6 +47,21 @@ class Outcome:
     arbiter: Callable[[], Any] | None = None
 
 
+_PHASE_HOOK: Callable[[str], None] | None = None
+
+
+def set_phase_hook(hook: Callable[[str], None] | None) -> None:
+    """Called with "cpu" / "target" as an item moves between sides, so a supervisor can tell a
+    crash of the CPU reference (the sample is invalid: skip) from a crash on the target."""
+    global _PHASE_HOOK
+    _PHASE_HOOK = hook
+
+
+def _phase(name: str) -> None:
+    if _PHASE_HOOK is not None:
+        _PHASE_HOOK(name)
+
+
 def _err(exc: BaseException) -> str:
     msg = str(exc).strip().splitlines()
     head = msg[0] if msg else ""
@@ -123,6 +138,7 @@ def run_item(target: Target, info: Any, variant: str, sample: Any, *, want_arbit
     out = Outcome()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        _phase("cpu")
         try:
             copy_first = variant == "inplace" or getattr(info, "mutates", False) or _has_device_arg(sample)
             s_cpu = _clone(sample, torch.clone, "cpu") if copy_first else sample
@@ -132,6 +148,7 @@ def run_item(target: Target, info: Any, variant: str, sample: Any, *, want_arbit
             out.cpu_error = _err(exc)
             return out
         dev = target.device
+        _phase("target")
         try:
             s_dev = _clone(sample, lambda t: t.to(dev, copy=True), dev)
             wrapped = target.wrap(fn)
@@ -238,6 +255,7 @@ def run_backward(target: Target, info: Any, sample: Any) -> Outcome:
     out = Outcome()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        _phase("cpu")
         try:
             grads, upstream = _backward(info.op, _leafify(sample, "cpu"), None, "cpu")
             out.cpu = grads
@@ -246,6 +264,7 @@ def run_backward(target: Target, info: Any, sample: Any) -> Outcome:
             return out
         dev = target.device
         trace = None
+        _phase("target")
         try:
             s_dev = _leafify(sample, dev)
             wrapped = target.wrap(info.op)

@@ -206,10 +206,17 @@ def run_gate(store: Store, baseline_ref: str, candidate_ref: str, *, attempts: i
 
 def _store(store: Store, result: GateResult) -> None:
     b, c = result.baseline["id"], result.candidate["id"]
-    store.replace_gate_decisions(b, c, [{"baseline_run": b, "candidate_run": c, "category": f.category, "kind": f.kind,
-                                 "item_key": f.item_key, "op": f.name, "variant": f.variant, "dtype": f.dtype,
-                                 "baseline": f.baseline, "candidate": f.candidate, "evidence": f.evidence,
-                                 "decided_at": now()} for f in result.findings])
+    decided = now()
+    # One marker row says the gate judged this pair, even when it found nothing.
+    marker = {"baseline_run": b, "candidate_run": c, "category": "verdict", "kind": "gate", "item_key": "*",
+              "op": "", "variant": "", "dtype": "", "baseline": result.baseline["build"],
+              "candidate": result.verdict, "evidence": {"counts": {cat: len(result.of(cat)) for cat in
+                                                                   ("regression", "drift", "flaky", "improvement")}},
+              "decided_at": decided}
+    store.replace_gate_decisions(b, c, [marker] + [
+        {"baseline_run": b, "candidate_run": c, "category": f.category, "kind": f.kind, "item_key": f.item_key,
+         "op": f.name, "variant": f.variant, "dtype": f.dtype, "baseline": f.baseline, "candidate": f.candidate,
+         "evidence": f.evidence, "decided_at": decided} for f in result.findings])
     flaky = [f for f in result.findings if "reruns" in f.evidence]
     store.insert("flakes", [{"run_id": c, "item_key": f.item_key, "kind": f.kind, "attempts": len(f.evidence["reruns"]),
                              "failures": sum(_sev(s) > _sev(f.baseline) for s in f.evidence["reruns"]),

@@ -105,6 +105,9 @@ def _worker(conn: Connection, spec: RunSpec) -> None:
     except Exception as exc:  # noqa: BLE001
         conn.send(("fatal", f"{type(exc).__name__}: {exc}"))
         return
+    from .execute import set_phase_hook
+
+    set_phase_hook(lambda phase: conn.send(("phase", phase)))
     conn.send(("ready", target.describe()))
     while True:
         try:
@@ -144,6 +147,7 @@ class _Slot:
     inflight: str | None = None
     since: float = 0.0
     ready: bool = False
+    phase: str = ""
 
 
 class Only:
@@ -292,7 +296,9 @@ class Supervisor:
         elif kind == "fatal":
             raise SelectionError(f"target {self.spec.target!r} could not start: {payload}")
         elif kind == "start":
-            slot.inflight, slot.since = payload, time.monotonic()
+            slot.inflight, slot.since, slot.phase = payload, time.monotonic(), ""
+        elif kind == "phase":
+            slot.phase = payload
         elif kind == "row":
             slot.seen.add(payload["item_key"])
             slot.inflight = None
@@ -318,8 +324,12 @@ class Supervisor:
         if slot.inflight is not None:
             why = f"signal {-code} ({signal.Signals(-code).name})" if code is not None and code < 0 else f"exit code {code}"
             assert slot.group is not None
-            self._synthetic(slot.group, slot.inflight, Status.CRASH, f"process died during the item: {why}",
-                            time.monotonic() - slot.since)
+            if slot.phase == "cpu":  # the reference kernel itself died: the input is invalid, not the target
+                self._synthetic(slot.group, slot.inflight, Status.SKIP,
+                                f"CPU reference crashed ({why}); no verdict for the target", time.monotonic() - slot.since)
+            else:
+                self._synthetic(slot.group, slot.inflight, Status.CRASH,
+                                f"process died during the item on the target: {why}", time.monotonic() - slot.since)
             slot.seen.add(slot.inflight)
             slot.inflight = None
         elif not slot.ready:
@@ -333,7 +343,8 @@ class Supervisor:
         elapsed = time.monotonic() - slot.since
         if elapsed > self.spec.timeout_s:
             assert slot.group is not None
-            self._synthetic(slot.group, slot.inflight, Status.TIMEOUT, f"no result after {self.spec.timeout_s:g} s; worker killed",
+            self._synthetic(slot.group, slot.inflight, Status.TIMEOUT if slot.phase != "cpu" else Status.SKIP,
+                            f"{'CPU reference: ' if slot.phase == 'cpu' else ''}no result after {self.spec.timeout_s:g} s; worker killed",
                             elapsed)
             slot.seen.add(slot.inflight)
             slot.inflight = None

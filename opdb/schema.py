@@ -148,8 +148,8 @@ FLAKES = {
 GATE_ITEMS = {
     "baseline_run": str,
     "candidate_run": str,
-    "category": str,  # regression | improvement | flaky | new | removed | drift
-    "kind": str,  # op | model | drift
+    "category": str,  # regression | improvement | flaky | new | removed | drift | verdict (one marker row)
+    "kind": str,  # op | model | drift | gate (the marker)
     "item_key": str,
     "op": str,  # OpInfo name or model id
     "variant": str,
