@@ -7,6 +7,7 @@ would pull a multi-GB CUDA build.
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import nox
@@ -26,10 +27,20 @@ def _install(session: nox.Session, *extras: str) -> None:
     session.install(*WHEELS, *CONSTRAINTS, "-e", spec)
 
 
+def _chromium(session: nox.Session) -> None:
+    """Debian's chromium for the browser tests (playwright drives it; its own download cannot work)."""
+    if Path("/usr/bin/chromium").exists() or shutil.which("apt-get") is None or os.geteuid() != 0:
+        return
+    session.run("apt-get", "update", "-qq", external=True)
+    session.run("apt-get", "install", "-y", "-qq", "chromium", external=True,
+                env={"DEBIAN_FRONTEND": "noninteractive"})
+
+
 @nox.session(python="3.11")
 def tests(session: nox.Session) -> None:
     """The test suite (fast by default; pass ``-- -m slow`` for the heavy sweeps)."""
     _install(session, "test")
+    _chromium(session)
     args = session.posargs or ["-n", "2", "--dist", "loadgroup"]
     session.run("pytest", *args, env={"PYTHONHASHSEED": "0"})
 
