@@ -11,6 +11,7 @@ import sys
 import pytest
 import torch
 
+import neuron_emu  # noqa: F401  register the device before autograd first runs (the engine sizes per-device queues once)
 from conformance.models import registry
 from conformance.models.family import Family
 from conformance.models.localize import localize

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+import neuron_emu  # noqa: F401  register the device before autograd first runs
 from conformance.models import hf
 from conformance.models.runner import model_groups, run_model_group
 from conformance.select import Group, SelectionError

@@ -37,7 +37,6 @@ import contextlib
 import copy
 import functools
 import math
-import statistics
 import time
 import tomllib
 import traceback
@@ -51,9 +50,9 @@ from torch import nn
 from torch.utils._pytree import tree_map
 
 from ..compare import Evidence, compare, leaves
-from .localize import rel_l2
 from ..select import Group, SelectionError, parse_dtypes
 from ..verdict import Status, decide
+from .localize import rel_l2
 
 MODES = ("eager", "compile")
 MODEL_DTYPES = ("float32", "bfloat16")
