@@ -488,9 +488,10 @@ def run_item(target: Any, prep: _Prepared, dtype_name: str, mode: str, config: A
                 row["first_divergent_op"] = div.op
                 row["first_divergent_detail"] = div.detail
             else:
-                row["first_divergent_detail"] = ("no single op diverges beyond tolerance when fed the CPU's inputs"
-                                                 + ("; the divergence comes from compilation" if mode == "compile" else
-                                                    "; the error accumulates across ops"))
+                row["first_divergent_detail"] = (
+                    "no op of the eager ATen graph diverges beyond tolerance, locally or along the device's chain"
+                    + ("; if the eager item passes, compilation introduces the divergence" if mode == "compile"
+                       else "; the error builds up in the training loss/steps rather than in one op"))
 
     # Performance: compile counts, shape sweep and latency.
     if tgt.error is None and fn is not None and cpu.error is None:
