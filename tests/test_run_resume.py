@@ -89,3 +89,47 @@ def test_repro_script_reproduces_a_result(tmp_path):
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "CPU result" in out.stdout and "target result" in out.stdout and "within tolerance" in out.stdout
+
+
+def test_repro_of_backward_and_schema_results(tmp_path):
+    import textwrap
+
+    manifest = tmp_path / "m.toml"
+    manifest.write_text(textwrap.dedent("""
+        [build]
+        name = "repro-defects"
+        inherits = "2.33.0"
+        [ops]
+        native = ["aten::_add_relu.Tensor", "aten::relu.default", "aten::threshold_backward.default"]
+        [[defects]]
+        op = "aten::_add_relu.Tensor"
+        dtypes = ["float32"]
+        min_numel = 3
+        kind = "wrong_result"
+        magnitude = 0.5
+        [[defects]]
+        op = "aten::threshold_backward.default"
+        kind = "wrong_result"
+        magnitude = 0.5
+    """))
+    from conformance.inputs.schema import run_schema_group
+    from conformance.select import Group
+    from conformance.sweep import SweepConfig
+    from conformance.targets import get_target
+
+    db = tmp_path / "r.sqlite"
+    execute_run(RunSpec(target="neuron-emu", build=str(manifest), ops=("nn.functional.relu",), dtypes=("float32",),
+                        workers=1, variants=("backward",)), db)
+    rows = list(run_schema_group(get_target("neuron-emu", str(manifest)),
+                                 Group("aten::_add_relu.Tensor", "any", "schema"), SweepConfig()))
+    with Store.open(db) as st:
+        run_id = st.runs()[0]["id"]
+        st.insert("op_results", [{**rows[0], "run_id": run_id}])
+        bwd = next(iter(st.db.query("select id from op_results where variant = 'backward' and status = 'mismatch'")))
+        sch = next(iter(st.db.query("select id from op_results where variant = 'schema'")))
+    for rid in (bwd["id"], sch["id"]):
+        r = CliRunner().invoke(main, ["repro", str(rid), "--db", str(db), "--out", str(tmp_path / "repro")])
+        assert r.exit_code == 0, r.output
+        out = subprocess.run([sys.executable, str(tmp_path / "repro" / f"repro_{rid}.py")], capture_output=True,
+                             text=True, timeout=120)
+        assert out.returncode == 1 and "MISMATCH" in out.stdout, out.stdout + out.stderr

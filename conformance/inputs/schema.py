@@ -335,9 +335,19 @@ def _first_dtype(sample: Any) -> torch.dtype | None:
     return None
 
 
+DEVICE_MARK = "<device>"  # how a stored input spells the device argument (standalone scripts map it)
+
+
 def _blob(call: Call) -> bytes:
+    def plain(v: Any) -> Any:
+        if isinstance(v, DeviceArg):
+            return DEVICE_MARK
+        if isinstance(v, list):
+            return [plain(x) for x in v]
+        return v
+
     buf = io.BytesIO()
     args, kwargs = call.materialize()
-    torch.save({"args": args, "kwargs": kwargs}, buf)
+    torch.save({"args": [plain(a) for a in args], "kwargs": {k: plain(v) for k, v in kwargs.items()}}, buf)
     return buf.getvalue()
 
