@@ -60,3 +60,13 @@ def lint(session: nox.Session) -> None:
     """ruff over the code base."""
     session.install("ruff")
     session.run("ruff", "check", ".")
+
+
+@nox.session(python="3.11")
+def hf(session: nox.Session) -> None:
+    """Hugging Face architectures (random weights from in-code configs) on the emulated device."""
+    _install(session, "hf")
+    db = os.environ.get("CONFORMANCE_DB", "results/opdb.sqlite")
+    Path(db).parent.mkdir(parents=True, exist_ok=True)
+    session.run("conformance", "run", "--models", "hf", "--db", db, "--exit-zero", *session.posargs,
+                env={"HF_HUB_OFFLINE": "1"})

@@ -138,6 +138,16 @@ def work_for(group: Group) -> Callable[..., Any]:
 
 
 # -- supervisor side -----------------------------------------------------------------------
+def worker_context() -> Any:
+    """Workers come from a fork server that has torch, the OpInfo db and the device package
+    loaded but has never run autograd: forking the supervisor itself breaks once the calling
+    process ran autograd on a device (its engine threads do not survive fork), and spawning
+    from scratch costs seconds per worker restart."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["conformance._workerboot"])
+    return ctx
+
+
 @dataclass
 class _Slot:
     proc: Any
@@ -178,7 +188,7 @@ class Supervisor:
         self.only = only
         self.summary = Summary(run_id)
         self.progress = progress
-        self.ctx = mp.get_context("fork")
+        self.ctx = worker_context()
         self.writers = {t: store.writer(t) for t in ("op_results", "model_results")} if store else {}
         self.sink = sink or (lambda row, table: self.writers[table].add(row))
         self.slots: list[_Slot] = []
