@@ -40,6 +40,8 @@ warnings.simplefilter("ignore")
 def move(x, device, grad=False):
     if isinstance(x, str) and x == "<device>":
         return torch.device(device)
+    if isinstance(x, str) and x.startswith("<") and x.endswith("_format>"):
+        return getattr(torch, x[1:-1])
     if isinstance(x, torch.Tensor) and grad:  # keep the sample's own requires_grad flags
         return x.detach().to(device, copy=True).requires_grad_(x.requires_grad)
     if isinstance(x, torch.Tensor):

@@ -342,6 +342,8 @@ def _blob(call: Call) -> bytes:
     def plain(v: Any) -> Any:
         if isinstance(v, DeviceArg):
             return DEVICE_MARK
+        if isinstance(v, torch.memory_format):  # memory formats do not pickle
+            return f"<{str(v).removeprefix('torch.')}>"
         if isinstance(v, list):
             return [plain(x) for x in v]
         return v
