@@ -9,7 +9,7 @@ import click
 from opdb import Store
 from opdb.queries import tolerance_evidence
 
-from .cli import EXIT_FAILURES, EXIT_OK, UsageProblem, db_option, handles_errors, main
+from .cli import EXIT_FAILURES, EXIT_OK, EXIT_USAGE, UsageProblem, db_option, handles_errors, main
 
 
 @main.command("run")
@@ -55,6 +55,8 @@ def run_cmd(target: str, build: str | None, ops: tuple[str, ...], dtypes: tuple[
     if not quiet:
         click.echo("", err=True)
     click.echo(summary.render())
+    if summary.infra:
+        sys.exit(EXIT_USAGE)
     if summary.interrupted:
         click.echo(f"interrupted; continue with: conformance run --resume {summary.run_id} --db {db_path}")
         sys.exit(EXIT_FAILURES)

@@ -48,11 +48,25 @@ def _random_opinfos() -> frozenset[str]:
 
 @cache
 def comparator_for(op: str) -> str:
+    if op.startswith("aten::"):  # a bare overload (schema-driven inputs): ask the registry
+        return _overload_comparator(op)
     for name in ("meta", "random", "indices", "decomposition"):
         if any(fnmatch.fnmatchcase(op, g) for g in _table()[name]):
             return name
     if op in _random_opinfos():
         return "random"
+    return "allclose"
+
+
+def _overload_comparator(name: str) -> str:
+    from . import catalog
+
+    o = next((x for x in catalog.overloads() if x.name == name), None)
+    if o is not None and o.has("random"):
+        return "random"
+    base = name.split("::", 1)[1].split(".", 1)[0]
+    if base.startswith(("empty", "new_empty", "_empty")) or base in ("resize_", "resize_as_"):
+        return "meta"
     return "allclose"
 
 
