@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from enum import Enum
+from enum import StrEnum
 
 
-class Status(str, Enum):
+class Status(StrEnum):
     PASS = "pass"
     PASS_FALLBACK = "pass_fallback"  # correct, but some overload fell back to the CPU
     MISMATCH = "mismatch"

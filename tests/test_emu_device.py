@@ -1,11 +1,8 @@
 """Device semantics of the emulated `neuron` device: views, out=, metadata ops, autograd, RNG..."""
 
-import warnings
 
 import pytest
 import torch
-
-import neuron_emu
 
 N = "neuron"
 pytestmark = pytest.mark.filterwarnings("ignore:neuron. operator")

@@ -1,5 +1,6 @@
 """Build manifests: shipped builds, inheritance, selection and validation errors."""
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -23,7 +24,7 @@ def test_shipped_builds_and_inheritance():
     assert not b31.numerics.sin_range_reduction and b32.numerics.sin_range_reduction
     assert set(b31.native) <= set(b32.native) <= set(b33.native)
     assert any(d.op == "aten::cumsum.default" and d.dtypes == ("bfloat16",) for d in b33.defects)
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         b33.name = "x"  # frozen
 
 
