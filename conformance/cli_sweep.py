@@ -18,6 +18,8 @@ from .cli import EXIT_FAILURES, EXIT_OK, EXIT_USAGE, UsageProblem, db_option, ha
 @click.option("--ops", "ops", multiple=True, metavar="GLOB", help="OpInfo name globs (repeatable).")
 @click.option("--dtypes", "dtypes", multiple=True, metavar="LIST", help="Comma-separated dtypes.")
 @click.option("--thorough", is_flag=True, help="reference_inputs instead of sample_inputs.")
+@click.option("--variants", default="function,inplace,out,backward", show_default=True,
+              help="Comma-separated OpInfo variants to run.")
 @click.option("--schema/--no-schema", "schema", default=None,
               help="Schema-driven inputs for overloads no OpInfo reaches (default: on for a full sweep).")
 @click.option("--models", "models", multiple=True, metavar="FAMILY|all|hf",
@@ -36,7 +38,7 @@ from .cli import EXIT_FAILURES, EXIT_OK, EXIT_USAGE, UsageProblem, db_option, ha
 @db_option(default="results/opdb.sqlite")
 @handles_errors
 def run_cmd(target: str, build: str | None, ops: tuple[str, ...], dtypes: tuple[str, ...], thorough: bool,
-            schema: bool | None, models: tuple[str, ...], model_limit: int | None, workers: int, shard: str, resume: str | None, run_id: str | None, timeout_s: float,
+            variants: str, schema: bool | None, models: tuple[str, ...], model_limit: int | None, workers: int, shard: str, resume: str | None, run_id: str | None, timeout_s: float,
             max_samples: int | None, ledger: str | None, seed: int | None, exit_zero: bool, quiet: bool,
             db_path: str) -> None:
     """Sweep every OpInfo x dtype x variant x sample on a target against the CPU.
@@ -50,7 +52,8 @@ def run_cmd(target: str, build: str | None, ops: tuple[str, ...], dtypes: tuple[
         schema = opinfo and not ops  # the full default sweep covers every overload it can
     spec = RunSpec(target=target, build=build, ops=ops, dtypes=dtypes, thorough=thorough, workers=workers,
                    shard=shard, timeout_s=timeout_s, seed=seed, max_samples=max_samples, ledger=ledger,
-                   run_id=run_id, opinfo=opinfo, schema=schema, models=models, model_limit=model_limit)
+                   run_id=run_id, opinfo=opinfo, schema=schema, models=models, model_limit=model_limit,
+                   variants=_variants(variants))
     summary = execute_run(spec, db_path, resume=resume, progress=None if quiet else stderr_progress)
     if not quiet:
         click.echo("", err=True)
@@ -61,6 +64,17 @@ def run_cmd(target: str, build: str | None, ops: tuple[str, ...], dtypes: tuple[
         click.echo(f"interrupted; continue with: conformance run --resume {summary.run_id} --db {db_path}")
         sys.exit(EXIT_FAILURES)
     sys.exit(EXIT_OK if exit_zero or not summary.failures else EXIT_FAILURES)
+
+
+def _variants(text: str) -> tuple[str, ...]:
+    from .select import VARIANTS
+
+    chosen = tuple(v.strip() for v in text.split(",") if v.strip())
+    bad = [v for v in chosen if v not in VARIANTS]
+    if bad or not chosen:
+        raise UsageProblem(f"--variants {text!r}: unknown variant {bad[0] if bad else ''!r}; "
+                           f"expected some of {', '.join(VARIANTS)}")
+    return chosen
 
 
 @main.command("repro")
