@@ -102,7 +102,8 @@ def ledger_stale(ledger_path: str | None, n_runs: int, target: str | None, db_pa
 @click.option("--ops", "ops", multiple=True, metavar="GLOB")
 @click.option("--dtypes", "dtypes", multiple=True, metavar="LIST")
 @click.option("--models", "models", multiple=True, default=("all",), show_default=True)
-@click.option("--model-limit", type=int, default=None, help="At most this many graphs per family.")
+@click.option("--model-limit", type=int, default=6, show_default=True,
+              help="Graphs per family for the full per-graph protocol (0: the whole corpus; hours on 2 cores).")
 @click.option("--no-models", is_flag=True, help="Skip the model corpus.")
 @click.option("--no-schema", is_flag=True, help="Skip schema-driven coverage.")
 @click.option("-n", "--workers", default=2, show_default=True)
@@ -124,7 +125,7 @@ def nightly_cmd(target: str, builds: tuple[str, ...], ops: tuple[str, ...], dtyp
 
     Path(db_path).parent.mkdir(parents=True, exist_ok=True)
     spec = NightlySpec(target=target, builds=builds, ops=ops, dtypes=dtypes, models=() if no_models else models,
-                       model_limit=model_limit, schema=not no_schema and not ops, workers=workers, shard=shard,
+                       model_limit=model_limit or None, schema=not no_schema and not ops, workers=workers, shard=shard,
                        run_id_prefix=run_id_prefix, site=site)
     if finish:
         result = NightlyResult()
