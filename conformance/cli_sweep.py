@@ -25,6 +25,8 @@ from .cli import EXIT_FAILURES, EXIT_OK, EXIT_USAGE, UsageProblem, db_option, ha
 @click.option("--models", "models", multiple=True, metavar="FAMILY|all|hf",
               help="Run model graphs of these families (alone: models only).")
 @click.option("--model-limit", type=int, default=None, help="At most this many graphs per family.")
+@click.option("--model-modes", default="eager,compile", show_default=True,
+              help="Model items per graph: eager (parity, grads, training), compile (+ shape sweep, latency).")
 @click.option("-n", "--workers", default=2, show_default=True, type=click.IntRange(1, 64))
 @click.option("--shard", default="1/1", show_default=True, metavar="K/N")
 @click.option("--resume", "resume", default=None, metavar="RUN_ID", help="Continue an interrupted run.")
@@ -38,7 +40,8 @@ from .cli import EXIT_FAILURES, EXIT_OK, EXIT_USAGE, UsageProblem, db_option, ha
 @db_option(default="results/opdb.sqlite")
 @handles_errors
 def run_cmd(target: str, build: str | None, ops: tuple[str, ...], dtypes: tuple[str, ...], thorough: bool,
-            variants: str, schema: bool | None, models: tuple[str, ...], model_limit: int | None, workers: int, shard: str, resume: str | None, run_id: str | None, timeout_s: float,
+            variants: str, schema: bool | None, models: tuple[str, ...], model_limit: int | None, model_modes: str,
+            workers: int, shard: str, resume: str | None, run_id: str | None, timeout_s: float,
             max_samples: int | None, ledger: str | None, seed: int | None, exit_zero: bool, quiet: bool,
             db_path: str) -> None:
     """Sweep every OpInfo x dtype x variant x sample on a target against the CPU.
@@ -53,7 +56,7 @@ def run_cmd(target: str, build: str | None, ops: tuple[str, ...], dtypes: tuple[
     spec = RunSpec(target=target, build=build, ops=ops, dtypes=dtypes, thorough=thorough, workers=workers,
                    shard=shard, timeout_s=timeout_s, seed=seed, max_samples=max_samples, ledger=ledger,
                    run_id=run_id, opinfo=opinfo, schema=schema, models=models, model_limit=model_limit,
-                   variants=_variants(variants))
+                   variants=_variants(variants), model_modes=_modes(model_modes))
     summary = execute_run(spec, db_path, resume=resume, progress=None if quiet else stderr_progress)
     if not quiet:
         click.echo("", err=True)
@@ -74,6 +77,13 @@ def _variants(text: str) -> tuple[str, ...]:
     if bad or not chosen:
         raise UsageProblem(f"--variants {text!r}: unknown variant {bad[0] if bad else ''!r}; "
                            f"expected some of {', '.join(VARIANTS)}")
+    return chosen
+
+
+def _modes(text: str) -> tuple[str, ...]:
+    chosen = tuple(m.strip() for m in text.split(",") if m.strip())
+    if not chosen or any(m not in ("eager", "compile") for m in chosen):
+        raise UsageProblem(f"--model-modes {text!r}: expected eager, compile or both")
     return chosen
 
 

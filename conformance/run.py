@@ -53,10 +53,12 @@ class RunSpec:
     schema: bool = False  # schema-driven inputs for overloads no OpInfo reaches
     models: tuple[str, ...] = ()  # model families ("all" for every family)
     model_limit: int | None = None  # at most this many graphs per family
+    model_modes: tuple[str, ...] = ("eager", "compile")
 
     def sweep_config(self) -> SweepConfig:
         kw: dict[str, Any] = {"thorough": self.thorough, "max_samples": self.max_samples,
-                              "ledger": Ledger.load(self.ledger), "variants": tuple(self.variants)}
+                              "ledger": Ledger.load(self.ledger), "variants": tuple(self.variants),
+                              "model_modes": tuple(self.model_modes)}
         if self.seed is not None:
             kw["seed"] = self.seed
         return SweepConfig(**kw)
@@ -449,7 +451,7 @@ def spec_from_run(run: dict[str, Any], workers: int) -> RunSpec:
                    max_samples=c.get("max_samples"), ledger=c.get("ledger"), run_id=run["id"],
                    variants=tuple(c.get("variants") or VARIANTS), opinfo=c.get("opinfo", True),
                    schema=bool(c.get("schema")), models=tuple(c.get("models", ())),
-                   model_limit=c.get("model_limit"))
+                   model_limit=c.get("model_limit"), model_modes=tuple(c.get("model_modes") or ("eager", "compile")))
 
 
 def execute_run(spec: RunSpec, db_path: str | os.PathLike[str], *, resume: str | None = None,

@@ -38,10 +38,11 @@ class SweepConfig:
     variants: tuple[str, ...] = VARIANTS
     ledger: Ledger = field(default_factory=Ledger.load)
     max_samples: int | None = None  # per group; None = all
+    model_modes: tuple[str, ...] = ("eager", "compile")  # model items per graph
 
     def describe(self) -> dict[str, Any]:
         return {"thorough": self.thorough, "seed": self.seed, "variants": list(self.variants),
-                "max_samples": self.max_samples}
+                "max_samples": self.max_samples, "model_modes": list(self.model_modes)}
 
 
 def evaluate(target: Target, info: Any, op: str, variant: str, dtype: str, index: int, sample: Any,

@@ -369,7 +369,7 @@ def _prepare(model_id: str) -> _Prepared:
 
 
 def run_model_group(target: Any, group: Group, config: Any, *, skip: Container[str] = frozenset(),
-                    on_start: Callable[[str], None] | None = None, modes: Sequence[str] = MODES,
+                    on_start: Callable[[str], None] | None = None, modes: Sequence[str] | None = None,
                     train_steps: int = TRAIN_STEPS, timed_iters: int = TIMED_ITERS,
                     localize_failures: bool = True) -> Iterator[dict[str, Any]]:
     """Yield one row per item (mode) of a model group; items in ``skip`` are not run.
@@ -377,6 +377,7 @@ def run_model_group(target: Any, group: Group, config: Any, *, skip: Container[s
     ``train_steps`` (>= 1; the first is the parity run), ``timed_iters`` (0: no latency; the
     compile shape sweep still records recompiles) and ``localize_failures`` trade depth for speed.
     """
+    modes = modes if modes is not None else getattr(config, "model_modes", MODES)
     keys = [(m, model_key(group.op, m, group.dtype)) for m in modes]
     todo = [(m, k) for m, k in keys if k not in skip]
     if not todo:
