@@ -70,3 +70,11 @@ def hf(session: nox.Session) -> None:
     Path(db).parent.mkdir(parents=True, exist_ok=True)
     session.run("conformance", "run", "--models", "hf", "--db", db, "--exit-zero", *session.posargs,
                 env={"HF_HUB_OFFLINE": "1"})
+
+
+@nox.session(python="3.11")
+def browse(session: nox.Session) -> None:
+    """Serve the result database with Datasette (http://127.0.0.1:8001)."""
+    session.install("datasette")
+    db = os.environ.get("CONFORMANCE_DB", "results/opdb.sqlite")
+    session.run("datasette", "serve", db, "--host", "127.0.0.1", "--port", "8001", *session.posargs)
