@@ -325,7 +325,18 @@ def test_defect_crash_aborts_process(tmp_path):
 
 
 def test_defect_hang_never_returns(tmp_path):
-    with pytest.raises(subprocess.TimeoutExpired) as exc:
-        _run_defect_subprocess(tmp_path, "hang", 15)
-    err = exc.value.stderr or b""
-    assert b"hang" in (err if isinstance(err, bytes) else err.encode())
+    # The child says when the device is up (a cold cache builds the extension first, which can
+    # take a minute); from then on the call must never return.
+    path = custom(tmp_path, '\n[[defects]]\nop = "aten::exp.default"\nkind = "hang"\n')
+    code = ("import sys, torch, neuron_emu; x = torch.ones(3, device='neuron'); print('ready', flush=True); "
+            "torch.exp(x); print('survived', flush=True)")
+    proc = subprocess.Popen([sys.executable, "-c", code], env=dict(os.environ, NEURON_EMU_BUILD=path),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(timeout=8)
+    finally:
+        proc.kill()
+        out, err = proc.communicate()
+    assert "survived" not in out and "hang" in err
