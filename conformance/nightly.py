@@ -95,7 +95,13 @@ def finish_stages(db_path: str | os.PathLike[str], spec: NightlySpec, result: Ni
     from . import coverage
     from .gate import nightly_gate
 
+    import torch
+
+    from . import catalog
+
     with Store.open(db_path) as store:
+        if not store.count("ops", torch_version=torch.__version__):
+            store.store_catalog([o.row(torch.__version__) for o in catalog.overloads(with_opinfos=True)])
         ids = list(run_ids) if run_ids is not None else _runs_to_finish(store, spec)
         for rid in ids:
             counts = coverage.compute(store, rid)
