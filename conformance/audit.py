@@ -33,6 +33,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib
 import json
@@ -41,6 +42,7 @@ import sys
 import time
 import warnings
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -60,7 +62,8 @@ DEFAULT_INT_HIGH = 16  # integer inputs are drawn from [0, high): the smallest n
 # Overloads every device run reaches (copies to/from the device, allocation): not model ops.
 PLUMBING = frozenset({"aten::_copy_from.default", "aten::empty_strided.default", "aten::empty.memory_format",
                       "aten::_to_copy.default", "aten::copy_.default", "aten::_copy_from_and_resize.default",
-                      "aten::_local_scalar_dense.default"})
+                      "aten::_local_scalar_dense.default",
+                      "aten::_assert_tensor_metadata.default"})
 
 
 class AuditInputError(ValueError):
@@ -96,7 +99,7 @@ def parse_shape_set(text: str) -> list[InputSpec]:
             raise AuditInputError(f"shape {text!r} does not parse: unknown dtype {dt!r}; known: "
                                   f"{', '.join(sorted(DTYPE_NAMES))}")
         try:
-            shape = tuple(int(d) for d in dims.replace("x", ",").split(",") if d.strip()) if dims.strip() else ()
+            shape = tuple(int(d) for d in dims.split(",")) if dims.strip() else ()
         except ValueError:
             raise AuditInputError(f"shape {text!r} does not parse: dimensions must be integers, "
                                   "e.g. '1,3,224,224:float32'") from None
@@ -499,6 +502,22 @@ def _audit(model: nn.Module, inputs: tuple, target: Any, config: AuditConfig) ->
     return res
 
 
+@contextlib.contextmanager
+def _silenced() -> Iterator[None]:
+    """torch.export logs graphs and guard failures (logging, stdout): keep the report clean."""
+    import io
+    import logging
+
+    log = logging.getLogger("torch")
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        log.setLevel(level)
+
+
 def _export_histogram(model: nn.Module, inputs: tuple,
                       res: AuditResult) -> tuple[dict[str, int] | None, dict[str, list[_Record]]]:
     """The core-ATen histogram of the ``torch.export`` graph and its calls' inputs (recorded by
@@ -506,7 +525,8 @@ def _export_histogram(model: nn.Module, inputs: tuple,
     from .models.tracing import histogram
 
     try:
-        ep = torch.export.export(copy.deepcopy(model), tuple(inputs), strict=False).run_decompositions()
+        with _silenced():
+            ep = torch.export.export(copy.deepcopy(model), tuple(inputs), strict=False).run_decompositions()
     except Exception as exc:  # noqa: BLE001
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         res.capture = {"method": "eager dispatch trace", "ok": False,
