@@ -93,3 +93,44 @@ def not_a_module() -> int:
 
 def cpu_fails() -> tuple[nn.Module, tuple]:
     return Native(), (torch.randn(2, 5),)  # Linear(8, ...) on 5 features
+
+
+@torch.library.custom_op("audit_models::scale", mutates_args=())
+def _scale(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+@_scale.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+class Custom(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _scale(self.fc(x))
+
+
+def custom() -> nn.Module:
+    return Custom()
+
+
+def custom_inputs() -> torch.Tensor:
+    return torch.randn(3, 8)
+
+
+_LIB = torch.library.Library("audit_cpp", "DEF")  # like a C++ extension: a CPU kernel only
+_LIB.define("shift(Tensor x) -> Tensor")
+_LIB.impl("shift", lambda x: x + 1, "CPU")
+
+
+class CpuOnly(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.audit_cpp.shift(x) * 3
+
+
+def cpu_only() -> tuple[nn.Module, tuple]:
+    return CpuOnly(), (torch.randn(4),)

@@ -144,3 +144,16 @@ def test_bad_input_exits_2(args, message):
     assert r.exit_code == 2, r.output
     lines = [ln for ln in r.output.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], r.output
+
+
+def test_custom_ops_are_risks(tmp_path):
+    r, data = audit("audit_models:custom", "--inputs", "audit_models:custom_inputs", tmp_path=tmp_path)
+    assert r.exit_code == 0, r.output
+    risk = [k for k in data["risks"] if k["kind"] == "custom_op"]
+    assert risk and "audit_models::scale.default" in risk[0]["what"]
+    r, data = audit("audit_models:cpu_only", tmp_path=tmp_path)
+    assert r.exit_code == 0, r.output
+    risk = [k for k in data["risks"] if k["kind"] == "custom_op"]
+    assert risk and "audit_cpp::shift.default" in risk[0]["what"], data["risks"]
+    ops = {o["name"]: o for o in data["ops"]}
+    assert ops["audit_cpp::shift.default"]["marked"] in ("fallback", "native")
