@@ -608,8 +608,12 @@ def _isolated_check(row: OpRow, records: list[_Record], target: Any, tol: float)
             with target.trace() as tr:
                 out_t = _to_cpu(func(*t_args, **t_kwargs))
                 target.synchronize()
-            if row.on_target == "not run":  # only in the exported graph: how it runs in isolation
-                row.on_target = "fallback" if row.name in tr.fallback else "native"
+            if row.on_target in ("not run", "native", "fallback") and row.eager_calls == 0:
+                # only in the exported graph: how it runs in isolation (an overload it calls may fall back)
+                fb = sorted(set(tr.fallback) - PLUMBING)
+                row.on_target = "fallback" if fb else "native"
+                if fb and fb != [row.name]:
+                    row.detail = f"falls back through {', '.join(fb)}"
         except Exception as exc:  # noqa: BLE001
             row.status, row.detail = "error", f"raises on the target: {_err(exc)}"
             return
@@ -879,7 +883,8 @@ def text_lines(res: AuditResult, *, timings: bool = True) -> list[str]:
         check = o.status + (f" ({o.source})" if o.source and o.source != "isolated check" else "")
         if o.err is not None and o.status in ("pass", "mismatch"):
             check += f" err {_fmt(o.err)}"
-        if o.status in ("mismatch", "error") or (o.detail and o.status == "skip" and "random" not in o.detail):
+        if o.status in ("mismatch", "error") or (o.detail and o.status == "skip" and "random" not in o.detail) \
+                or (o.detail and o.marked == "fallback"):
             check += f": {o.detail[:140]}"
         L.append(f"  {o.name:<{w}}  {o.eager_calls:>5}  {exp:>6}  {o.marked:<9}  {check}")
     L += ["", "dtype and layout risks"]
