@@ -117,4 +117,4 @@ def merge_cmd(out: str, inputs: tuple[str, ...]) -> None:
 
 
 # Commands of later pipeline stages live in their own modules and attach to ``main``.
-from . import cli_gate, cli_report, cli_sweep  # noqa: E402,F401
+from . import cli_audit, cli_gate, cli_report, cli_sweep  # noqa: E402,F401
