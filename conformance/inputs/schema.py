@@ -29,7 +29,8 @@ import torch
 from hypothesis import HealthCheck, Phase, given, reject, settings
 from hypothesis import strategies as st
 
-SMALL_DTYPES = (torch.float32, torch.int64, torch.bool, torch.bfloat16, torch.int32)
+# float32 is listed twice: most kernels accept it, so it is drawn (and shrunk to) most often
+SMALL_DTYPES = (torch.float32, torch.float32, torch.int64, torch.bfloat16, torch.bool, torch.int32)
 MAX_EXAMPLES = 12
 REJECT_CAP = 120  # calls rejected by the CPU before an overload is given up as "no valid input"
 _STRINGS = {
@@ -110,7 +111,8 @@ def _shape_strategy(base: tuple[int, ...]) -> st.SearchStrategy[tuple[int, ...]]
 
 
 def _arg_strategy(arg: Any, base: tuple[int, ...], dtype: torch.dtype) -> st.SearchStrategy[Any] | None:
-    key = (arg.name, str(arg.type), arg.kwarg_only, bool(arg.alias_info and arg.alias_info.is_write), base, dtype)
+    key = (arg.name, str(arg.type), getattr(arg, "N", None), arg.kwarg_only,
+           bool(arg.alias_info and arg.alias_info.is_write), base, dtype)
     if key not in _STRATEGIES:
         _STRATEGIES[key] = _make_strategy(arg, base, dtype)
     return _STRATEGIES[key]
@@ -125,7 +127,8 @@ def _make_strategy(arg: Any, base: tuple[int, ...], dtype: torch.dtype) -> st.Se
     if kind == "OptionalType" and _type_name(t.getElementType()) == "DeviceObjType":
         return st.just(DEVICE)  # never None: the target run must create its tensors on the target
     if kind == "OptionalType":
-        inner = _arg_strategy(_Fake(name, t.getElementType(), arg.kwarg_only, arg.alias_info), base, dtype)
+        inner = _arg_strategy(_Fake(name, t.getElementType(), arg.kwarg_only, arg.alias_info, getattr(arg, "N", None)),
+                              base, dtype)
         return st.none() if inner is None else st.one_of(inner, st.none())
     if kind == "TensorType":
         is_out = arg.alias_info is not None and arg.alias_info.is_write and arg.kwarg_only
@@ -140,11 +143,14 @@ def _make_strategy(arg: Any, base: tuple[int, ...], dtype: torch.dtype) -> st.Se
             inner = _arg_strategy(_Fake(name, t.getElementType(), arg.kwarg_only, None), base, dtype)
             return None if inner is None else st.lists(inner, min_size=1, max_size=3)
         if el in ("IntType", "SymIntType"):
-            if name in _SIZE_NAMES:
-                return st.lists(st.integers(1, 4), min_size=0, max_size=3)
+            n = getattr(arg, "N", None)  # int[2] kernel_size: exactly 2
+            lo, hi = (n, n) if n else (0, 3)
             if "dim" in name:
-                return st.lists(st.integers(-1, max(0, len(base) - 1)), min_size=0, max_size=2, unique=True)
-            return st.lists(st.integers(0, 3), min_size=0, max_size=3)
+                return st.lists(st.integers(-1, max(0, len(base) - 1)), min_size=min(lo, 2), max_size=min(hi, 2),
+                                unique=True)
+            if name in _SIZE_NAMES or "size" in name:
+                return st.lists(st.integers(1, 4), min_size=lo, max_size=hi)
+            return st.lists(st.integers(0, 3), min_size=lo, max_size=hi)
         if el == "FloatType":
             return st.lists(st.floats(-2, 2, allow_nan=False), min_size=0, max_size=3)
         if el == "NumberType":  # Scalar[]: one per tensor of a foreach list, usually
@@ -190,6 +196,7 @@ class _Fake:
     type: Any
     kwarg_only: bool
     alias_info: Any
+    N: int | None = None
 
 
 def call_strategy(op: torch._ops.OpOverload) -> st.SearchStrategy[Call]:
@@ -199,7 +206,7 @@ def call_strategy(op: torch._ops.OpOverload) -> st.SearchStrategy[Call]:
 
     @st.composite
     def build(draw: Callable[..., Any]) -> Call:
-        rank = draw(st.integers(0, 3))
+        rank = draw(st.integers(0, 4))
         base = tuple(draw(st.lists(st.integers(1, 4), min_size=rank, max_size=rank)))
         dtype = draw(st.sampled_from(SMALL_DTYPES))
         call = Call()
