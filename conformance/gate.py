@@ -33,6 +33,8 @@ MIN_EFFECT = 2.0  # median error ratio that counts as drift
 DRIFT_P = 0.01  # one-sided sign-test p-value
 MIN_PAIRS = 5
 ERR_FLOOR = 1e-12
+_PASSED = (Status.PASS.value, Status.PASS_FALLBACK.value)
+_SEV = {s.value: v for s, v in SEVERITY.items()}
 
 
 class GateError(ValueError):
@@ -95,12 +97,19 @@ def _check(run: dict[str, Any]) -> None:
         raise GateError(f"run {run['id']} (build {run['build']}) is {run['status']}, not finished; resume or merge it first")
 
 
+_COLUMNS = {
+    "op_results": ("op", "variant", "dtype", "status", "error", "max_abs_err", "max_rel_err", "fallback_ops"),
+    "model_results": ("model_id", "mode", "dtype", "status", "error", "max_abs_err", "max_rel_err",
+                      "fallback_ops", "first_divergent_op", "recompiles"),
+}
+
+
 def _rows(store: Store, run_id: str, table: str) -> dict[str, dict[str, Any]]:
-    return results_by_key(store, run_id, table)
+    return results_by_key(store, run_id, table, _COLUMNS[table])
 
 
 def _sev(status: str) -> int:
-    return SEVERITY[Status(status)]
+    return _SEV[status]
 
 
 def sign_test_p(greater: int, n: int) -> float:
@@ -112,7 +121,7 @@ def _drift(base: dict[str, dict[str, Any]], cand: dict[str, dict[str, Any]]) -> 
     pairs: dict[tuple[str, str, str], list[float]] = defaultdict(list)
     for key, b in base.items():
         c = cand.get(key)
-        if c is None or b["status"] != c["status"] or not Status(b["status"]).passed:
+        if c is None or b["status"] != c["status"] or b["status"] not in _PASSED:
             continue
         be, ce = b.get("max_rel_err"), c.get("max_rel_err")
         if be is None or ce is None:
@@ -149,10 +158,12 @@ def compare_runs(store: Store, baseline: dict[str, Any], candidate: dict[str, An
                 findings.append(Finding(cat, kind, key, name, variant, ref["dtype"], b["status"] if b else "",
                                         c["status"] if c else ""))
                 continue
+            if b["status"] == c["status"] and kind == "op":
+                continue  # the common case, decided without building anything
             sb, sc = _sev(b["status"]), _sev(c["status"])
-            evidence = {k: c.get(k) for k in ("error", "max_abs_err", "max_rel_err", "fallback_ops", "first_divergent_op")
-                        if c.get(k) not in (None, "", "[]")}
             if sc > sb:
+                evidence = {k: c.get(k) for k in ("error", "max_abs_err", "max_rel_err", "fallback_ops",
+                                                  "first_divergent_op") if c.get(k) not in (None, "", "[]")}
                 findings.append(Finding("regression", kind, key, name, variant, c["dtype"], b["status"], c["status"],
                                         evidence))
             elif sc < sb:

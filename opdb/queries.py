@@ -53,11 +53,15 @@ def gate_pairs(store: Store) -> list[dict[str, Any]]:
         "from gate_items group by baseline_run, candidate_run order by decided_at desc"))
 
 
-def results_by_key(store: Store, run_id: str, table: str = "op_results") -> dict[str, dict[str, Any]]:
-    """A run's result rows keyed by item key."""
+def results_by_key(store: Store, run_id: str, table: str = "op_results",
+                   columns: tuple[str, ...] | None = None) -> dict[str, dict[str, Any]]:
+    """A run's result rows keyed by item key (only ``columns`` when given: rows hold large JSON)."""
     if table not in ("op_results", "model_results"):
         raise OpdbError(f"not a result table: {table!r}")
-    return {r["item_key"]: r for r in store.db.query(f"select * from [{table}] where run_id = ?", [run_id])}
+    cols = "*" if not columns else ", ".join(f"[{c}]" for c in dict.fromkeys(("item_key", *columns)))
+    cur = store.db.execute(f"select {cols} from [{table}] where run_id = ?", [run_id])
+    names = [d[0] for d in cur.description]
+    return {row[0]: dict(zip(names, row, strict=True)) for row in cur}
 
 
 def finished_runs(store: Store, *, target: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
