@@ -182,6 +182,13 @@ class Ledger:
         return cls.from_toml(text, source=p.name if p == DEFAULT_LEDGER else str(p))
 
     def tolerance(self, op: str, variant: str, dtype: str, target: str) -> Tolerance:
+        key = (op, variant, dtype, target)
+        cache = self.__dict__.setdefault("_cache", {})
+        if key not in cache:
+            cache[key] = self._tolerance(op, variant, dtype, target)
+        return cache[key]
+
+    def _tolerance(self, op: str, variant: str, dtype: str, target: str) -> Tolerance:
         """The tolerance for one item: the last matching override, else the last matching
         default, else torch.testing's default for the dtype (exact for non-float dtypes)."""
         for group in (self.overrides, self.defaults):

@@ -90,14 +90,12 @@ def _runs_to_finish(store: Store, spec: NightlySpec) -> list[str]:
 def finish_stages(db_path: str | os.PathLike[str], spec: NightlySpec, result: NightlyResult,
                   echo: Callable[[str], None] = print, run_ids: Sequence[str] | None = None) -> None:
     """The stages after the sweeps: coverage, report, gate."""
-    from reports import render_site
-
-    from . import coverage
-    from .gate import nightly_gate
-
     import torch
 
-    from . import catalog
+    from reports import render_site
+
+    from . import catalog, coverage
+    from .gate import nightly_gate
 
     with Store.open(db_path) as store:
         if not store.count("ops", torch_version=torch.__version__):

@@ -150,6 +150,13 @@ def worker_context() -> Any:
     return ctx
 
 
+def _start_worker_server() -> None:
+    import multiprocessing.forkserver
+
+    worker_context()
+    multiprocessing.forkserver.ensure_running()
+
+
 @dataclass
 class _Slot:
     proc: Any
@@ -460,6 +467,7 @@ def execute_run(spec: RunSpec, db_path: str | os.PathLike[str], *, resume: str |
     from .targets import get_target
 
     target = None
+    _start_worker_server()  # its imports overlap with the selection's
     if resume:
         with Store.open(db_path, create=False) as store:
             run = store.get_run(resume)
