@@ -15,7 +15,8 @@ from conformance.cli import main
 from conformance.run import RunSpec, execute_run
 from opdb import Store
 
-OPS = ("abs", "add", "mul", "sub", "neg", "exp", "sin", "cos", "sort", "sum", "mean", "clamp")
+# Enough work (conv2d has many samples) that the kill always lands mid-run.
+OPS = ("abs", "add", "mul", "sub", "neg", "exp", "sin", "cos", "sort", "sum", "mean", "clamp", "nn.functional.conv2d")
 
 
 def _keys(db, run_id=None):
@@ -37,7 +38,7 @@ def test_kill_9_then_resume_completes_exactly(tmp_path):
         time.sleep(0.3)
         if db.exists():
             try:
-                if len(_keys(db)) >= 20:
+                if len(_keys(db)) >= 1:
                     break
             except Exception:  # noqa: BLE001 - the DB may be mid-creation
                 pass
