@@ -15,7 +15,8 @@ from .cli import EXIT_FAILURES, EXIT_OK, EXIT_USAGE, UsageProblem, db_option, ha
 @main.command("run")
 @click.option("--target", default="neuron-emu", show_default=True, help="neuron-emu | inductor | cuda | cpu")
 @click.option("--build", default=None, help="SDK build name or manifest .toml (neuron-emu).")
-@click.option("--ops", "ops", multiple=True, metavar="GLOB", help="OpInfo name globs (repeatable).")
+@click.option("--ops", "ops", multiple=True, metavar="GLOB",
+              help="OpInfo name globs, or aten:: overload globs for schema-driven inputs (repeatable).")
 @click.option("--dtypes", "dtypes", multiple=True, metavar="LIST", help="Comma-separated dtypes.")
 @click.option("--thorough", is_flag=True, help="reference_inputs instead of sample_inputs.")
 @click.option("--variants", default="function,inplace,out,backward", show_default=True,

@@ -201,6 +201,7 @@ class Supervisor:
         self.writers = {t: store.writer(t) for t in ("op_results", "model_results")} if store else {}
         self.sink = sink or (lambda row, table: self.writers[table].add(row))
         self.slots: list[_Slot] = []
+        self.crash_safe: set[str] = set()  # schema groups whose CPU reference killed a worker
         self.groups_done = 0
         self._last_progress = 0.0
         self._start = time.monotonic()
@@ -231,7 +232,12 @@ class Supervisor:
     def _skip(self, group: Group, seen: set[str]) -> Any:
         if self.only is not None:
             return Only(self.only.get(group.key, frozenset())) | seen
-        return frozenset(set(self.done.get(group.key, ())) | seen)
+        keys = set(self.done.get(group.key, ())) | seen
+        if group.key in self.crash_safe:
+            from .inputs.schema import CrashSafe
+
+            return CrashSafe(keys)
+        return frozenset(keys)
 
     def _restart(self, slot: _Slot) -> _Slot:
         """Replace a dead or killed worker; it continues the same group after the bad item."""
@@ -343,6 +349,13 @@ class Supervisor:
         if slot.inflight is not None:
             why = f"signal {-code} ({signal.Signals(-code).name})" if code is not None and code < 0 else f"exit code {code}"
             assert slot.group is not None
+            if slot.phase == "cpu" and slot.group.kind == "schema" and slot.group.key not in self.crash_safe:
+                # a generated input killed the reference kernel: search again, pre-flighting
+                # each input's CPU run in a forked child so a crashing one is just rejected
+                self.crash_safe.add(slot.group.key)
+                slot.inflight = None
+                self.slots[i] = self._restart(slot)
+                return
             if slot.phase == "cpu":  # the reference kernel itself died: the input is invalid, not the target
                 self._synthetic(slot.group, slot.inflight, Status.SKIP,
                                 f"CPU reference crashed ({why}); no verdict for the target", time.monotonic() - slot.since)
@@ -496,7 +509,8 @@ def execute_run(spec: RunSpec, db_path: str | os.PathLike[str], *, resume: str |
                 config={**config.describe(), "ops": list(spec.ops), "dtypes": list(spec.dtypes),
                         "shard": spec.shard, "timeout_s": spec.timeout_s, "ledger": spec.ledger,
                         "build_spec": spec.build, "opinfo": spec.opinfo, "schema": spec.schema,
-                        "models": list(spec.models), "model_limit": spec.model_limit},
+                        "models": list(spec.models), "model_limit": spec.model_limit,
+                        "layouts": target.probe_layouts()},
                 run_id=spec.run_id, shard=spec.shard, git_sha=_git_sha())
         infra = run_canaries(spec, store, run_id)
         if infra:

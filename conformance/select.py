@@ -94,23 +94,41 @@ def select_ops(globs: Sequence[str] | None) -> list[str]:
     return sorted(dict.fromkeys(chosen))
 
 
+def select_overloads(globs: Sequence[str]) -> list[str]:
+    """Schema-driven candidates (overloads no OpInfo reaches) matching ``aten::`` globs (all
+    candidates when there are none)."""
+    from .inputs.schema import schema_candidates
+
+    names = list(schema_candidates())
+    if not globs:
+        return names
+    chosen: list[str] = []
+    for g in globs:
+        hit = [n for n in names if fnmatch.fnmatchcase(n, g)]
+        if not hit:
+            raise SelectionError(f"overload glob {g!r} matches no schema-driven candidate (an overload no OpInfo "
+                                 "reaches, e.g. 'aten::_foreach_*'; see `conformance ops --json`)")
+        chosen.extend(hit)
+    return list(dict.fromkeys(chosen))
+
+
 def select_groups(ops: Sequence[str] | None = None, dtypes: Sequence[str] | None = None,
                   shard: tuple[int, int] = (1, 1), *, opinfo: bool = True, schema: bool = False,
                   models: Sequence[str] = (), model_limit: int | None = None) -> list[Group]:
     """The run's groups in a stable order, restricted to one shard: every (OpInfo, dtype) pair
     the CPU supports; with ``schema``, every overload no OpInfo reaches that a backend could
-    see; with ``models``, every graph of those families (``all`` for every family)."""
+    see (``aten::`` globs in ``ops`` select among those, and alone select nothing else); with ``models``, every graph of those families (``all`` for every family)."""
     groups: list[Group] = []
-    if opinfo:
+    aten_globs = [g for g in ops or () if g.startswith("aten::")]
+    info_globs = [g for g in ops or () if not g.startswith("aten::")]
+    if opinfo and (info_globs or not aten_globs):
         infos = by_name()
         wanted = parse_dtypes(dtypes)
-        for name in select_ops(ops):
+        for name in select_ops(info_globs):
             supported = {str(d).removeprefix("torch.") for d in cpu_dtypes(infos[name])}
             groups.extend(Group(name, d) for d in wanted if d in supported)
-    if schema:
-        from .inputs.schema import schema_candidates
-
-        groups.extend(Group(name, "any", "schema") for name in schema_candidates())
+    if schema or aten_globs:
+        groups.extend(Group(name, "any", "schema") for name in select_overloads(aten_globs))
     if models:
         from .models.runner import model_groups
 

@@ -4,23 +4,35 @@ input on a defective op, and the stored input reproducing the failure."""
 from __future__ import annotations
 
 import io
+import os
+import signal
 import textwrap
 
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 
-from conformance.inputs.schema import DEVICE, Call, TensorSpec, call_strategy, run_schema_group
+from conformance.inputs.schema import (
+    DEVICE,
+    Call,
+    CrashSafe,
+    Hints,
+    TensorSpec,
+    call_strategy,
+    cpu_preflight,
+    hints_from_errors,
+    run_schema_group,
+)
 from conformance.select import Group
 from conformance.sweep import SweepConfig
 from conformance.targets import get_target
 
 
-def _examples(op, n=40):
+def _examples(op, n=40, hints=Hints()):
     seen = []
 
     @settings(max_examples=n, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
-    @given(call_strategy(op))
+    @given(call_strategy(op, hints))
     def collect(call):
         seen.append(call)
 
@@ -104,6 +116,109 @@ def test_clean_build_passes_and_records_reach():
 
 def test_no_valid_input_says_what_was_tried():
     target = get_target("cpu")
-    rows = list(run_schema_group(target, Group("aten::_amp_update_scale_.default", "any", "schema"), SweepConfig()))
+    rows = list(run_schema_group(target, Group("aten::values_copy.default", "any", "schema"), SweepConfig()))
     assert rows[0]["status"] == "skip" and rows[0]["error"].startswith("no valid input:")
-    assert "rejected by the CPU" in rows[0]["error"]
+    assert "rejected by the CPU" in rows[0]["error"] and "expected sparse tensor layout" in rows[0]["error"]
+
+
+def test_amp_update_scale_found_by_argument_hints():
+    """Unsteered, every call is rejected ("growth_tracker must be a 1-element tensor", "... an int
+    tensor"); the argument-level hints those messages give make valid calls."""
+    target = get_target("cpu")
+    rows = list(run_schema_group(target, Group("aten::_amp_update_scale_.default", "any", "schema"), SweepConfig()))
+    assert rows[0]["status"] == "pass", rows[0]["error"]
+
+
+@pytest.mark.parametrize("messages, field, expected", [
+    (["CPU reference failed: RuntimeError: adaptive_max_pool2d(): Expected 3D or 4D tensor, but got: []"],
+     "ranks", (3, 4)),
+    (["RuntimeError: It is expected input_size equals to 5, but got size 0"], "ranks", (5,)),
+    (["RuntimeError: expected 3-D `query`, got 0-D tensor"], "ranks", (3,)),  # what it got is ignored
+    (["RuntimeError: weight should have at least three dimensions"], "ranks", (3, 4)),
+    (["IndexError: Dimension specified as 0 but tensor has no dimensions"], "ranks", (2, 3, 4)),
+    (["RuntimeError: Found dtype Long but expected Float"], "dtypes", (torch.float32,)),
+    (["RuntimeError: view_as_real is only supported for complex tensors"], "dtypes", (torch.complex64,)),
+    (["NotImplementedError: \"bincount_cpu\" not implemented for 'Float'"], "avoid", (torch.float32,)),
+    (["RuntimeError: Expected tensor for argument #2 'targets' to have scalar type Int; but got torch.FloatTensor"],
+     "arg_dtypes", (("targets", torch.int32),)),
+    (["RuntimeError: growth_tracker must be a 1-element tensor."], "arg_shapes", (("growth_tracker", (1,)),)),
+    (["RuntimeError: something unrelated went wrong"], "ranks", ()),
+])
+def test_hints_read_what_the_reference_asked_for(messages, field, expected):
+    assert getattr(hints_from_errors(messages), field) == expected
+
+
+def test_hints_steer_the_strategy():
+    hints = Hints(ranks=(5,), arg_dtypes=(("self", torch.int32),))
+    calls = _examples(torch.ops.aten.abs.default, 30, hints)
+    ranks = {len(c.args[0].shape) for c in calls}
+    assert all(c.args[0].dtype == torch.int32 for c in calls)
+    # the common shape is 5-D; an argument may take it, a suffix, one dim of it, a scalar, or one more dim
+    assert 5 in ranks and ranks <= {0, 1, 4, 5, 6}
+
+
+def test_fixed_size_lists_and_shared_list_lengths():
+    # bool[3] output_mask is exactly 3 long
+    for c in _examples(torch.ops.aten.native_layer_norm_backward.default, 30):
+        mask = c.args[-1]
+        assert isinstance(mask, list) and len(mask) == 3
+    # every Tensor[] of a fused optimizer call has one length (the kernel checks they match)
+    for c in _examples(torch.ops.aten._fused_adam.default, 30):
+        lists = [a for a in c.args if isinstance(a, list) and a and isinstance(a[0], TensorSpec)]
+        assert len(lists) >= 4 and len({len(x) for x in lists}) == 1
+
+
+def test_steered_search_finds_inputs_an_unsteered_one_misses():
+    """upsample_nearest3d wants a 5-D input: the first search (ranks 0..4) cannot find one; the
+    CPU's own error ("expected input_size equals to 5") steers the next search to rank 5."""
+    target = get_target("cpu")
+    rows = list(run_schema_group(target, Group("aten::upsample_nearest3d.out", "any", "schema"), SweepConfig()))
+    assert rows[0]["status"] == "pass", rows[0]["error"]
+    assert "aten::upsample_nearest3d.out" in rows[0]["reached_ops"]
+
+
+def _crashes_on_big_inputs(x):
+    if x.numel() > 2:
+        os.kill(os.getpid(), signal.SIGSEGV)
+    return x
+
+
+def test_cpu_preflight_turns_a_crash_into_a_rejection():
+    from torch.testing._internal.opinfo.core import SampleInput
+
+    info = type("I", (), {"op": staticmethod(_crashes_on_big_inputs)})
+    assert cpu_preflight(info, SampleInput(torch.ones(2))) is None
+    assert cpu_preflight(info, SampleInput(torch.ones(5))) == "CPU reference crashed (signal SIGSEGV)"
+
+
+def test_crash_safe_search_survives_a_crashing_reference(monkeypatch):
+    """After a crash the supervisor re-sends the group with a CrashSafe skip set: each input's CPU
+    run is pre-flighted in a forked child, crashing inputs are rejected, the search goes on."""
+    import conformance.inputs.schema as schema
+
+    real = schema._Info
+
+    class Crashy(real):
+        def __init__(self, name):
+            super().__init__(name)
+            inner = self.op
+            self.op = lambda *a, **k: _crashes_on_big_inputs(a[0]) if a and isinstance(a[0], torch.Tensor) \
+                and a[0].numel() > 2 else inner(*a, **k)
+
+    monkeypatch.setattr(schema, "_Info", Crashy)
+    target = get_target("cpu")
+    rows = list(run_schema_group(target, Group("aten::abs.default", "any", "schema"), SweepConfig(),
+                                 skip=CrashSafe()))
+    assert rows[0]["status"] == "pass"
+
+
+def test_aten_globs_select_schema_driven_overloads():
+    from conformance.select import SelectionError, select_groups
+
+    groups = select_groups(["aten::_amp_update_scale*"])
+    assert groups and all(g.kind == "schema" for g in groups)
+    assert {g.op for g in groups} >= {"aten::_amp_update_scale_.default"}
+    mixed = select_groups(["abs", "aten::_amp_update_scale_.default"], ["float32"])
+    assert {g.kind for g in mixed} == {"opinfo", "schema"}
+    with pytest.raises(SelectionError, match="aten::nope"):
+        select_groups(["aten::nope*"])

@@ -20,7 +20,11 @@ from __future__ import annotations
 
 import collections
 import io
-from collections.abc import Callable, Container, Iterator
+import os
+import re
+import signal
+import time
+from collections.abc import Callable, Container, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
@@ -32,7 +36,8 @@ from hypothesis import strategies as st
 # float32 is listed twice: most kernels accept it, so it is drawn (and shrunk to) most often
 SMALL_DTYPES = (torch.float32, torch.float32, torch.int64, torch.bfloat16, torch.bool, torch.int32)
 MAX_EXAMPLES = 12
-REJECT_CAP = 120  # calls rejected by the CPU before an overload is given up as "no valid input"
+REJECT_CAP = 120  # calls rejected by the CPU in one search before it is given up
+STEERED_PASSES = 2  # further searches steered by the rejections' hints
 _STRINGS = {
     "reduce": ["sum", "mean", "prod", "amax", "amin"], "reduction": ["mean", "sum", "none"],
     "approximate": ["none", "tanh"], "rounding_mode": ["trunc", "floor"], "padding_mode": ["zeros", "reflect"],
@@ -41,8 +46,8 @@ _STRINGS = {
     "UPLO": ["L", "U"], "driver": ["gelsd"], "ord": ["fro"], "fill_value": ["0"],
 }
 _INDEX_NAMES = ("index", "indices", "offsets", "target", "lengths", "per_sample_weights_index")
-_SIZE_NAMES = ("size", "shape", "sizes", "output_size", "stride", "kernel_size", "padding", "dilation",
-               "output_padding", "repeats", "split_sizes", "normalized_shape")
+_SIZE_NAMES = ("size", "shape", "sizes", "output_size", "stride", "kernel_size", "dilation", "repeats",
+               "split_sizes", "normalized_shape")
 
 
 class DeviceArg:
@@ -105,69 +110,250 @@ def _type_name(t: Any) -> str:
     return type(t).__name__
 
 
-def _shape_strategy(base: tuple[int, ...]) -> st.SearchStrategy[tuple[int, ...]]:
-    # same shape (most likely valid), a broadcastable suffix, or a scalar
-    return st.sampled_from([base, base[1:] if base else base, ()])
+_DTYPE_WORDS = {
+    "float": torch.float32, "float32": torch.float32, "double": torch.float64, "float64": torch.float64,
+    "half": torch.float16, "float16": torch.float16, "bfloat16": torch.bfloat16, "long": torch.int64,
+    "int64": torch.int64, "int": torch.int32, "int32": torch.int32, "short": torch.int16, "char": torch.int8,
+    "byte": torch.uint8, "kbyte": torch.uint8, "uint8": torch.uint8, "bool": torch.bool,
+    "complexfloat": torch.complex64, "complex64": torch.complex64, "quint8": torch.quint8,
+    "qint8": torch.qint8, "qint32": torch.qint32,
+}
+_WORD_NUMBERS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5}
+_RANK_PATTERNS = (
+    re.compile(r"\b([1-5])[- ]?d\b"),  # 3D, 3-D, 3d
+    re.compile(r"\b([1-5]) or [1-5][- ]?d\b"),  # "2 or 3d": the first one
+    re.compile(r"\b([1-5]) dims?\b"), re.compile(r"\bdimension ([1-5])\b"), re.compile(r"\bequals to ([1-5])\b"),
+    re.compile(r"\b([1-5])-dimensional\b"), re.compile(r"dim\(\) == ([1-5])"),
+)
+_AT_LEAST = re.compile(r"at least (?:an? )?(\w+)[- ]dim|dim\(\) (>=?) ?([0-5])|at least (\w+) dimensions")
+_WANT_DTYPE = (
+    re.compile(r"(?:scalar type|dtype|to be of type|to be) (\w+)"), re.compile(r"but expected (\w+)"),
+    re.compile(r"one of the following scalar types: ([\w, ]+)"), re.compile(r"expect \w+ to be (\w+)"),
+)
+_AVOID_DTYPE = re.compile(r"not implemented for '(\w+)'")
+_ARG_DTYPE = (  # (argument name, dtype word)
+    re.compile(r"'(\w+)' to have scalar type (\w+)"), re.compile(r"\b(\w+) must be (?:an? )?(int|integral|long|float|bool)\b"),
+    re.compile(r"\b(out) tensor to have dtype (\w+)"),
+)
+_ARG_ONE_ELEMENT = re.compile(r"\b(\w+) must be a 1-element tensor")
+_ARG_RANK = re.compile(r"\b(\w+) (?:has to be|should be|must be|to be) (?:an? )?(?:non-empty )?([1-5])[- ]?d\b", re.I)
 
 
-def _arg_strategy(arg: Any, base: tuple[int, ...], dtype: torch.dtype) -> st.SearchStrategy[Any] | None:
+@dataclass(frozen=True)
+class Hints:
+    """What the CPU reference's own error messages asked for (tensor ranks, dtypes), used to
+    steer a further search after a first one found no valid input. Learned from the reference
+    kernel, never from the target."""
+
+    ranks: tuple[int, ...] = ()
+    dtypes: tuple[torch.dtype, ...] = ()
+    avoid: tuple[torch.dtype, ...] = ()
+    arg_dtypes: tuple[tuple[str, torch.dtype], ...] = ()  # a named tensor argument's dtype
+    arg_shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()  # a named tensor argument's shape
+    arg_ranks: tuple[tuple[str, int], ...] = ()  # a named tensor argument's rank
+
+    def __bool__(self) -> bool:
+        return bool(self.ranks or self.dtypes or self.avoid or self.arg_dtypes or self.arg_shapes or self.arg_ranks)
+
+    def merge(self, other: Hints) -> Hints:
+        def union(a: tuple[Any, ...], b: tuple[Any, ...]) -> tuple[Any, ...]:
+            return tuple(dict.fromkeys(a + b))
+
+        return Hints(union(self.ranks, other.ranks), union(self.dtypes, other.dtypes), union(self.avoid, other.avoid),
+                     tuple(dict(self.arg_dtypes + other.arg_dtypes).items()),
+                     tuple(dict(self.arg_shapes + other.arg_shapes).items()),
+                     tuple(dict(self.arg_ranks + other.arg_ranks).items()))
+
+    def describe(self) -> str:
+        parts = []
+        if self.ranks:
+            parts.append("ranks " + ",".join(map(str, self.ranks)))
+        if self.dtypes:
+            parts.append("dtypes " + ",".join(str(d).removeprefix("torch.") for d in self.dtypes))
+        if self.avoid:
+            parts.append("avoiding " + ",".join(str(d).removeprefix("torch.") for d in self.avoid))
+        parts += [f"{name}: {str(d).removeprefix('torch.')}" for name, d in self.arg_dtypes]
+        parts += [f"{name}: shape {list(shape)}" for name, shape in self.arg_shapes]
+        parts += [f"{name}: {rank}-D" for name, rank in self.arg_ranks]
+        return "; ".join(parts)
+
+
+def hints_from_errors(messages: Iterable[str]) -> Hints:
+    """Ranks and dtypes the CPU reference asked for in its rejections (what it *got* is ignored).
+
+    >>> hints_from_errors(["Expected 3D or 4D tensor, but got: []"]).ranks
+    (3, 4)
+    >>> hints_from_errors(["Found dtype Long but expected Float"]).dtypes
+    (torch.float32,)
+    """
+    ranks: list[int] = []
+    want: list[torch.dtype] = []
+    avoid: list[torch.dtype] = []
+    arg_dtypes: dict[str, torch.dtype] = {}
+    arg_shapes: dict[str, tuple[int, ...]] = {}
+    arg_ranks: dict[str, int] = {}
+    too_small = False
+    for raw in messages:
+        for pat in _ARG_DTYPE:
+            for name, word in pat.findall(raw):
+                word = {"integral": "long"}.get(word.lower(), word.lower())
+                if word in _DTYPE_WORDS:
+                    arg_dtypes.setdefault(name, _DTYPE_WORDS[word])
+        for name in _ARG_ONE_ELEMENT.findall(raw):
+            arg_shapes.setdefault(name, (1,))
+        for name, rank in _ARG_RANK.findall(raw):
+            arg_ranks.setdefault(name.lower(), int(rank))
+        for name in _AVOID_DTYPE.findall(raw):
+            if name.lower() in _DTYPE_WORDS:
+                avoid.append(_DTYPE_WORDS[name.lower()])
+        msg = re.sub(r"\bgot\b[^;]*", "", raw.replace("\n", " ").lower())  # what the call had, not what it wanted
+        msg = re.sub(r"not implemented for '\w+'|found (?:dtype )?\w+", "", msg)
+        for pat in _RANK_PATTERNS:
+            ranks.extend(int(x) for x in pat.findall(msg))
+        for m in _AT_LEAST.finditer(msg):
+            word = m.group(1) or m.group(4)
+            if word:
+                n = _WORD_NUMBERS.get(word, int(word) if word.isdigit() else 0)
+            else:
+                n = int(m.group(3)) + (m.group(2) == ">")
+            ranks.extend(range(max(1, n), min(5, n + 1) + 1))
+        if "no dimensions" in msg or "out of range" in msg or "0-dim" in msg:
+            too_small = True
+        if "matrix" in msg or "matrices" in msg:
+            ranks.append(2)
+        for pat in _WANT_DTYPE:
+            for group in pat.findall(msg):
+                for word in re.split(r"[, ]+", group):
+                    if word in _DTYPE_WORDS:
+                        want.append(_DTYPE_WORDS[word])
+        if "complex" in msg:
+            want.append(torch.complex64)
+        if "qtensor" in msg or "quantiz" in msg:
+            want += [torch.quint8, torch.qint8]
+        if "int tensor" in msg or "integral" in msg or "integer" in msg:
+            want.append(torch.int64)
+            want.append(torch.int32)
+        if "floating point" in msg or "float tensor" in msg:
+            want.append(torch.float32)
+    if too_small and not ranks:
+        ranks = [2, 3, 4]
+    want = [d for d in want if d not in avoid and d not in arg_dtypes.values()]
+    return Hints(tuple(dict.fromkeys(sorted(ranks))), tuple(dict.fromkeys(want)), tuple(dict.fromkeys(avoid)),
+                 tuple(arg_dtypes.items()), tuple(arg_shapes.items()), tuple(arg_ranks.items()))
+
+
+@dataclass(frozen=True)
+class _Ctx:
+    """What one generated call shares across its arguments."""
+
+    base: tuple[int, ...]  # the common tensor shape
+    dtype: torch.dtype  # the common dtype
+    list_len: int  # the common length of Tensor[] / Scalar[] lists (foreach, fused optimizers)
+    hints: Hints = Hints()
+    uniform: bool = False  # every tensor argument takes the common shape
+
+
+def _shape_strategy(base: tuple[int, ...], uniform: bool = False) -> st.SearchStrategy[tuple[int, ...]]:
+    # mostly the common shape (most likely valid); else a broadcastable suffix, the leading or
+    # last dim alone (a bias, a per-channel vector), a scalar, or one dim inserted after the first
+    # (an input of one more rank than its target, as in nll_loss2d)
+    if uniform:
+        return st.just(base)
+    inserted = base[:1] + (2,) + base[1:] if base else (2,)
+    return st.sampled_from([base, base, base, base[1:], base[:1], base[-1:], (), inserted])
+
+
+def _arg_strategy(arg: Any, ctx: _Ctx) -> st.SearchStrategy[Any] | None:
     key = (arg.name, str(arg.type), getattr(arg, "N", None), arg.kwarg_only,
-           bool(arg.alias_info and arg.alias_info.is_write), base, dtype)
+           bool(arg.alias_info and arg.alias_info.is_write), ctx)
     if key not in _STRATEGIES:
-        _STRATEGIES[key] = _make_strategy(arg, base, dtype)
+        if len(_STRATEGIES) > 50_000:
+            _STRATEGIES.clear()
+        _STRATEGIES[key] = _make_strategy(arg, ctx)
     return _STRATEGIES[key]
 
 
 _STRATEGIES: dict[tuple[Any, ...], st.SearchStrategy[Any] | None] = {}
 
 
-def _make_strategy(arg: Any, base: tuple[int, ...], dtype: torch.dtype) -> st.SearchStrategy[Any] | None:
+def _tensor_dtypes(ctx: _Ctx, kind: str) -> st.SearchStrategy[torch.dtype]:
+    if kind == "index":
+        return st.sampled_from([torch.int64, torch.int32] if torch.int32 in ctx.hints.dtypes else [torch.int64])
+    if kind == "mask":
+        return st.just(torch.bool)
+    extra = [d for d in ctx.hints.dtypes if d.is_floating_point or d.is_complex or not d.is_signed or
+             d in (torch.int64, torch.int32, torch.bool)]
+    extra = [d for d in extra if d not in (torch.quint8, torch.qint8, torch.qint32)]
+    return st.sampled_from([ctx.dtype, ctx.dtype, *extra]) if extra else st.just(ctx.dtype)
+
+
+def _make_strategy(arg: Any, ctx: _Ctx) -> st.SearchStrategy[Any] | None:
     t, name = arg.type, arg.name
+    base, dtype, hints = ctx.base, ctx.dtype, ctx.hints
     kind = _type_name(t)
     if kind == "OptionalType" and _type_name(t.getElementType()) == "DeviceObjType":
         return st.just(DEVICE)  # never None: the target run must create its tensors on the target
     if kind == "OptionalType":
         inner = _arg_strategy(_Fake(name, t.getElementType(), arg.kwarg_only, arg.alias_info, getattr(arg, "N", None)),
-                              base, dtype)
+                              ctx)
         return st.none() if inner is None else st.one_of(inner, st.none())
     if kind == "TensorType":
         is_out = arg.alias_info is not None and arg.alias_info.is_write and arg.kwarg_only
         if is_out:
-            return st.just(TensorSpec((0,), dtype, 0, "out"))
+            out_dtype = dict(hints.arg_dtypes).get(name, torch.int64 if name in ("indices", "index") else dtype)
+            return st.just(TensorSpec((0,), out_dtype, 0, "out"))
         tkind = "index" if name in _INDEX_NAMES else ("mask" if "mask" in name else "value")
-        tdtype = torch.int64 if tkind == "index" else (torch.bool if tkind == "mask" else dtype)
-        return st.builds(TensorSpec, _shape_strategy(base), st.just(tdtype), st.integers(0, 2**16), st.just(tkind))
+        dtypes = _tensor_dtypes(ctx, tkind)
+        if name in dict(hints.arg_dtypes):
+            want = dict(hints.arg_dtypes)[name]
+            dtypes, tkind = st.just(want), ("value" if want.is_floating_point else tkind)
+        ranks = dict(hints.arg_ranks)
+        if name in dict(hints.arg_shapes):
+            shapes = st.just(dict(hints.arg_shapes)[name])
+        elif name in ranks or (name == "self" and "input" in ranks):
+            r = ranks.get(name, ranks.get("input", 0))
+            padded = base + (2,) * r  # the common shape cut (or padded) to the rank it asked for
+            shapes = st.sampled_from([padded[:r], (padded[-r:] if r else ())])
+        else:
+            shapes = _shape_strategy(base, ctx.uniform)
+        return st.builds(TensorSpec, shapes, dtypes, st.integers(0, 2**16), st.just(tkind))
     if kind == "ListType":
         el = _type_name(t.getElementType())
+        n = getattr(arg, "N", None)  # int[2] kernel_size, bool[3] output_mask: exactly N
         if el in ("TensorType", "OptionalType"):
-            inner = _arg_strategy(_Fake(name, t.getElementType(), arg.kwarg_only, None), base, dtype)
-            return None if inner is None else st.lists(inner, min_size=1, max_size=3)
+            inner = _arg_strategy(_Fake(name, t.getElementType(), arg.kwarg_only, None), ctx)
+            return None if inner is None else st.lists(inner, min_size=ctx.list_len, max_size=ctx.list_len)
         if el in ("IntType", "SymIntType"):
-            n = getattr(arg, "N", None)  # int[2] kernel_size: exactly 2
             lo, hi = (n, n) if n else (0, 3)
             if "dim" in name:
                 return st.lists(st.integers(-1, max(0, len(base) - 1)), min_size=min(lo, 2), max_size=min(hi, 2),
                                 unique=True)
+            if "padding" in name:  # zero padding is the common valid case
+                return st.lists(st.integers(0, 1), min_size=lo, max_size=hi)
             if name in _SIZE_NAMES or "size" in name:
                 return st.lists(st.integers(1, 4), min_size=lo, max_size=hi)
             return st.lists(st.integers(0, 3), min_size=lo, max_size=hi)
         if el == "FloatType":
-            return st.lists(st.floats(-2, 2, allow_nan=False), min_size=0, max_size=3)
-        if el == "NumberType":  # Scalar[]: one per tensor of a foreach list, usually
+            lo, hi = (n, n) if n else (0, 3)
+            return st.lists(st.floats(-2, 2, allow_nan=False), min_size=lo, max_size=hi)
+        if el == "NumberType":  # Scalar[]: one per tensor of a foreach list
             return st.lists(st.one_of(st.integers(-2, 3), st.floats(-2, 2, allow_nan=False, width=32)),
-                            min_size=1, max_size=3)
+                            min_size=ctx.list_len, max_size=ctx.list_len)
         if el == "BoolType":
-            return st.lists(st.booleans(), min_size=1, max_size=3)
+            lo, hi = (n, n) if n else (1, 3)
+            return st.lists(st.booleans(), min_size=lo, max_size=hi)
         return None
     if kind in ("IntType", "SymIntType"):
         if name == "dtype":
-            return st.sampled_from([torch.float32, torch.int64])
+            return _scalar_types(hints)
         if name == "layout":
             return st.just(torch.strided)
         if name == "memory_format":
             return st.sampled_from([torch.contiguous_format, torch.preserve_format])
         if "dim" in name:
             return st.integers(-1, max(0, len(base) - 1))
+        if "group" in name:
+            return st.integers(1, 2)
         return st.integers(0, 4)
     if kind == "FloatType":
         return st.floats(-2, 2, allow_nan=False, width=32)
@@ -180,7 +366,7 @@ def _make_strategy(arg: Any, base: tuple[int, ...], dtype: torch.dtype) -> st.Se
     if kind == "DeviceObjType":
         return st.just(DEVICE)
     if kind == "ScalarTypeType":
-        return st.sampled_from([torch.float32, torch.int64])
+        return _scalar_types(hints)
     if kind == "LayoutType":
         return st.just(torch.strided)
     if kind == "MemoryFormatType":
@@ -188,6 +374,10 @@ def _make_strategy(arg: Any, base: tuple[int, ...], dtype: torch.dtype) -> st.Se
     if kind == "GeneratorType":
         return st.none()
     return None  # Dimname, Storage, Stream, Any, ...: not generated
+
+
+def _scalar_types(hints: Hints) -> st.SearchStrategy[torch.dtype]:
+    return st.sampled_from(list(dict.fromkeys([torch.float32, torch.int64, *hints.dtypes])))
 
 
 @dataclass
@@ -199,20 +389,28 @@ class _Fake:
     N: int | None = None
 
 
-def call_strategy(op: torch._ops.OpOverload) -> st.SearchStrategy[Call]:
-    """A strategy of calls to ``op`` built from its schema. Raises ValueError when an argument
-    type cannot be generated (the reason lands in the coverage table)."""
+def call_strategy(op: torch._ops.OpOverload, hints: Hints = Hints()) -> st.SearchStrategy[Call]:
+    """A strategy of calls to ``op`` built from its schema (steered by ``hints`` when given).
+    Raises ValueError when an argument type cannot be generated (the reason lands in the
+    coverage table)."""
     args = op._schema.arguments
+    dtypes = [d for d in (*hints.dtypes, *SMALL_DTYPES) if d not in hints.avoid] or list(SMALL_DTYPES)
+    dtypes = [d for d in dtypes if d not in (torch.quint8, torch.qint8, torch.qint32)] or list(SMALL_DTYPES)
+    rank_strategy = st.sampled_from(hints.ranks) if hints.ranks else st.integers(0, 4)
 
     @st.composite
     def build(draw: Callable[..., Any]) -> Call:
-        rank = draw(st.integers(0, 4))
-        base = tuple(draw(st.lists(st.integers(1, 4), min_size=rank, max_size=rank)))
-        dtype = draw(st.sampled_from(SMALL_DTYPES))
+        rank = draw(rank_strategy)
+        # steered searches avoid size-1 dims (a kernel that splits or windows a dim rejects them)
+        base = tuple(draw(st.lists(st.integers(2 if hints else 1, 4), min_size=rank, max_size=rank)))
+        # steered searches make half their calls with one shape for every tensor (pad and pool
+        # backwards, norms: arguments whose shapes must agree)
+        uniform = bool(hints) and draw(st.booleans())
+        ctx = _Ctx(base, draw(st.sampled_from(dtypes)), draw(st.integers(1, 3)), hints, uniform)
         call = Call()
         defaults_from_here = False  # once a positional default is kept, later positionals keep theirs
         for a in args:
-            strat = _arg_strategy(a, base, dtype)
+            strat = _arg_strategy(a, ctx)
             writes = a.alias_info is not None and a.alias_info.is_write
             if strat is None or (defaults_from_here and not a.kwarg_only):
                 continue  # has a default (checked below)
@@ -226,21 +424,74 @@ def call_strategy(op: torch._ops.OpOverload) -> st.SearchStrategy[Call]:
                 call.args.append(value)
         return call
 
+    probe = _Ctx((2,), torch.float32, 1)
     for a in args:
-        if _arg_strategy(a, (2,), torch.float32) is None and not a.has_default_value():
+        if _arg_strategy(a, probe) is None and not a.has_default_value():
             raise ValueError(f"argument {a.name}: {a.type} cannot be generated")
     return build()
 
 
 @cache
 def schema_candidates() -> tuple[str, ...]:
-    """Overloads a backend can see that no OpInfo's first sample reaches (layout-specific ones
-    have their own coverage state; random ones are compared by distribution)."""
+    """Overloads a backend can see that no OpInfo the sweep runs reaches (the map is measured
+    from each OpInfo's first sample; an OpInfo with no default dtype on the CPU runs nothing).
+    Layout-specific overloads are candidates too: most take strided inputs, and those that do
+    not are told apart by the CPU's own rejections."""
     from conformance import catalog
+    from conformance.inputs.opinfo import by_name, cpu_dtypes
+    from conformance.select import DEFAULT_DTYPES
 
-    skip = ("composite_implicit", "no_cpu_kernel", "sparse", "quantized", "nested", "mkldnn")
+    infos = by_name()
+
+    def runs(name: str) -> bool:
+        info = infos.get(name)
+        return info is not None and any(str(d).removeprefix("torch.") in DEFAULT_DTYPES for d in cpu_dtypes(info))
+
+    skip = ("composite_implicit", "no_cpu_kernel")
     return tuple(o.name for o in catalog.overloads(with_opinfos=True)
-                 if not o.opinfos and not any(o.has(c) for c in skip))
+                 if not any(runs(i) for i in o.opinfos) and not any(o.has(c) for c in skip))
+
+
+class CrashSafe(frozenset):  # type: ignore[type-arg]
+    """A skip set that also asks for crash-safe search: the supervisor sends it after the CPU
+    reference killed a worker during this overload's search."""
+
+    crash_safe = True
+
+
+PREFLIGHT_TIMEOUT_S = 30.0
+
+
+def cpu_preflight(info: Any, sample: Any) -> str | None:
+    """Run the CPU reference on ``sample`` in a forked child first; the reason when the child
+    died (a crashing reference kernel is a rejected input, not the end of the search)."""
+    from conformance.execute import _clone
+
+    cpu = _clone(sample, lambda t: t.clone())
+    pid = os.fork()
+    if pid == 0:  # child: run, then leave without cleanup (exceptions are reported by the real run)
+        try:
+            result = info.op(cpu.input, *cpu.args, **cpu.kwargs)
+            del result, cpu  # free now: heap corruption often only shows when memory is freed
+            import gc
+
+            gc.collect()
+        except BaseException:  # noqa: BLE001, S110
+            pass
+        os._exit(0)
+    deadline = time.monotonic() + PREFLIGHT_TIMEOUT_S
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return f"CPU reference hung (over {PREFLIGHT_TIMEOUT_S:g} s)"
+        time.sleep(0.002)
+    if os.WIFSIGNALED(status):
+        return f"CPU reference crashed (signal {signal.Signals(os.WTERMSIG(status)).name})"
+    return None
 
 
 class _Info:
@@ -283,43 +534,68 @@ def run_schema_group(target: Any, group: Any, config: Any, *, skip: Container[st
     base_row = {"item_key": key, "op": group.op, "variant": "schema", "dtype": "any", "sample": 0,
                 "seed": config.seed}
     try:
-        strategy = call_strategy(info.packet)
+        call_strategy(info.packet)
     except ValueError as exc:
         yield {**base_row, "status": Status.SKIP.value, "error": f"no valid input: {exc}", "duration_s": 0.0}
         return
     rejected: collections.Counter[str] = collections.Counter()
     accepted: list[dict[str, Any]] = []
     failing: dict[str, Any] = {}
+    crash_safe = bool(getattr(skip, "crash_safe", False))
 
-    @settings(max_examples=MAX_EXAMPLES, derandomize=True, database=None, deadline=None, print_blob=False,
-              phases=(Phase.generate, Phase.shrink), suppress_health_check=list(HealthCheck))
-    @given(strategy)
-    def prop(call: Call) -> None:
-        if not accepted and sum(rejected.values()) >= REJECT_CAP:
-            return  # given up: let Hypothesis run out its remaining examples at no cost
-        sample = _sample(call)
-        dtype = _first_dtype(sample)
-        row = evaluate(target, info, group.op, "function", str(dtype).removeprefix("torch.") if dtype else "none",
-                       0, sample, config)
-        if row["status"] == Status.SKIP.value:
-            rejected[(row.get("error") or "")[:200]] += 1
-            reject()
-        accepted.append(row)
-        if Status(row["status"]).failed:
-            failing.clear()
-            failing.update(row=row, call=call)
-            raise AssertionError(row.get("error") or row["status"])
+    def search(strategy: st.SearchStrategy[Call]) -> None:
+        budget = [REJECT_CAP]
 
-    try:
-        prop()
-    except AssertionError:
-        pass
-    except Exception as exc:  # noqa: BLE001 - Hypothesis gave up (e.g. Unsatisfiable)
-        rejected[f"{type(exc).__name__}: {exc}"[:120]] += 0
+        @settings(max_examples=MAX_EXAMPLES, derandomize=True, database=None, deadline=None, print_blob=False,
+                  phases=(Phase.generate, Phase.shrink), suppress_health_check=list(HealthCheck))
+        @given(strategy)
+        def prop(call: Call) -> None:
+            if not accepted and budget[0] <= 0:
+                return  # given up: let Hypothesis run out its remaining examples at no cost
+            sample = _sample(call)
+            if crash_safe:
+                why = cpu_preflight(info, sample)
+                if why is not None:
+                    rejected[why] += 1
+                    budget[0] -= 1
+                    reject()
+            dtype = _first_dtype(sample)
+            row = evaluate(target, info, group.op, "function",
+                           str(dtype).removeprefix("torch.") if dtype else "none", 0, sample, config)
+            if row["status"] == Status.SKIP.value:
+                rejected[(row.get("error") or "")[:200]] += 1
+                budget[0] -= 1
+                reject()
+            accepted.append(row)
+            if Status(row["status"]).failed:
+                failing.clear()
+                failing.update(row=row, call=call)
+                raise AssertionError(row.get("error") or row["status"])
+
+        try:
+            prop()
+        except AssertionError:
+            pass
+        except Exception as exc:  # noqa: BLE001 - Hypothesis gave up (e.g. Unsatisfiable)
+            rejected[f"{type(exc).__name__}: {exc}"[:120]] += 0
+
+    # First an unsteered search; while it finds nothing, the CPU's own rejections (the ranks and
+    # dtypes it asked for) steer up to STEERED_PASSES more.
+    search(call_strategy(info.packet))
+    hints = Hints()
+    for _ in range(STEERED_PASSES):
+        if accepted:
+            break
+        more = hints.merge(hints_from_errors(rejected))
+        if more == hints:
+            break
+        hints = more
+        search(call_strategy(info.packet, hints))
+    steered = f" (steered by the CPU's errors: {hints.describe()})" if hints else ""
     if failing:
         row = dict(failing["row"])
         row.update(base_row, dtype=row["dtype"], inputs=_blob(failing["call"]))
-        row["error"] = f"minimal failing input after shrinking: {row.get('signature')}; {row.get('error') or ''}"
+        row["error"] = f"minimal failing input after shrinking{steered}: {row.get('signature')}; {row.get('error') or ''}"
         yield row
     elif accepted:
         row = dict(accepted[0])
@@ -333,7 +609,7 @@ def run_schema_group(target: Any, group: Any, config: Any, *, skip: Container[st
     else:
         top = "; ".join(f"{n}x {msg}" for msg, n in rejected.most_common(2))
         yield {**base_row, "status": Status.SKIP.value, "duration_s": 0.0,
-               "error": f"no valid input: {sum(rejected.values())} generated calls rejected by the CPU ({top})"}
+               "error": f"no valid input: {sum(rejected.values())} generated calls rejected by the CPU{steered} ({top})"}
 
 
 def _first_dtype(sample: Any) -> torch.dtype | None:
