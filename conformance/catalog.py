@@ -80,6 +80,19 @@ def _has_kernel(qualified: str, key: str) -> bool:
     return torch._C._dispatch_has_kernel_for_dispatch_key(qualified, key)
 
 
+def cpu_layout_kernel(qualified: str) -> str | None:
+    """The non-strided layout an op has a CPU kernel for (``sparse``, ``sparse_csr``,
+    ``quantized``, ``nested``, ``mkldnn``), or None. ``qualified`` may omit the overload."""
+    for layout, key in (("sparse_csr", "SparseCsrCPU"), ("sparse", "SparseCPU"), ("quantized", "QuantizedCPU"),
+                        ("nested", "NestedTensorCPU"), ("mkldnn", "MkldnnCPU")):
+        try:
+            if _has_kernel(qualified, key):
+                return layout
+        except RuntimeError:
+            return None
+    return None
+
+
 def classify(qualified: str) -> Overload:
     """Classify one overload (``aten::name`` or ``aten::name.overload``) from the registry."""
     name = canonical(qualified)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import json
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -27,12 +28,20 @@ STATES = {
     "exercised": "reached by at least one sample on the target",
     "composite_implicit": "never reaches a backend: it decomposes first (its decomposition's ops are covered instead)",
     "no_cpu_kernel": "no CPU (or composite) kernel, so there is no reference to compare with",
-    "layout": "needs a layout the target lacks (sparse, quantized, nested, mkldnn)",
+    "layout": "needs a layout the target lacks (sparse, quantized, nested, mkldnn), as probed on the target",
     "random": "random op with no distribution check reaching it yet",
     "ledger": "excluded by the ledger",
     "no_valid_input": "no valid input found",
 }
 LAYOUTS = ("sparse", "quantized", "nested", "mkldnn")
+# what a CPU rejection of strided inputs says when the overload needs another layout
+_NEEDS = (
+    ("sparse_csr", re.compile(r"compressed|sparse ?csr|sparse_csr|bsr|bsc|csc", re.I)),
+    ("sparse", re.compile(r"sparse", re.I)),
+    ("quantized", re.compile(r"quantized|qint|quint|qscheme", re.I)),
+    ("nested", re.compile(r"nested", re.I)),
+    ("mkldnn", re.compile(r"mkldnn|onednn", re.I)),
+)
 
 
 @dataclass
@@ -59,6 +68,10 @@ def _accumulate(rows: Iterable[dict]) -> tuple[dict[str, _Acc], dict[str, str]]:
         native = set(json.loads(r["native_ops"] or "[]"))
         fallback = set(json.loads(r["fallback_ops"] or "[]"))
         reached = set(json.loads(r["reached_ops"] or "[]")) | native | fallback
+        if r["variant"] == "schema" and r["status"] != Status.SKIP.value:
+            # a schema-driven item calls exactly its overload with target tensors: it ran there
+            # (or crashed or hung there) even when the device handled it above any dispatch mode
+            reached.add(r["op"])
         failing = Status(r["status"]) in FAILING
         for name in reached:
             a = acc[name]
@@ -72,23 +85,53 @@ def _accumulate(rows: Iterable[dict]) -> tuple[dict[str, _Acc], dict[str, str]]:
     return acc, tried
 
 
-def classify_unreached(o: catalog.Overload, tried: dict[str, str], excluded: dict[str, str]) -> tuple[str, str]:
+_NO_CPU = re.compile(r"Could not run '(aten::[\w.]+)' with arguments from the 'CPU' backend")
+
+
+def needed_layout(o: catalog.Overload, detail: str) -> str | None:
+    """The layout an overload needs, from the CPU's rejections of strided inputs (or, with no
+    rejections recorded, from the dispatch keys it has kernels for)."""
+    if detail:
+        text = re.sub(r"\(steered by[^)]*\)", "", detail)  # the rejections, not the generator's own notes
+        for layout, pat in _NEEDS:
+            if pat.search(text) and ("layout" in text or "tensor" in text or "backend" in text):
+                return layout
+        return None
+    layouts = [c for c in LAYOUTS if o.has(c)]
+    return layouts[0] if layouts else None
+
+
+def classify_unreached(o: catalog.Overload, tried: dict[str, str], excluded: dict[str, str],
+                       layouts: dict[str, str | None] | None = None) -> tuple[str, str]:
+    """The reason an overload no sample reached, from the fixed vocabulary. ``layouts`` is the
+    run's probe of the target (layout -> None when the target holds it, else its error)."""
     if o.has("composite_implicit"):
         return "composite_implicit", ""
     if o.has("no_cpu_kernel"):
         return "no_cpu_kernel", ""
-    layouts = [c for c in LAYOUTS if o.has(c)]
-    if layouts:
-        return "layout", ", ".join(layouts)
     if o.name in excluded:
         return "ledger", excluded[o.name]
     if o.has("random"):
         return "random", ""
-    if o.name in tried:
-        detail = tried[o.name]
-        if "Could not run" in detail and "'CPU' backend" in detail:
-            # the CPU has no dense kernel after all (only sparse/quantized/... ones)
+    detail = tried.get(o.name, "")
+    need = None
+    inner = _NO_CPU.search(detail)
+    if inner:
+        # the op it calls has no strided CPU kernel: it needs another layout if the CPU has a
+        # kernel for one (a sparse-only op behind an out= wrapper), else there is no reference
+        need = catalog.cpu_layout_kernel(inner.group(1))
+        if need is None:
             return "no_cpu_kernel", detail
+    need = need or needed_layout(o, detail)
+    if need is not None:
+        if layouts is None:
+            return "layout", f"{need} (the target's layouts were not probed in this run)"
+        probe = layouts.get(need, layouts.get("sparse") if need == "sparse_csr" else None)
+        if probe is not None:
+            return "layout", f"{need}: the target could not hold one ({probe[:160]})"
+        if need in layouts:
+            return "no_valid_input", f"needs {need} inputs, which the target holds but the generator does not make"
+    if o.name in tried:
         return "no_valid_input", detail
     return "no_valid_input", "no OpInfo sample reaches it and schema-driven generation did not run in this run"
 
@@ -99,6 +142,8 @@ def compute(store: Store, run_id: str, excluded: dict[str, str] | None = None) -
         "select variant, dtype, status, native_ops, fallback_ops, reached_ops, op, error "
         "from op_results where run_id = ?", [run_id])
     acc, tried = _accumulate(rows)
+    run = store.get_run(run_id) or {}
+    layouts = json.loads(run.get("config") or "{}").get("layouts")
     out = []
     counts: collections.Counter[str] = collections.Counter()
     for o in catalog.overloads():
@@ -106,7 +151,7 @@ def compute(store: Store, run_id: str, excluded: dict[str, str] | None = None) -
         if a is not None:
             state, detail = "exercised", ""
         else:
-            state, detail = classify_unreached(o, tried, excluded or {})
+            state, detail = classify_unreached(o, tried, excluded or {}, layouts)
         counts[state] += 1
         a = a or _Acc()
         out.append({"run_id": run_id, "name": o.name, "state": state, "detail": detail, "samples": a.samples,

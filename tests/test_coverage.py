@@ -96,3 +96,45 @@ def test_backward_is_compared_and_exercises_backward_overloads(tmp_path):
     assert bad["status"] == "mismatch" and "aten::threshold_backward.default" in bad["native_ops"]
     fwd = evaluate(target, info, "relu", "function", "float32", 0, sample, cfg)
     assert fwd["status"] in ("pass", "pass_fallback")
+
+
+def test_layout_reason_comes_from_the_cpu_rejections_and_the_target_probe():
+    o = _o("aten::values_copy.default")
+    tried = {o.name: "no valid input: 120 generated calls rejected by the CPU (120x CPU reference failed: "
+                     "RuntimeError: values expected sparse tensor layout but got Strided)"}
+    lacks = {"sparse": "NotImplementedError: Could not run 'aten::_to_copy' with arguments from the 'Sparseneuron'"}
+    state, detail = classify_unreached(o, tried, {}, lacks)
+    assert state == "layout" and detail.startswith("sparse: the target could not hold one")
+    # a target that holds sparse tensors: the gap is the generator's, not the target's
+    state, detail = classify_unreached(o, tried, {}, {"sparse": None})
+    assert state == "no_valid_input" and "generator does not make" in detail
+    # a run without a probe says so instead of guessing
+    assert "not probed" in classify_unreached(o, tried, {}, None)[1]
+    # strided rejections that do not mention a layout stay "no valid input"
+    plain = {o.name: "no valid input: 120 generated calls rejected by the CPU (120x IndexError: bad dim)"}
+    assert classify_unreached(o, plain, {}, lacks)[0] == "no_valid_input"
+
+
+def test_probe_layouts_on_the_emulator_and_the_cpu():
+    emu = get_target("neuron-emu", "2.33.0").probe_layouts()
+    assert set(emu) == {"sparse", "sparse_csr", "quantized", "nested", "mkldnn"}
+    assert emu["mkldnn"] and emu["quantized"] and emu["sparse"]  # the emulated device holds none of these
+    assert all(v is None for v in get_target("cpu").probe_layouts().values())
+
+
+def test_a_schema_item_that_ran_counts_its_own_overload(store):
+    """Some overloads are handled above every dispatch mode (detach_, _fw_primal): a schema
+    item that ran them on the target, or crashed there, still reached them."""
+    run = store.start_run(target="t", build="b", torch_version=torch.__version__, config={})
+    store.insert("op_results", [
+        {"run_id": run, "item_key": "aten::detach_.default|schema|any|0", "op": "aten::detach_.default",
+         "variant": "schema", "dtype": "float32", "status": "pass", "reached_ops": []},
+        {"run_id": run, "item_key": "aten::_efficientzerotensor.default|schema|any|0",
+         "op": "aten::_efficientzerotensor.default", "variant": "schema", "dtype": "any", "status": "crash",
+         "error": "process died during the item on the target: signal 11 (SIGSEGV)"},
+    ])
+    compute(store, run)
+    rows = {r["name"]: r for r in store.db.query("select * from coverage where run_id = ?", [run])}
+    assert rows["aten::detach_.default"]["state"] == "exercised"
+    ez = rows["aten::_efficientzerotensor.default"]
+    assert ez["state"] == "exercised" and ez["failing_samples"] == 1

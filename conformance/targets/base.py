@@ -93,6 +93,25 @@ class Target:
             yield trace
         trace.native = set(trace.dispatched)
 
+    def probe_layouts(self) -> dict[str, str | None]:
+        """Which tensor layouts the device holds: a small tensor of each layout goes to the
+        device and back and must come back equal. ``None`` when it did, else the error. The
+        coverage table uses this to say "needs a layout the target lacks" from evidence."""
+        import warnings
+
+        out: dict[str, str | None] = {}
+        x = torch.arange(1.0, 5.0).reshape(2, 2)
+        for layout, (make, dense) in LAYOUT_PROBES.items():
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # beta/prototype-layout warnings
+                    back = self.to_device(make(x)).to("cpu")
+                    self.synchronize()
+                    out[layout] = None if torch.equal(dense(back), x) else "came back with different values"
+            except Exception as exc:  # noqa: BLE001 - any failure means the layout is not held
+                out[layout] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+        return out
+
     @classmethod
     def available_builds(cls) -> tuple[str, ...]:
         """Builds this target can be run with, oldest first (empty: just the installed one)."""
@@ -109,6 +128,19 @@ class Target:
     def __repr__(self) -> str:
         return f"get_target({self.name!r}, build={self.build!r})"
 
+
+def _nested(x: torch.Tensor) -> torch.Tensor:
+    return torch.nested.nested_tensor([x[0], x[1]])
+
+
+# layout -> (make one from a dense 2x2 tensor, turn it back into that dense tensor)
+LAYOUT_PROBES: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]] = {
+    "sparse": (lambda x: x.to_sparse(), lambda y: y.to_dense()),
+    "sparse_csr": (lambda x: x.to_sparse_csr(), lambda y: y.to_dense()),
+    "quantized": (lambda x: torch.quantize_per_tensor(x, 1.0, 0, torch.quint8), lambda y: y.dequantize()),
+    "nested": (_nested, lambda y: torch.stack(y.unbind())),
+    "mkldnn": (lambda x: x.to_mkldnn(), lambda y: y.to_dense()),
+}
 
 REGISTRY: dict[str, type[Target]] = {}
 
