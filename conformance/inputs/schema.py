@@ -401,8 +401,10 @@ def call_strategy(op: torch._ops.OpOverload, hints: Hints = Hints()) -> st.Searc
     @st.composite
     def build(draw: Callable[..., Any]) -> Call:
         rank = draw(rank_strategy)
-        # steered searches avoid size-1 dims (a kernel that splits or windows a dim rejects them)
-        base = tuple(draw(st.lists(st.integers(2 if hints else 1, 4), min_size=rank, max_size=rank)))
+        # steered searches make half their calls without size-1 dims (a kernel that splits or
+        # windows a dim rejects them); the other half keep them (sizes that must match a list)
+        lo = draw(st.sampled_from([1, 2])) if hints else 1
+        base = tuple(draw(st.lists(st.integers(lo, 4), min_size=rank, max_size=rank)))
         # steered searches make half their calls with one shape for every tensor (pad and pool
         # backwards, norms: arguments whose shapes must agree)
         uniform = bool(hints) and draw(st.booleans())
