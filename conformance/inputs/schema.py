@@ -6,6 +6,13 @@ discarded; accepted ones run on the target through the same execute/compare path
 samples; on a mismatch Hypothesis shrinks to a minimal failing input, and that input is stored
 (``inputs`` blob) so ``conformance repro`` reproduces it.
 
+When a search finds no input the CPU accepts, the CPU's own error messages are read for what
+it wanted (:func:`hints_from_errors`: ranks, dtypes, per-argument dtypes/shapes/ranks) and up to
+``STEERED_PASSES`` more searches are steered by them. Hints come from the reference kernel only,
+never from the target. An input that crashes the reference kernel kills its worker; the
+supervisor then re-sends the overload as :class:`CrashSafe` and every input's CPU run is first
+tried in a forked child (:func:`cpu_preflight`).
+
 Example::
 
     >>> import torch
@@ -253,131 +260,179 @@ class _Ctx:
     uniform: bool = False  # every tensor argument takes the common shape
 
 
-def _shape_strategy(base: tuple[int, ...], uniform: bool = False) -> st.SearchStrategy[tuple[int, ...]]:
+# Drawing goes through a few cached primitive strategies: building Hypothesis strategy objects
+# per call (shapes and dtypes differ per call) cost ~6 ms per example in validation alone, ten
+# times the CPU and target work of a typical example.
+Draw = Callable[[st.SearchStrategy[Any]], Any]
+Drawer = Callable[[Draw, _Ctx], Any]
+
+
+@cache
+def _ints(lo: int, hi: int) -> st.SearchStrategy[int]:
+    return st.integers(lo, hi)
+
+
+_BOOL = st.booleans()
+_FLOAT = st.floats(-2, 2, allow_nan=False, width=32)
+_NUMBER = st.one_of(st.integers(-2, 3), _FLOAT)
+_SEED = st.integers(0, 2**16)
+
+
+def _pick(draw: Draw, options: list[Any] | tuple[Any, ...]) -> Any:
+    return options[draw(_ints(0, len(options) - 1))] if len(options) > 1 else options[0]
+
+
+def _shapes(base: tuple[int, ...], uniform: bool = False) -> list[tuple[int, ...]]:
     # mostly the common shape (most likely valid); else a broadcastable suffix, the leading or
     # last dim alone (a bias, a per-channel vector), a scalar, or one dim inserted after the first
     # (an input of one more rank than its target, as in nll_loss2d)
     if uniform:
-        return st.just(base)
+        return [base]
     inserted = base[:1] + (2,) + base[1:] if base else (2,)
-    return st.sampled_from([base, base, base, base[1:], base[:1], base[-1:], (), inserted])
+    return [base, base, base, base[1:], base[:1], base[-1:], (), inserted]
 
 
-def _arg_strategy(arg: Any, ctx: _Ctx) -> st.SearchStrategy[Any] | None:
-    key = (arg.name, str(arg.type), getattr(arg, "N", None), arg.kwarg_only,
-           bool(arg.alias_info and arg.alias_info.is_write), ctx)
-    if key not in _STRATEGIES:
-        if len(_STRATEGIES) > 50_000:
-            _STRATEGIES.clear()
-        _STRATEGIES[key] = _make_strategy(arg, ctx)
-    return _STRATEGIES[key]
-
-
-_STRATEGIES: dict[tuple[Any, ...], st.SearchStrategy[Any] | None] = {}
-
-
-def _tensor_dtypes(ctx: _Ctx, kind: str) -> st.SearchStrategy[torch.dtype]:
+def _tensor_dtypes(ctx: _Ctx, kind: str) -> list[torch.dtype]:
     if kind == "index":
-        return st.sampled_from([torch.int64, torch.int32] if torch.int32 in ctx.hints.dtypes else [torch.int64])
+        return [torch.int64, torch.int32] if torch.int32 in ctx.hints.dtypes else [torch.int64]
     if kind == "mask":
-        return st.just(torch.bool)
-    extra = [d for d in ctx.hints.dtypes if d.is_floating_point or d.is_complex or not d.is_signed or
-             d in (torch.int64, torch.int32, torch.bool)]
-    extra = [d for d in extra if d not in (torch.quint8, torch.qint8, torch.qint32)]
-    return st.sampled_from([ctx.dtype, ctx.dtype, *extra]) if extra else st.just(ctx.dtype)
+        return [torch.bool]
+    extra = [d for d in ctx.hints.dtypes if d not in (torch.quint8, torch.qint8, torch.qint32)]
+    return [ctx.dtype, ctx.dtype, *extra] if extra else [ctx.dtype]
 
 
-def _make_strategy(arg: Any, ctx: _Ctx) -> st.SearchStrategy[Any] | None:
-    t, name = arg.type, arg.name
-    base, dtype, hints = ctx.base, ctx.dtype, ctx.hints
-    kind = _type_name(t)
-    if kind == "OptionalType" and _type_name(t.getElementType()) == "DeviceObjType":
-        return st.just(DEVICE)  # never None: the target run must create its tensors on the target
-    if kind == "OptionalType":
-        inner = _arg_strategy(_Fake(name, t.getElementType(), arg.kwarg_only, arg.alias_info, getattr(arg, "N", None)),
-                              ctx)
-        return st.none() if inner is None else st.one_of(inner, st.none())
-    if kind == "TensorType":
-        is_out = arg.alias_info is not None and arg.alias_info.is_write and arg.kwarg_only
+def _scalar_types(hints: Hints) -> list[torch.dtype]:
+    return list(dict.fromkeys([torch.float32, torch.int64, *hints.dtypes]))
+
+
+def _list(elem: Drawer, lo: int, hi: int, unique: bool = False) -> Drawer:
+    def draw_list(draw: Draw, ctx: _Ctx) -> list[Any]:
+        out = [elem(draw, ctx) for _ in range(draw(_ints(lo, hi)))]
+        return list(dict.fromkeys(out)) if unique else out
+
+    return draw_list
+
+
+def _optional(inner: Drawer) -> Drawer:
+    return lambda draw, ctx: None if draw(_BOOL) else inner(draw, ctx)
+
+
+def _const(value: Any) -> Drawer:
+    return lambda draw, ctx: value
+
+
+def _of(strategy: st.SearchStrategy[Any]) -> Drawer:
+    return lambda draw, ctx: draw(strategy)
+
+
+def _choice(options: list[Any]) -> Drawer:
+    return lambda draw, ctx: _pick(draw, options)
+
+
+def _arg_drawer(arg: Any) -> Drawer | None:
+    key = (arg.name, str(arg.type), getattr(arg, "N", None), arg.kwarg_only,
+           bool(arg.alias_info and arg.alias_info.is_write))
+    if key not in _DRAWERS:
+        _DRAWERS[key] = _make_drawer(arg)
+    return _DRAWERS[key]
+
+
+_DRAWERS: dict[tuple[Any, ...], Drawer | None] = {}
+
+
+def _tensor_drawer(name: str, is_out: bool) -> Drawer:
+    tkind = "index" if name in _INDEX_NAMES else ("mask" if "mask" in name else "value")
+
+    def draw_tensor(draw: Draw, ctx: _Ctx) -> TensorSpec:
+        hints, base = ctx.hints, ctx.base
+        wanted = dict(hints.arg_dtypes).get(name) if hints.arg_dtypes else None
         if is_out:
-            out_dtype = dict(hints.arg_dtypes).get(name, torch.int64 if name in ("indices", "index") else dtype)
-            return st.just(TensorSpec((0,), out_dtype, 0, "out"))
-        tkind = "index" if name in _INDEX_NAMES else ("mask" if "mask" in name else "value")
-        dtypes = _tensor_dtypes(ctx, tkind)
-        if name in dict(hints.arg_dtypes):
-            want = dict(hints.arg_dtypes)[name]
-            dtypes, tkind = st.just(want), ("value" if want.is_floating_point else tkind)
-        ranks = dict(hints.arg_ranks)
-        if name in dict(hints.arg_shapes):
-            shapes = st.just(dict(hints.arg_shapes)[name])
+            return TensorSpec((0,), wanted or (torch.int64 if name in ("indices", "index") else ctx.dtype), 0, "out")
+        kind = tkind
+        if wanted is not None:
+            dtype, kind = wanted, ("value" if wanted.is_floating_point else tkind)
+        else:
+            dtype = _pick(draw, _tensor_dtypes(ctx, tkind))
+        ranks = dict(hints.arg_ranks) if hints.arg_ranks else {}
+        if hints.arg_shapes and name in dict(hints.arg_shapes):
+            shape = dict(hints.arg_shapes)[name]
         elif name in ranks or (name == "self" and "input" in ranks):
             r = ranks.get(name, ranks.get("input", 0))
             padded = base + (2,) * r  # the common shape cut (or padded) to the rank it asked for
-            shapes = st.sampled_from([padded[:r], (padded[-r:] if r else ())])
+            shape = _pick(draw, [padded[:r], (padded[-r:] if r else ())])
         else:
-            shapes = _shape_strategy(base, ctx.uniform)
-        return st.builds(TensorSpec, shapes, dtypes, st.integers(0, 2**16), st.just(tkind))
+            shape = _pick(draw, _shapes(base, ctx.uniform))
+        return TensorSpec(shape, dtype, draw(_SEED), kind)
+
+    return draw_tensor
+
+
+def _make_drawer(arg: Any) -> Drawer | None:
+    t, name = arg.type, arg.name
+    kind = _type_name(t)
+    n = getattr(arg, "N", None)  # int[2] kernel_size, bool[3] output_mask: exactly N
+    if kind == "OptionalType" and _type_name(t.getElementType()) == "DeviceObjType":
+        return _const(DEVICE)  # never None: the target run must create its tensors on the target
+    if kind == "OptionalType":
+        inner = _arg_drawer(_Fake(name, t.getElementType(), arg.kwarg_only, arg.alias_info, n))
+        return _const(None) if inner is None else _optional(inner)
+    if kind == "TensorType":
+        return _tensor_drawer(name, arg.alias_info is not None and arg.alias_info.is_write and arg.kwarg_only)
     if kind == "ListType":
         el = _type_name(t.getElementType())
-        n = getattr(arg, "N", None)  # int[2] kernel_size, bool[3] output_mask: exactly N
         if el in ("TensorType", "OptionalType"):
-            inner = _arg_strategy(_Fake(name, t.getElementType(), arg.kwarg_only, None), ctx)
-            return None if inner is None else st.lists(inner, min_size=ctx.list_len, max_size=ctx.list_len)
+            inner = _arg_drawer(_Fake(name, t.getElementType(), arg.kwarg_only, None))
+            if inner is None:
+                return None
+            return lambda draw, ctx: [inner(draw, ctx) for _ in range(ctx.list_len)]
+        lo, hi = (n, n) if n else (0, 3)
         if el in ("IntType", "SymIntType"):
-            lo, hi = (n, n) if n else (0, 3)
             if "dim" in name:
-                return st.lists(st.integers(-1, max(0, len(base) - 1)), min_size=min(lo, 2), max_size=min(hi, 2),
-                                unique=True)
+                return lambda draw, ctx: _list(_of(_ints(-1, max(0, len(ctx.base) - 1))), min(lo, 2), min(hi, 2),
+                                               unique=True)(draw, ctx)
             if "padding" in name:  # zero padding is the common valid case
-                return st.lists(st.integers(0, 1), min_size=lo, max_size=hi)
+                return _list(_of(_ints(0, 1)), lo, hi)
             if name in _SIZE_NAMES or "size" in name:
-                return st.lists(st.integers(1, 4), min_size=lo, max_size=hi)
-            return st.lists(st.integers(0, 3), min_size=lo, max_size=hi)
+                return _list(_of(_ints(1, 4)), lo, hi)
+            return _list(_of(_ints(0, 3)), lo, hi)
         if el == "FloatType":
-            lo, hi = (n, n) if n else (0, 3)
-            return st.lists(st.floats(-2, 2, allow_nan=False), min_size=lo, max_size=hi)
+            return _list(_of(_FLOAT), lo, hi)
         if el == "NumberType":  # Scalar[]: one per tensor of a foreach list
-            return st.lists(st.one_of(st.integers(-2, 3), st.floats(-2, 2, allow_nan=False, width=32)),
-                            min_size=ctx.list_len, max_size=ctx.list_len)
+            return lambda draw, ctx: [draw(_NUMBER) for _ in range(ctx.list_len)]
         if el == "BoolType":
-            lo, hi = (n, n) if n else (1, 3)
-            return st.lists(st.booleans(), min_size=lo, max_size=hi)
+            return _list(_of(_BOOL), *((n, n) if n else (1, 3)))
         return None
     if kind in ("IntType", "SymIntType"):
         if name == "dtype":
-            return _scalar_types(hints)
+            return lambda draw, ctx: _pick(draw, _scalar_types(ctx.hints))
         if name == "layout":
-            return st.just(torch.strided)
+            return _const(torch.strided)
         if name == "memory_format":
-            return st.sampled_from([torch.contiguous_format, torch.preserve_format])
+            return _choice([torch.contiguous_format, torch.preserve_format])
         if "dim" in name:
-            return st.integers(-1, max(0, len(base) - 1))
+            return lambda draw, ctx: draw(_ints(-1, max(0, len(ctx.base) - 1)))
         if "group" in name:
-            return st.integers(1, 2)
-        return st.integers(0, 4)
+            return _of(_ints(1, 2))
+        return _of(_ints(0, 4))
     if kind == "FloatType":
-        return st.floats(-2, 2, allow_nan=False, width=32)
+        return _of(_FLOAT)
     if kind == "BoolType":
-        return st.booleans()
+        return _of(_BOOL)
     if kind == "NumberType":
-        return st.one_of(st.integers(-2, 3), st.floats(-2, 2, allow_nan=False, width=32))
+        return _of(_NUMBER)
     if kind == "StringType":
-        return st.sampled_from(_STRINGS.get(name, ["none", "mean", "sum"]))
+        return _choice(_STRINGS.get(name, ["none", "mean", "sum"]))
     if kind == "DeviceObjType":
-        return st.just(DEVICE)
+        return _const(DEVICE)
     if kind == "ScalarTypeType":
-        return _scalar_types(hints)
+        return lambda draw, ctx: _pick(draw, _scalar_types(ctx.hints))
     if kind == "LayoutType":
-        return st.just(torch.strided)
+        return _const(torch.strided)
     if kind == "MemoryFormatType":
-        return st.just(torch.contiguous_format)
+        return _const(torch.contiguous_format)
     if kind == "GeneratorType":
-        return st.none()
+        return _const(None)
     return None  # Dimname, Storage, Stream, Any, ...: not generated
-
-
-def _scalar_types(hints: Hints) -> st.SearchStrategy[torch.dtype]:
-    return st.sampled_from(list(dict.fromkeys([torch.float32, torch.int64, *hints.dtypes])))
 
 
 @dataclass
@@ -394,42 +449,41 @@ def call_strategy(op: torch._ops.OpOverload, hints: Hints = Hints()) -> st.Searc
     Raises ValueError when an argument type cannot be generated (the reason lands in the
     coverage table)."""
     args = op._schema.arguments
+    drawers = [_arg_drawer(a) for a in args]
+    for a, d in zip(args, drawers, strict=True):
+        if d is None and not a.has_default_value():
+            raise ValueError(f"argument {a.name}: {a.type} cannot be generated")
     dtypes = [d for d in (*hints.dtypes, *SMALL_DTYPES) if d not in hints.avoid] or list(SMALL_DTYPES)
     dtypes = [d for d in dtypes if d not in (torch.quint8, torch.qint8, torch.qint32)] or list(SMALL_DTYPES)
-    rank_strategy = st.sampled_from(hints.ranks) if hints.ranks else st.integers(0, 4)
+    ranks = list(hints.ranks) or [0, 1, 2, 3, 4]
 
     @st.composite
-    def build(draw: Callable[..., Any]) -> Call:
-        rank = draw(rank_strategy)
+    def build(draw: Draw) -> Call:
+        rank = _pick(draw, ranks)
         # steered searches make half their calls without size-1 dims (a kernel that splits or
         # windows a dim rejects them); the other half keep them (sizes that must match a list)
-        lo = draw(st.sampled_from([1, 2])) if hints else 1
-        base = tuple(draw(st.lists(st.integers(lo, 4), min_size=rank, max_size=rank)))
+        lo = _pick(draw, [1, 2]) if hints else 1
+        base = tuple(draw(_ints(lo, 4)) for _ in range(rank))
         # steered searches make half their calls with one shape for every tensor (pad and pool
         # backwards, norms: arguments whose shapes must agree)
-        uniform = bool(hints) and draw(st.booleans())
-        ctx = _Ctx(base, draw(st.sampled_from(dtypes)), draw(st.integers(1, 3)), hints, uniform)
+        uniform = bool(hints) and draw(_BOOL)
+        ctx = _Ctx(base, _pick(draw, dtypes), draw(_ints(1, 3)), hints, uniform)
         call = Call()
         defaults_from_here = False  # once a positional default is kept, later positionals keep theirs
-        for a in args:
-            strat = _arg_strategy(a, ctx)
+        for a, drawer in zip(args, drawers, strict=True):
             writes = a.alias_info is not None and a.alias_info.is_write
-            if strat is None or (defaults_from_here and not a.kwarg_only):
-                continue  # has a default (checked below)
-            if a.has_default_value() and not writes and a.name != "device" and draw(st.booleans()):
+            if drawer is None or (defaults_from_here and not a.kwarg_only):
+                continue  # has a default (checked above)
+            if a.has_default_value() and not writes and a.name != "device" and draw(_BOOL):
                 defaults_from_here = defaults_from_here or not a.kwarg_only
                 continue  # keep the default
-            value = draw(strat)
+            value = drawer(draw, ctx)
             if a.kwarg_only:
                 call.kwargs[a.name] = value
             else:
                 call.args.append(value)
         return call
 
-    probe = _Ctx((2,), torch.float32, 1)
-    for a in args:
-        if _arg_strategy(a, probe) is None and not a.has_default_value():
-            raise ValueError(f"argument {a.name}: {a.type} cannot be generated")
     return build()
 
 
