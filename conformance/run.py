@@ -167,6 +167,7 @@ class _Slot:
     since: float = 0.0
     ready: bool = False
     phase: str = ""
+    assigned_at: float = 0.0
 
 
 class Only:
@@ -202,6 +203,8 @@ class Supervisor:
         self.sink = sink or (lambda row, table: self.writers[table].add(row))
         self.slots: list[_Slot] = []
         self.crash_safe: set[str] = set()  # schema groups whose CPU reference killed a worker
+        self.kind_time: collections.Counter[str] = collections.Counter()  # worker-seconds per group kind
+        self.kind_done: collections.Counter[str] = collections.Counter()
         self.groups_done = 0
         self._last_progress = 0.0
         self._start = time.monotonic()
@@ -226,7 +229,7 @@ class Supervisor:
             slot.conn.send(None)
             return
         group = self.queue.popleft()
-        slot.group, slot.seen, slot.inflight = group, set(), None
+        slot.group, slot.seen, slot.inflight, slot.assigned_at = group, set(), None, time.monotonic()
         slot.conn.send((group, self._skip(group, set())))
 
     def _skip(self, group: Group, seen: set[str]) -> Any:
@@ -243,7 +246,7 @@ class Supervisor:
         """Replace a dead or killed worker; it continues the same group after the bad item."""
         self._kill(slot)
         new = self._spawn()
-        new.group, new.seen = slot.group, slot.seen
+        new.group, new.seen, new.assigned_at = slot.group, slot.seen, slot.assigned_at
         return new
 
     def _record(self, row: dict[str, Any], table: str) -> None:
@@ -331,6 +334,9 @@ class Supervisor:
             self._record(payload, slot.group.table)
         elif kind == "done":
             self.groups_done += 1
+            if slot.group is not None:
+                self.kind_time[slot.group.kind] += time.monotonic() - slot.assigned_at
+                self.kind_done[slot.group.kind] += 1
             self._assign(slot)
             if slot.group is None:
                 slot.proc.join(10)
@@ -382,6 +388,20 @@ class Supervisor:
             slot.inflight = None
             self.slots[i] = self._restart(slot)
 
+    def eta_s(self) -> float | None:
+        """Seconds left: the groups still queued or running, each at the mean worker time of
+        finished groups of its kind (schema searches and model graphs take far longer than an
+        OpInfo x dtype group), shared by the workers. None until enough groups finished."""
+        done = sum(self.kind_done.values())
+        if done < max(3, self.total_groups // 50):
+            return None
+        overall = sum(self.kind_time.values()) / done
+        left = collections.Counter(g.kind for g in self.queue)
+        left.update(s.group.kind for s in self.slots if s.proc is not None and s.group is not None)
+        work = sum(n * (self.kind_time[k] / self.kind_done[k] if self.kind_done[k] else overall)
+                   for k, n in left.items())
+        return work / max(1, sum(s.proc is not None for s in self.slots))
+
     def _report(self, force: bool = False) -> None:
         if self.progress is None:
             return
@@ -390,8 +410,8 @@ class Supervisor:
             return
         self._last_progress = t
         el = t - self._start
-        frac = self.groups_done / max(1, self.total_groups)
-        eta = f", eta {el / frac - el:.0f} s" if frac > 0.02 else ""
+        left = self.eta_s()
+        eta = f", eta {left:.0f} s" if left is not None else ""
         counts = " ".join(f"{k}={v}" for k, v in sorted(self.summary.counts.items()))
         self.progress(f"[{self.groups_done}/{self.total_groups} groups, {self.summary.items} items, "
                       f"{el:.0f} s{eta}] {counts}")
