@@ -103,7 +103,8 @@ def finish_stages(db_path: str | os.PathLike[str], spec: NightlySpec, result: Ni
         ids = list(run_ids) if run_ids is not None else _runs_to_finish(store, spec)
         for rid in ids:
             counts = coverage.compute(store, rid)
-            echo(f"coverage of {rid}: " + ", ".join(f"{k}={v}" for k, v in sorted(counts.items())))
+            echo(f"coverage of {rid}: backend-reachable overloads exercised {coverage.reachable_share(counts)}; "
+                 + ", ".join(f"{k}={v}" for k, v in sorted(counts.items())))
     if spec.gate and len(ids) > 1:
         result.gate_exit = nightly_gate(str(db_path), ids, echo)
     if spec.site:
