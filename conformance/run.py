@@ -355,14 +355,24 @@ class Supervisor:
         if slot.inflight is not None:
             why = f"signal {-code} ({signal.Signals(-code).name})" if code is not None and code < 0 else f"exit code {code}"
             assert slot.group is not None
-            if slot.phase == "cpu" and slot.group.kind == "schema" and slot.group.key not in self.crash_safe:
-                # a generated input killed the reference kernel: search again, pre-flighting
-                # each input's CPU run in a forked child so a crashing one is just rejected
+            if slot.group.kind == "schema" and slot.group.key not in self.crash_safe:
+                # a generated input killed the worker: search again, pre-flighting each input's
+                # CPU run in a forked child so one that crashes the reference is just rejected.
+                # Also after a death in the target phase: a reference kernel that wrote out of
+                # bounds often only aborts at a later free, during the target's run; blaming the
+                # target needs the crash to survive the pre-flight.
                 self.crash_safe.add(slot.group.key)
                 slot.inflight = None
                 self.slots[i] = self._restart(slot)
                 return
-            if slot.phase == "cpu":  # the reference kernel itself died: the input is invalid, not the target
+            if slot.group.kind == "schema" and slot.phase != "cpu":
+                # crash-safe already: this input ran on the target alone in a forked child and
+                # survived, so the death after the reference ran is not the target's to own
+                self._synthetic(slot.group, slot.inflight, Status.SKIP,
+                                f"worker died ({why}) on the target after the CPU reference ran, but the same input "
+                                "ran on the target alone without crashing: not attributed to the target",
+                                time.monotonic() - slot.since)
+            elif slot.phase == "cpu":  # the reference kernel itself died: the input is invalid, not the target
                 self._synthetic(slot.group, slot.inflight, Status.SKIP,
                                 f"CPU reference crashed ({why}); no verdict for the target", time.monotonic() - slot.since)
             else:

@@ -222,3 +222,43 @@ def test_aten_globs_select_schema_driven_overloads():
     assert {g.kind for g in mixed} == {"opinfo", "schema"}
     with pytest.raises(SelectionError, match="aten::nope"):
         select_groups(["aten::nope*"])
+
+
+class _CrashingTarget:
+    """The CPU target, except that the device kernel crashes on inputs of more than 2 elements."""
+
+    def __init__(self):
+        self.inner = get_target("cpu")
+        self.name, self.device = "crashy", "cpu"
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def wrap(self, fn):
+        def run(x, *a, **k):
+            if isinstance(x, torch.Tensor) and x.numel() > 2:
+                os.kill(os.getpid(), signal.SIGSEGV)
+            return fn(x, *a, **k)
+
+        return run
+
+
+def test_target_preflight_owns_only_the_targets_crash():
+    from torch.testing._internal.opinfo.core import SampleInput
+
+    from conformance.inputs.schema import _Info, target_preflight
+
+    info, target = _Info("aten::abs.default"), _CrashingTarget()
+    assert target_preflight(target, info, SampleInput(torch.ones(2))) is None
+    assert target_preflight(target, info, SampleInput(torch.ones(3))) == "crashed (signal SIGSEGV)"
+
+
+def test_crash_safe_search_records_a_target_crash_with_its_minimal_input():
+    """In crash-safe mode each input also runs on the target alone in a forked child: a crash
+    there is the target's, recorded as `crash` with the shrunk input, and the worker lives."""
+    rows = list(run_schema_group(_CrashingTarget(), Group("aten::abs.default", "any", "schema"), SweepConfig(),
+                                 skip=CrashSafe()))
+    row = rows[0]
+    assert row["status"] == "crash" and "alone in a forked process" in row["error"]
+    saved = torch.load(io.BytesIO(row["inputs"]), weights_only=False)
+    assert saved["args"][0].numel() == 3  # shrunk to the edge of the crash

@@ -518,20 +518,17 @@ class CrashSafe(frozenset):  # type: ignore[type-arg]
 PREFLIGHT_TIMEOUT_S = 30.0
 
 
-def cpu_preflight(info: Any, sample: Any) -> str | None:
-    """Run the CPU reference on ``sample`` in a forked child first; the reason when the child
-    died (a crashing reference kernel is a rejected input, not the end of the search)."""
-    from conformance.execute import _clone
-
-    cpu = _clone(sample, lambda t: t.clone())
+def _in_child(run: Callable[[], None]) -> str | None:
+    """Run ``run`` in a forked child; how it died ("crashed (signal X)", "hung"), or None."""
     pid = os.fork()
     if pid == 0:  # child: run, then leave without cleanup (exceptions are reported by the real run)
-        try:
-            result = info.op(cpu.input, *cpu.args, **cpu.kwargs)
-            del result, cpu  # free now: heap corruption often only shows when memory is freed
-            import gc
+        import faulthandler
+        import gc
 
-            gc.collect()
+        faulthandler.disable()  # an expected crash, reported by the parent; no traceback dump
+        try:
+            run()
+            gc.collect()  # free now: heap corruption often only shows when memory is freed
         except BaseException:  # noqa: BLE001, S110
             pass
         os._exit(0)
@@ -543,11 +540,34 @@ def cpu_preflight(info: Any, sample: Any) -> str | None:
         if time.monotonic() > deadline:
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
-            return f"CPU reference hung (over {PREFLIGHT_TIMEOUT_S:g} s)"
+            return f"hung (over {PREFLIGHT_TIMEOUT_S:g} s)"
         time.sleep(0.002)
     if os.WIFSIGNALED(status):
-        return f"CPU reference crashed (signal {signal.Signals(os.WTERMSIG(status)).name})"
+        return f"crashed (signal {signal.Signals(os.WTERMSIG(status)).name})"
     return None
+
+
+def cpu_preflight(info: Any, sample: Any) -> str | None:
+    """Run the CPU reference on ``sample`` in a forked child first; the reason when the child
+    died (a crashing reference kernel is a rejected input, not the end of the search)."""
+    from conformance.execute import _clone
+
+    cpu = _clone(sample, lambda t: t.clone())
+    died = _in_child(lambda: info.op(cpu.input, *cpu.args, **cpu.kwargs))
+    return None if died is None else f"CPU reference {died}"
+
+
+def target_preflight(target: Any, info: Any, sample: Any) -> str | None:
+    """Run ``sample`` on the target alone in a forked child (no CPU reference ran in that
+    process, so nothing the reference corrupted can fail there); how the target died, or None."""
+    from conformance.execute import _clone
+
+    def run() -> None:
+        dev = _clone(sample, lambda t: t.to(target.device, copy=True), target.device)
+        target.wrap(info.op)(dev.input, *dev.args, **dev.kwargs)
+        target.synchronize()
+
+    return _in_child(run)
 
 
 class _Info:
@@ -577,6 +597,7 @@ def _sample(call: Call) -> Any:
 def run_schema_group(target: Any, group: Any, config: Any, *, skip: Container[str] = frozenset(),
                      on_start: Callable[[str], None] | None = None) -> Iterator[dict[str, Any]]:
     """Search inputs for one overload and yield its single result row."""
+    from conformance.execute import signature
     from conformance.select import item_key
     from conformance.sweep import evaluate
     from conformance.verdict import Status
@@ -609,13 +630,23 @@ def run_schema_group(target: Any, group: Any, config: Any, *, skip: Container[st
             if not accepted and budget[0] <= 0:
                 return  # given up: let Hypothesis run out its remaining examples at no cost
             sample = _sample(call)
+            dtype = _first_dtype(sample)
             if crash_safe:
                 why = cpu_preflight(info, sample)
                 if why is not None:
                     rejected[why] += 1
                     budget[0] -= 1
                     reject()
-            dtype = _first_dtype(sample)
+                died = target_preflight(target, info, sample)
+                if died is not None:  # the target's own crash, with no reference run before it
+                    row = {"status": Status.CRASH.value, "dtype": str(dtype).removeprefix("torch.") if dtype else "none",
+                           "error": f"the target {died} running this input alone in a forked process "
+                                    "(no CPU reference ran there)", "duration_s": 0.0, "signature": signature(sample),
+                           "reached_ops": [group.op], "native_ops": [], "fallback_ops": []}
+                    accepted.append(row)
+                    failing.clear()
+                    failing.update(row=row, call=call)
+                    raise AssertionError(row["error"])
             row = evaluate(target, info, group.op, "function",
                            str(dtype).removeprefix("torch.") if dtype else "none", 0, sample, config)
             if row["status"] == Status.SKIP.value:
