@@ -389,10 +389,12 @@ class Supervisor:
         if slot.proc is None or slot.inflight is None:
             return
         elapsed = time.monotonic() - slot.since
-        if elapsed > self.spec.timeout_s:
+        # a crash-safe search forks twice per input: it gets three times the item's time
+        limit = self.spec.timeout_s * (3 if slot.group is not None and slot.group.key in self.crash_safe else 1)
+        if elapsed > limit:
             assert slot.group is not None
             self._synthetic(slot.group, slot.inflight, Status.TIMEOUT if slot.phase != "cpu" else Status.SKIP,
-                            f"{'CPU reference: ' if slot.phase == 'cpu' else ''}no result after {self.spec.timeout_s:g} s; worker killed",
+                            f"{'CPU reference: ' if slot.phase == 'cpu' else ''}no result after {limit:g} s; worker killed",
                             elapsed)
             slot.seen.add(slot.inflight)
             slot.inflight = None

@@ -516,6 +516,7 @@ class CrashSafe(frozenset):  # type: ignore[type-arg]
 
 
 PREFLIGHT_TIMEOUT_S = 30.0
+CRASH_SAFE_SHRINK_STEPS = 60
 
 
 def _in_child(run: Callable[[], None]) -> str | None:
@@ -621,7 +622,8 @@ def run_schema_group(target: Any, group: Any, config: Any, *, skip: Container[st
     crash_safe = bool(getattr(skip, "crash_safe", False))
 
     def search(strategy: st.SearchStrategy[Call]) -> None:
-        budget = [REJECT_CAP]
+        # [rejections left, crash-safe shrink steps left]: each crash-safe call costs two forks
+        budget = [REJECT_CAP // 3 if crash_safe else REJECT_CAP, CRASH_SAFE_SHRINK_STEPS]
 
         @settings(max_examples=MAX_EXAMPLES, derandomize=True, database=None, deadline=None, print_blob=False,
                   phases=(Phase.generate, Phase.shrink), suppress_health_check=list(HealthCheck))
@@ -629,6 +631,10 @@ def run_schema_group(target: Any, group: Any, config: Any, *, skip: Container[st
         def prop(call: Call) -> None:
             if not accepted and budget[0] <= 0:
                 return  # given up: let Hypothesis run out its remaining examples at no cost
+            if failing and crash_safe:  # shrinking, two forks a step: bounded
+                if budget[1] <= 0:
+                    return  # counts as passing: Hypothesis keeps the smallest failure found so far
+                budget[1] -= 1
             sample = _sample(call)
             dtype = _first_dtype(sample)
             if crash_safe:
@@ -670,7 +676,7 @@ def run_schema_group(target: Any, group: Any, config: Any, *, skip: Container[st
     # dtypes it asked for) steer up to STEERED_PASSES more.
     search(call_strategy(info.packet))
     hints = Hints()
-    for _ in range(STEERED_PASSES):
+    for _ in range(1 if crash_safe else STEERED_PASSES):
         if accepted:
             break
         more = hints.merge(hints_from_errors(rejected))
