@@ -262,3 +262,10 @@ def test_crash_safe_search_records_a_target_crash_with_its_minimal_input():
     assert row["status"] == "crash" and "alone in a forked process" in row["error"]
     saved = torch.load(io.BytesIO(row["inputs"]), weights_only=False)
     assert saved["args"][0].numel() == 3  # shrunk to the edge of the crash
+
+
+def test_file_arguments_stay_out_of_the_working_directory():
+    import tempfile
+
+    for c in _examples(torch.ops.aten.from_file.default, 20):
+        assert os.path.dirname(c.args[0]) == tempfile.gettempdir()

@@ -30,6 +30,7 @@ import io
 import os
 import re
 import signal
+import tempfile
 import time
 from collections.abc import Callable, Container, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -420,6 +421,9 @@ def _make_drawer(arg: Any) -> Drawer | None:
         return _of(_BOOL)
     if kind == "NumberType":
         return _of(_NUMBER)
+    if kind == "StringType" and name in ("filename", "path"):
+        # from_file(shared=True) creates its file: keep it out of the working directory
+        return _const(os.path.join(tempfile.gettempdir(), "conformance-schema-file.bin"))
     if kind == "StringType":
         return _choice(_STRINGS.get(name, ["none", "mean", "sum"]))
     if kind == "DeviceObjType":
