@@ -81,17 +81,22 @@ def parse_shard(spec: str | None) -> tuple[int, int]:
     return k, n
 
 
-def select_ops(globs: Sequence[str] | None) -> list[str]:
-    names = sorted(by_name())
+def _matching(names: Sequence[str], globs: Sequence[str] | None, kind: str, nothing: str) -> list[str]:
+    """``names`` matching any of ``globs`` (all when there are none), in ``names`` order; a glob
+    that matches nothing raises with ``nothing`` (which names what a good glob looks like)."""
     if not globs:
-        return names
-    chosen: list[str] = []
+        return list(names)
+    chosen: set[str] = set()
     for g in globs:
         hit = [n for n in names if fnmatch.fnmatchcase(n, g)]
         if not hit:
-            raise SelectionError(f"op glob {g!r} matches no OpInfo (e.g. 'add', 'nn.functional.*', 'linalg.*')")
-        chosen.extend(hit)
-    return sorted(dict.fromkeys(chosen))
+            raise SelectionError(f"{kind} glob {g!r} {nothing}")
+        chosen.update(hit)
+    return [n for n in names if n in chosen]
+
+
+def select_ops(globs: Sequence[str] | None) -> list[str]:
+    return _matching(sorted(by_name()), globs, "op", "matches no OpInfo (e.g. 'add', 'nn.functional.*', 'linalg.*')")
 
 
 def select_overloads(globs: Sequence[str]) -> list[str]:
@@ -99,17 +104,8 @@ def select_overloads(globs: Sequence[str]) -> list[str]:
     candidates when there are none)."""
     from .inputs.schema import schema_candidates
 
-    names = list(schema_candidates())
-    if not globs:
-        return names
-    chosen: list[str] = []
-    for g in globs:
-        hit = [n for n in names if fnmatch.fnmatchcase(n, g)]
-        if not hit:
-            raise SelectionError(f"overload glob {g!r} matches no schema-driven candidate (an overload no OpInfo "
-                                 "reaches, e.g. 'aten::_foreach_*'; see `conformance ops --json`)")
-        chosen.extend(hit)
-    return list(dict.fromkeys(chosen))
+    return _matching(schema_candidates(), globs, "overload", "matches no schema-driven candidate (an overload no OpInfo "
+                     "reaches, e.g. 'aten::_foreach_*'; see `conformance ops --json`)")
 
 
 def select_groups(ops: Sequence[str] | None = None, dtypes: Sequence[str] | None = None,
@@ -117,7 +113,8 @@ def select_groups(ops: Sequence[str] | None = None, dtypes: Sequence[str] | None
                   models: Sequence[str] = (), model_limit: int | None = None) -> list[Group]:
     """The run's groups in a stable order, restricted to one shard: every (OpInfo, dtype) pair
     the CPU supports; with ``schema``, every overload no OpInfo reaches that a backend could
-    see (``aten::`` globs in ``ops`` select among those, and alone select nothing else); with ``models``, every graph of those families (``all`` for every family)."""
+    see (``aten::`` globs in ``ops`` select among those, and alone select nothing else); with
+    ``models``, every graph of those families (``all`` for every family)."""
     groups: list[Group] = []
     aten_globs = [g for g in ops or () if g.startswith("aten::")]
     info_globs = [g for g in ops or () if not g.startswith("aten::")]
