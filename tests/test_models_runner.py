@@ -165,7 +165,7 @@ def test_execute_run_records_model_rows(tmp_path):
     # A fresh process: workers are forked, and a parent that already ran autograd on a device
     # (the tests above) cannot fork autograd users.
     db = tmp_path / "models.sqlite"
-    r = subprocess.run([sys.executable, "-c", E2E, str(db), RELU_MLP], capture_output=True, text=True, timeout=300)
+    r = subprocess.run([sys.executable, "-c", E2E, str(db), RELU_MLP], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     with Store.open(db) as st:
         rows = {r["mode"]: r for r in st.db.query("select * from model_results")}

@@ -38,7 +38,7 @@ def test_two_shards_merge_and_finish_like_the_unsharded_nightly(tmp_path):
         assert "merge the shard databases" in out
     merged = tmp_path / "merged.sqlite"
     m = subprocess.run([sys.executable, "-m", "conformance", "merge", str(merged), *map(str, shards)],
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=900)
     assert m.returncode == 0, m.stderr
     fin = _nightly("--finish", "--db", str(merged), "--site", str(tmp_path / "site"))
     assert fin.returncode == r.returncode, fin.stderr[-2000:]
