@@ -436,7 +436,9 @@ class Supervisor:
             slot.seen.add(slot.inflight)
             slot.inflight = None
         elif not slot.ready:
-            raise SelectionError(f"worker for target {self.spec.target!r} died while starting (exit code {code})")
+            last = (read_output(slot.output) or "").splitlines()[-1:]  # e.g. the exception that ended it
+            raise SelectionError(f"worker for target {self.spec.target!r} died while starting (exit code {code})"
+                                 + (f": {last[0].strip()[:300]}" if last else ""))
         self.slots[i] = self._restart(slot)
 
     def _check_timeout(self, i: int) -> None:
