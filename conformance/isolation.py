@@ -40,7 +40,7 @@ SUPERVISOR_ENV = "CONFORMANCE_SUPERVISOR_PID"
 # Set when the supervisor's main thread starts the fork server: PR_SET_PDEATHSIG fires when the
 # parent *thread* exits, so it is only armed when that thread lives as long as the process.
 PDEATHSIG_ENV = "CONFORMANCE_SUPERVISOR_PDEATHSIG"
-OUTPUT_MAX = 8000  # characters of a worker's output kept per item (head and tail)
+OUTPUT_MAX = 8000  # bytes of a worker's output kept per item (head and tail)
 
 
 def _die() -> None:
@@ -91,24 +91,25 @@ def _watch(parent: int, supervisor: int) -> None:
             _die()
 
 
-def _shorten(text: str, limit: int = OUTPUT_MAX) -> str:
-    if len(text) <= limit:
-        return text
-    half = limit // 2
-    return f"{text[:half]}\n[... {len(text) - 2 * half} characters left out ...]\n{text[-half:]}"
-
-
-def read_output(path: str, *, clear: bool = True) -> str | None:
-    """What was written to a capture file (shortened to ``OUTPUT_MAX``), or None; emptied after."""
+def read_output(path: str, *, clear: bool = True, limit: int = OUTPUT_MAX) -> str | None:
+    """What was written to a capture file, or None; emptied after. Past ``limit`` bytes only the
+    head and the tail are read (an item that printed gigabytes costs no memory here)."""
     try:
         with open(path, "rb") as fh:
-            data = fh.read()
-        if clear and data:
+            size = os.fstat(fh.fileno()).st_size
+            if size <= limit:
+                data = fh.read()
+            else:
+                half = limit // 2
+                head = fh.read(half)
+                fh.seek(size - half)
+                data = head + f"\n[... {size - 2 * half} bytes left out ...]\n".encode() + fh.read(half)
+        if clear and size:
             os.truncate(path, 0)
     except OSError:
         return None
     text = data.decode("utf-8", errors="replace").strip()
-    return _shorten(text) if text else None
+    return text or None
 
 
 class Capture:

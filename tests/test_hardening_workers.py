@@ -133,3 +133,14 @@ def test_capture_takes_python_fd_and_libc_writes_and_warnings_per_item(tmp_path)
         assert text in first
     assert "UserWarning: first item warns" in second and "python print" not in second
     assert third is None
+
+
+def test_long_output_keeps_its_head_and_tail_and_the_file_is_emptied(tmp_path):
+    from conformance.isolation import OUTPUT_MAX, read_output
+
+    path = tmp_path / "cap.out"
+    path.write_text("first line\n" + "x" * (10 * OUTPUT_MAX) + "\nlast line")
+    text = read_output(str(path))
+    assert text.startswith("first line") and text.endswith("last line") and "bytes left out" in text
+    assert len(text) < OUTPUT_MAX + 100
+    assert path.stat().st_size == 0 and read_output(str(path)) is None
