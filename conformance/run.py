@@ -239,6 +239,7 @@ class Supervisor:
         self.only = only
         self.summary = Summary(run_id)
         self.progress = progress
+        _start_worker_server()  # (again: re-runs and canaries come here directly) ties it to us
         self.ctx = worker_context()
         self.writers = {t: store.writer(t) for t in ("op_results", "model_results")} if store else {}
         self.sink = sink or (lambda row, table: self.writers[table].add(row))
