@@ -75,7 +75,7 @@ def parse_dtypes(names: Sequence[str] | None) -> tuple[str, ...]:
                 dt = getattr(torch, part, None)
                 canonical = str(dt).removeprefix("torch.") if isinstance(dt, torch.dtype) else None
                 hint = (f" (torch.{part} is {canonical}: use that name)" if canonical in RUNNABLE_DTYPES
-                        else " (a torch dtype the harness cannot run)" if canonical else "")
+                        else f" (torch.{part} exists, but no OpInfo runs it on the CPU)" if canonical else "")
                 raise SelectionError(f"--dtypes {part!r}: not a dtype the harness runs{hint}; "
                                      f"accepted: {', '.join(RUNNABLE_DTYPES)}")
             out.append(part)

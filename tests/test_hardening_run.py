@@ -48,7 +48,7 @@ def test_bad_value_is_one_line_exit_2_nothing_written(tmp_path, args, named):
 
 def test_dtype_errors_list_what_is_accepted_and_point_aliases_to_their_name():
     for bad, hint in (("float", "torch.float is float32"), ("long", "torch.long is int64"),
-                      ("qint8", "cannot run"), ("nope", "")):
+                      ("qint8", "no OpInfo runs it"), ("nope", "")):
         with pytest.raises(SelectionError) as e:
             RunSpec(dtypes=(bad,))
         assert hint in str(e.value) and "accepted: " + ", ".join(RUNNABLE_DTYPES) in str(e.value)
