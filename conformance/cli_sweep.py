@@ -17,7 +17,7 @@ from .cli import EXIT_FAILURES, EXIT_OK, EXIT_USAGE, UsageProblem, db_option, ha
 @click.option("--build", default=None, help="SDK build name or manifest .toml (neuron-emu).")
 @click.option("--ops", "ops", multiple=True, metavar="GLOB",
               help="OpInfo name globs, or aten:: overload globs for schema-driven inputs (repeatable).")
-@click.option("--dtypes", "dtypes", multiple=True, metavar="LIST", help="Comma-separated dtypes.")
+@click.option("--dtypes", "dtypes", multiple=True, metavar="LIST", help="Comma-separated dtype names (float32, bfloat16, int64, ...; aliases such as 'float' are refused).")
 @click.option("--thorough", is_flag=True, help="reference_inputs instead of sample_inputs.")
 @click.option("--variants", default="function,inplace,out,backward", show_default=True,
               help="Comma-separated OpInfo variants to run.")
@@ -29,11 +29,12 @@ from .cli import EXIT_FAILURES, EXIT_OK, EXIT_USAGE, UsageProblem, db_option, ha
 @click.option("--model-modes", default="eager,compile", show_default=True,
               help="Model items per graph: eager (parity, grads, training), compile (+ shape sweep, latency).")
 @click.option("-n", "--workers", default=2, show_default=True, type=click.IntRange(1, 64))
-@click.option("--shard", default="1/1", show_default=True, metavar="K/N")
+@click.option("--shard", default="1/1", show_default=True, metavar="K/N",
+              help="Run every N-th group starting at the K-th (1 <= K <= N; an empty shard is refused).")
 @click.option("--resume", "resume", default=None, metavar="RUN_ID", help="Continue an interrupted run.")
-@click.option("--run-id", default=None, help="Label the run (shards of one run share an id).")
-@click.option("--timeout", "timeout_s", default=60.0, show_default=True, help="Seconds per item.")
-@click.option("--max-samples", type=int, default=None, help="At most this many samples per op x dtype.")
+@click.option("--run-id", default=None, help="Label the run (shards of one run share an id and its spec; a recorded shard is refused).")
+@click.option("--timeout", "timeout_s", default=60.0, show_default=True, help="Seconds per item (finite, above 0).")
+@click.option("--max-samples", type=int, default=None, help="At most this many samples per op x dtype (1 or more).")
 @click.option("--ledger", default=None, type=click.Path(dir_okay=False), help="Tolerance/xfail ledger TOML.")
 @click.option("--seed", type=int, default=None)
 @click.option("--exit-zero", is_flag=True, help="Exit 0 when the run completes, whatever it found.")
@@ -46,6 +47,10 @@ def run_cmd(target: str, build: str | None, ops: tuple[str, ...], dtypes: tuple[
             max_samples: int | None, ledger: str | None, seed: int | None, exit_zero: bool, quiet: bool,
             db_path: str) -> None:
     """Sweep every OpInfo x dtype x variant x sample on a target against the CPU.
+
+    The summary and the exit code are about the whole run (a resumed run's earlier sessions
+    included); a run that records no item exits 2. What workers print is stored with the item
+    it belongs to (result column ``output``), not shown here.
 
     Example: conformance run --target neuron-emu --build 2.33.0 --ops "nn.functional.*" -n 2
     """

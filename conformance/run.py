@@ -11,11 +11,14 @@ resumes with ``--resume RUN_ID``: recorded item keys are skipped, nothing is run
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
+import math
 import multiprocessing as mp
 import os
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -28,8 +31,9 @@ import torch
 from opdb import Store
 from opdb.store import now
 
+from .isolation import read_output
 from .ledger import Ledger
-from .select import VARIANTS, Group, SelectionError, parse_shard, select_groups
+from .select import VARIANTS, Group, SelectionError, parse_dtypes, parse_shard, select_groups, shard_of
 from .sweep import SweepConfig, run_group
 from .verdict import FAILING, Status
 
@@ -55,6 +59,20 @@ class RunSpec:
     model_limit: int | None = None  # at most this many graphs per family
     model_modes: tuple[str, ...] = ("eager", "compile")
 
+    def __post_init__(self) -> None:
+        # Checked up front, before a database is opened: a bad value writes nothing. A NaN or
+        # infinite timeout would disable the timeout; zero or fewer samples would run nothing.
+        t = self.timeout_s
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
+            raise SelectionError(f"--timeout {t!r}: must be a finite number of seconds above 0 (e.g. 60)")
+        for name, value in (("--max-samples", self.max_samples), ("--model-limit", self.model_limit)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise SelectionError(f"{name} {value!r}: must be a whole number of at least 1 (or left out for all)")
+        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
+            raise SelectionError(f"--workers {self.workers!r}: must be a whole number of at least 1")
+        parse_shard(self.shard)
+        parse_dtypes(self.dtypes)
+
     def sweep_config(self) -> SweepConfig:
         kw: dict[str, Any] = {"thorough": self.thorough, "max_samples": self.max_samples,
                               "ledger": Ledger.load(self.ledger), "variants": tuple(self.variants),
@@ -71,7 +89,8 @@ class Summary:
     counts: collections.Counter[str] = field(default_factory=collections.Counter)
     op_time: collections.Counter[str] = field(default_factory=collections.Counter)
     wall_s: float = 0.0
-    items: int = 0
+    items: int = 0  # the whole run (this shard), earlier sessions of a resumed run included
+    session_items: int = 0  # of which run in this session
     interrupted: bool = False
 
     @property
@@ -79,7 +98,9 @@ class Summary:
         return sum(n for s, n in self.counts.items() if Status(s) in FAILING)
 
     def render(self, top: int = 10) -> str:
+        earlier = self.items - self.session_items
         lines = [f"run {self.run_id}: {self.items} items in {self.wall_s:.1f} s"
+                 + (f" ({earlier} recorded by an earlier session)" if earlier > 0 else "")
                  + (" (interrupted)" if self.interrupted else "")]
         if self.infra:
             lines.append(f"INFRA: canaries failed, the run was stopped: {self.infra}")
@@ -93,11 +114,17 @@ class Summary:
 
 
 # -- worker side ---------------------------------------------------------------------------
-def _worker(conn: Connection, spec: RunSpec) -> None:
+def _worker(conn: Connection, spec: RunSpec, output: str, supervisor: int) -> None:
+    from .isolation import Capture, die_with
+
+    # die with the fork server (our parent) and with the supervisor, even while hung in an item
+    boot = sys.modules.get("conformance._workerboot")  # loaded by the fork server we come from
+    die_with(getattr(boot, "FORKSERVER_PID", None) or os.getppid(), supervisor)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when to stop
     import faulthandler
 
     faulthandler.disable()  # a device fault is expected here and recorded as `crash`; no dump
+    capture = Capture(output)  # what the worker prints goes with the item it ran, not to the console
     torch.set_num_threads(1)
     from .targets import get_target
 
@@ -111,6 +138,11 @@ def _worker(conn: Connection, spec: RunSpec) -> None:
 
     set_phase_hook(lambda phase: conn.send(("phase", phase)))
     conn.send(("ready", target.describe()))
+
+    def on_start(key: str) -> None:
+        capture.next_item()
+        conn.send(("start", key))
+
     while True:
         try:
             msg = conn.recv()
@@ -119,8 +151,10 @@ def _worker(conn: Connection, spec: RunSpec) -> None:
         if msg is None:
             return
         group, skip = msg
-        for row in work_for(group)(target, group, config, skip=skip, on_start=lambda k: conn.send(("start", k))):
+        for row in work_for(group)(target, group, config, skip=skip, on_start=on_start):
+            row["output"] = capture.take()
             conn.send(("row", row))
+        capture.take()  # what came after the group's last item belongs to no item
         conn.send(("done", group.key))
 
 
@@ -152,7 +186,13 @@ def worker_context() -> Any:
 
 def _start_worker_server() -> None:
     import multiprocessing.forkserver
+    import threading
 
+    from .isolation import PDEATHSIG_ENV, SUPERVISOR_ENV
+
+    # the fork server reads these when it starts (conformance._workerboot): it dies with us
+    os.environ[SUPERVISOR_ENV] = str(os.getpid())
+    os.environ[PDEATHSIG_ENV] = "1" if threading.current_thread() is threading.main_thread() else ""
     worker_context()
     multiprocessing.forkserver.ensure_running()
 
@@ -168,6 +208,7 @@ class _Slot:
     ready: bool = False
     phase: str = ""
     assigned_at: float = 0.0
+    output: str = ""  # the file the worker's fd 1 and 2 write to
 
 
 class Only:
@@ -198,6 +239,7 @@ class Supervisor:
         self.only = only
         self.summary = Summary(run_id)
         self.progress = progress
+        _start_worker_server()  # (again: re-runs and canaries come here directly) ties it to us
         self.ctx = worker_context()
         self.writers = {t: store.writer(t) for t in ("op_results", "model_results")} if store else {}
         self.sink = sink or (lambda row, table: self.writers[table].add(row))
@@ -210,18 +252,27 @@ class Supervisor:
         self._start = time.monotonic()
 
     # process management
-    def _spawn(self) -> _Slot:
+    def _spawn(self, output: str | None = None) -> _Slot:
+        if output is None:
+            fd, output = tempfile.mkstemp(prefix="conformance-worker-", suffix=".out")
+            os.close(fd)
         parent, child = self.ctx.Pipe()
-        proc = self.ctx.Process(target=_worker, args=(child, self.spec), daemon=True)
+        proc = self.ctx.Process(target=_worker, args=(child, self.spec, output, os.getpid()), daemon=True)
         proc.start()
         child.close()
-        return _Slot(proc, parent)
+        return _Slot(proc, parent, output=output)
 
     def _kill(self, slot: _Slot) -> None:
         if slot.proc.is_alive():
             slot.proc.kill()
         slot.proc.join(5)
         slot.conn.close()
+
+    def _retire(self, slot: _Slot) -> None:
+        """The slot's worker is gone for good: its output file goes too."""
+        if slot.output:
+            with contextlib.suppress(OSError):
+                os.unlink(slot.output)
 
     def _assign(self, slot: _Slot) -> None:
         if not self.queue:
@@ -245,7 +296,8 @@ class Supervisor:
     def _restart(self, slot: _Slot) -> _Slot:
         """Replace a dead or killed worker; it continues the same group after the bad item."""
         self._kill(slot)
-        new = self._spawn()
+        read_output(slot.output)  # what it printed after its last item belongs to none
+        new = self._spawn(slot.output)
         new.group, new.seen, new.assigned_at = slot.group, slot.seen, slot.assigned_at
         return new
 
@@ -254,16 +306,18 @@ class Supervisor:
         self.sink(row, table)
         self.summary.counts[row["status"]] += 1
         self.summary.items += 1
+        self.summary.session_items += 1
         self.summary.op_time[row.get("op") or row.get("model_id") or "?"] += row.get("duration_s") or 0.0
 
-    def _synthetic(self, group: Group, key: str, status: Status, error: str, duration: float) -> None:
+    def _synthetic(self, group: Group, key: str, status: Status, error: str, duration: float,
+                   output: str | None = None) -> None:
         name, variant, dtype, sample = key.split("|")
         if group.table == "model_results":
             row = {"model_id": name, "mode": variant, "dtype": dtype, "family": name.split(".")[0]}
         else:
             row = {"op": name, "variant": variant, "dtype": dtype, "sample": int(sample)}
-        self._record({"item_key": key, **row, "status": status.value, "error": error, "duration_s": duration},
-                     group.table)
+        self._record({"item_key": key, **row, "status": status.value, "error": error, "duration_s": duration,
+                      "output": output}, group.table)
 
     def _resume_group(self, slot: _Slot) -> None:
         assert slot.group is not None
@@ -283,6 +337,7 @@ class Supervisor:
             for s in self.slots:
                 if s.proc is not None:
                     self._kill(s)
+                self._retire(s)
             for w in self.writers.values():
                 w.flush()
             self.summary.wall_s = time.monotonic() - self._start
@@ -355,6 +410,7 @@ class Supervisor:
         if slot.inflight is not None:
             why = f"signal {-code} ({signal.Signals(-code).name})" if code is not None and code < 0 else f"exit code {code}"
             assert slot.group is not None
+            output = read_output(slot.output)  # the dead worker's last words belong to the item
             if slot.group.kind == "schema" and slot.group.key not in self.crash_safe:
                 # a generated input killed the worker: search again, pre-flighting each input's
                 # CPU run in a forked child so one that crashes the reference is just rejected.
@@ -371,17 +427,19 @@ class Supervisor:
                 self._synthetic(slot.group, slot.inflight, Status.SKIP,
                                 f"worker died ({why}) on the target after the CPU reference ran, but the same input "
                                 "ran on the target alone without crashing: not attributed to the target",
-                                time.monotonic() - slot.since)
+                                time.monotonic() - slot.since, output)
             elif slot.phase == "cpu":  # the reference kernel itself died: the input is invalid, not the target
                 self._synthetic(slot.group, slot.inflight, Status.SKIP,
-                                f"CPU reference crashed ({why}); no verdict for the target", time.monotonic() - slot.since)
+                                f"CPU reference crashed ({why}); no verdict for the target", time.monotonic() - slot.since, output)
             else:
                 self._synthetic(slot.group, slot.inflight, Status.CRASH,
-                                f"process died during the item on the target: {why}", time.monotonic() - slot.since)
+                                f"process died during the item on the target: {why}", time.monotonic() - slot.since, output)
             slot.seen.add(slot.inflight)
             slot.inflight = None
         elif not slot.ready:
-            raise SelectionError(f"worker for target {self.spec.target!r} died while starting (exit code {code})")
+            last = (read_output(slot.output) or "").splitlines()[-1:]  # e.g. the exception that ended it
+            raise SelectionError(f"worker for target {self.spec.target!r} died while starting (exit code {code})"
+                                 + (f": {last[0].strip()[:300]}" if last else ""))
         self.slots[i] = self._restart(slot)
 
     def _check_timeout(self, i: int) -> None:
@@ -393,9 +451,10 @@ class Supervisor:
         limit = self.spec.timeout_s * (3 if slot.group is not None and slot.group.key in self.crash_safe else 1)
         if elapsed > limit:
             assert slot.group is not None
+            self._kill(slot)
             self._synthetic(slot.group, slot.inflight, Status.TIMEOUT if slot.phase != "cpu" else Status.SKIP,
                             f"{'CPU reference: ' if slot.phase == 'cpu' else ''}no result after {limit:g} s; worker killed",
-                            elapsed)
+                            elapsed, read_output(slot.output))
             slot.seen.add(slot.inflight)
             slot.inflight = None
             self.slots[i] = self._restart(slot)
@@ -506,9 +565,81 @@ def spec_from_run(run: dict[str, Any], workers: int) -> RunSpec:
                    model_limit=c.get("model_limit"), model_modes=tuple(c.get("model_modes") or ("eager", "compile")))
 
 
+def _selection_text(spec: RunSpec) -> str:
+    parts = [f"--ops {','.join(spec.ops)}" if spec.ops else "every op",
+             f"--dtypes {','.join(spec.dtypes)}" if spec.dtypes else "default dtypes"]
+    if spec.models:
+        parts.append(f"--models {','.join(spec.models)}")
+    return ", ".join(parts)
+
+
+def _select(spec: RunSpec) -> list[Group]:
+    """The run's groups; a selection or shard that holds none is refused, naming why."""
+    every = select_groups(spec.ops or None, spec.dtypes or None, (1, 1), opinfo=spec.opinfo,
+                          schema=spec.schema, models=spec.models, model_limit=spec.model_limit)
+    if not every:
+        raise SelectionError(f"{_selection_text(spec)}: the selection holds no (op, dtype) pair the CPU supports")
+    k, n = parse_shard(spec.shard)
+    groups = shard_of(every, (k, n))
+    if not groups:
+        raise SelectionError(f"--shard {spec.shard}: shard {k} of {n} is empty (the selection has only "
+                             f"{len(every)} group{'s' if len(every) != 1 else ''}; use N <= {len(every)})")
+    return groups
+
+
+# Config keys that may differ between shards of one run (everything else defines the run).
+_PER_SHARD = ("shard",)
+
+
+def _check_run_id(store: Store, spec: RunSpec, config: dict[str, Any], where: str) -> None:
+    """A reused --run-id joins the run only as another shard of the same spec: another selection,
+    seed or build would mix two runs under one id, and a shard already recorded would be silently
+    skipped (that is what --resume is for)."""
+    assert spec.run_id is not None
+    existing = store.get_run(spec.run_id)
+    if existing is None:
+        return
+    stored = json.loads(existing.get("config") or "{}")
+    mine = json.loads(json.dumps(config, sort_keys=True))
+    for key in sorted(set(stored) | set(mine)):
+        if key in _PER_SHARD or stored.get(key) == mine.get(key):
+            continue
+        raise SelectionError(f"--run-id {spec.run_id}: {where} holds that run with {key}={stored.get(key)!r}, this "
+                             f"run has {key}={mine.get(key)!r}; use a new --run-id (or --resume {spec.run_id})")
+    from opdb.queries import results_by_key
+
+    recorded = sum(1 for table in ("op_results", "model_results")
+                   for r in results_by_key(store, spec.run_id, table, ("shard",)).values()
+                   if r["shard"] == spec.shard)
+    if recorded or existing.get("status") == "finished":
+        raise SelectionError(f"--run-id {spec.run_id}: {where} already holds shard {spec.shard} of that run "
+                             f"({recorded} results, status {existing.get('status')}); continue it with "
+                             f"--resume {spec.run_id} or use a new --run-id")
+
+
+def _whole_run(store: Store, run_id: str, shard: str, summary: Summary) -> None:
+    """Counts and items of everything the run (this shard) holds, earlier sessions included:
+    a resumed run's exit code and summary are about the whole run, not the part run now."""
+    from opdb.queries import results_by_key
+
+    counts: collections.Counter[str] = collections.Counter()
+    for table, cols in (("op_results", ("status", "shard", "variant")), ("model_results", ("status", "shard"))):
+        for r in results_by_key(store, run_id, table, cols).values():
+            if r["shard"] == shard and r.get("variant") != "canary":
+                counts[r["status"]] += 1
+    summary.counts = counts
+    summary.items = sum(counts.values())
+
+
+class EmptyRun(SelectionError):
+    """A run that recorded no item: there is nothing to check, which is never a pass."""
+
+
 def execute_run(spec: RunSpec, db_path: str | os.PathLike[str], *, resume: str | None = None,
                 progress: Callable[[str], None] | None = None) -> Summary:
-    """Run (or resume) a sweep into ``db_path``; returns the summary."""
+    """Run (or resume) a sweep into ``db_path``; returns the summary of the whole run (this
+    shard), earlier sessions of a resumed run included. A run that ends with no item raises
+    :class:`EmptyRun` (after recording it)."""
     from .targets import get_target
 
     target = None
@@ -521,10 +652,7 @@ def execute_run(spec: RunSpec, db_path: str | os.PathLike[str], *, resume: str |
         spec = spec_from_run(run, spec.workers)
     # Validate everything before the database is touched: a bad selection writes nothing.
     config = spec.sweep_config()
-    groups = select_groups(spec.ops or None, spec.dtypes or None, parse_shard(spec.shard), opinfo=spec.opinfo,
-                           schema=spec.schema, models=spec.models, model_limit=spec.model_limit)
-    if not groups:
-        raise SelectionError("the selection holds no (op, dtype) pair the CPU supports")
+    groups = _select(spec)
     if not resume:
         target = get_target(spec.target, spec.build)
         if spec.build and spec.build.endswith(".toml"):
@@ -535,15 +663,17 @@ def execute_run(spec: RunSpec, db_path: str | os.PathLike[str], *, resume: str |
             run_id = resume
         else:
             assert target is not None
+            run_config = {**config.describe(), "ops": list(spec.ops), "dtypes": list(spec.dtypes),
+                          "shard": spec.shard, "timeout_s": spec.timeout_s, "ledger": spec.ledger,
+                          "build_spec": spec.build, "opinfo": spec.opinfo, "schema": spec.schema,
+                          "models": list(spec.models), "model_limit": spec.model_limit,
+                          "layouts": target.probe_layouts()}
+            if spec.run_id:
+                _check_run_id(store, spec, run_config, str(db_path))
             run_id = store.start_run(
                 target=spec.target, build=target.build, torch_version=torch.__version__,
                 kind="mixed" if spec.models and spec.opinfo else ("models" if spec.models else "ops"),
-                config={**config.describe(), "ops": list(spec.ops), "dtypes": list(spec.dtypes),
-                        "shard": spec.shard, "timeout_s": spec.timeout_s, "ledger": spec.ledger,
-                        "build_spec": spec.build, "opinfo": spec.opinfo, "schema": spec.schema,
-                        "models": list(spec.models), "model_limit": spec.model_limit,
-                        "layouts": target.probe_layouts()},
-                run_id=spec.run_id, shard=spec.shard, git_sha=_git_sha())
+                config=run_config, run_id=spec.run_id, shard=spec.shard, git_sha=_git_sha())
         infra = run_canaries(spec, store, run_id)
         if infra:
             store.set_run_status(run_id, "infra")
@@ -557,7 +687,11 @@ def execute_run(spec: RunSpec, db_path: str | os.PathLike[str], *, resume: str |
         finally:
             signal.signal(signal.SIGTERM, previous)
         store.finish_run(run_id, shard=spec.shard, status="interrupted" if summary.interrupted else "finished")
-        return summary
+        _whole_run(store, run_id, spec.shard, summary)
+    if not summary.items and not summary.interrupted:
+        raise EmptyRun(f"run {run_id}: {_selection_text(spec)}, --variants {','.join(spec.variants)}: "
+                       "the run recorded no item, so nothing was checked")
+    return summary
 
 
 def stderr_progress(line: str) -> None:

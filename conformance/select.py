@@ -23,6 +23,11 @@ from .inputs.opinfo import by_name, cpu_dtypes
 
 DEFAULT_DTYPES = ("float32", "bfloat16", "float16", "int32", "int64", "bool", "float64", "complex64")
 VARIANTS = ("function", "inplace", "out", "backward")
+# The dtypes the harness can run: those some OpInfo supports on the CPU in torch 2.13 (quantized,
+# bits* and sub-byte dtypes have no OpInfo samples; a test keeps this in step with the OpInfo db).
+RUNNABLE_DTYPES = ("bfloat16", "bool", "complex128", "complex32", "complex64", "float16", "float32", "float64",
+                   "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "int16", "int32", "int64",
+                   "int8", "uint16", "uint32", "uint64", "uint8")
 
 
 class SelectionError(ValueError):
@@ -55,6 +60,9 @@ def item_key(op: str, variant: str, dtype: str, sample: int) -> str:
 
 
 def parse_dtypes(names: Sequence[str] | None) -> tuple[str, ...]:
+    """Canonical dtype names from ``--dtypes`` values (comma-separated, repeatable); the
+    defaults when there are none. Aliases (``float``, ``long``) and dtypes the harness cannot
+    run (``qint8``) are refused with the accepted names."""
     if not names:
         return DEFAULT_DTYPES
     out = []
@@ -63,13 +71,21 @@ def parse_dtypes(names: Sequence[str] | None) -> tuple[str, ...]:
             part = part.strip()
             if not part:
                 continue
-            if not isinstance(getattr(torch, part, None), torch.dtype):
-                raise SelectionError(f"unknown dtype {part!r}; expected names like float32, bfloat16, int64, bool")
+            if part not in RUNNABLE_DTYPES:
+                dt = getattr(torch, part, None)
+                canonical = str(dt).removeprefix("torch.") if isinstance(dt, torch.dtype) else None
+                hint = (f" (torch.{part} is {canonical}: use that name)" if canonical in RUNNABLE_DTYPES
+                        else f" (torch.{part} exists, but no OpInfo runs it on the CPU)" if canonical else "")
+                raise SelectionError(f"--dtypes {part!r}: not a dtype the harness runs{hint}; "
+                                     f"accepted: {', '.join(RUNNABLE_DTYPES)}")
             out.append(part)
+    if not out:
+        raise SelectionError(f"--dtypes {','.join(names)!r}: names no dtype; accepted: {', '.join(RUNNABLE_DTYPES)}")
     return tuple(dict.fromkeys(out))
 
 
 def parse_shard(spec: str | None) -> tuple[int, int]:
+    """``K/N`` -> (K, N) with 1 <= K <= N."""
     if not spec:
         return 1, 1
     try:
@@ -77,8 +93,14 @@ def parse_shard(spec: str | None) -> tuple[int, int]:
     except ValueError:
         raise SelectionError(f"--shard {spec!r} is not K/N (e.g. 1/4)") from None
     if not 1 <= k <= n:
-        raise SelectionError(f"--shard {spec!r}: K must be between 1 and N")
+        raise SelectionError(f"--shard {spec!r}: K must be between 1 and N (e.g. 1/4 .. 4/4)")
     return k, n
+
+
+def shard_of(groups: Sequence[Group], shard: tuple[int, int]) -> list[Group]:
+    """Shard K of N: every N-th group, starting at the K-th."""
+    k, n = shard
+    return [g for i, g in enumerate(groups) if i % n == k - 1]
 
 
 def _matching(names: Sequence[str], globs: Sequence[str] | None, kind: str, nothing: str) -> list[str]:
@@ -130,5 +152,4 @@ def select_groups(ops: Sequence[str] | None = None, dtypes: Sequence[str] | None
         from .models.runner import model_groups
 
         groups.extend(model_groups(models, dtypes, limit=model_limit))
-    k, n = shard
-    return [g for i, g in enumerate(groups) if i % n == k - 1]
+    return shard_of(groups, shard)

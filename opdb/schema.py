@@ -28,6 +28,7 @@ _ITEM = {
     "duration_s": float,
     "shard": str,
     "recorded_at": str,
+    "output": str,  # what the worker printed (fd 1 and 2) while running the item, shortened (schema v3)
 }
 
 RUNS = {
@@ -198,7 +199,13 @@ def _v2(db: sqlite_utils.Database) -> None:
             db["op_results"].add_column(col, typ)
 
 
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2]
+def _v3(db: sqlite_utils.Database) -> None:
+    for table in ("op_results", "model_results"):
+        if "output" not in db[table].columns_dict:
+            db[table].add_column("output", str)
+
+
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
