@@ -162,7 +162,7 @@ _NAMESPACES: dict[str, tuple[str, ...]] = {
 }
 _WHAT = {"opinfo": "an OpInfo name (e.g. 'cumsum', 'nn.functional.gelu')",
          "aten": "an ATen overload (e.g. 'aten::add.Tensor')",
-         "model": "a model id (e.g. 'mlp.*', 'hf.bert')"}
+         "model": "a model id (e.g. 'mlp.*', 'hf.gpt2')"}
 
 
 @functools.cache
