@@ -308,8 +308,9 @@ def confirm(findings: list[Finding], candidate: dict[str, Any], attempts: int, r
     re-run no longer fails), ``attempts`` times, once for a timeout or crash. A round starts only
     the groups whose estimated cost (a timeout for a timed-out item, its recorded duration
     otherwise) fits what is left of the budget; a group it cannot afford stays a regression
-    marked ``unconfirmed``. A round already started can overrun the budget by at most the
-    difference between its estimate and the timeouts of the items in it.
+    marked ``unconfirmed``. A round already started runs to its end: it can overrun the budget
+    by its workers' start-up time and by items that now hang although they did not before (each
+    at most one timeout).
     """
     conf = Confirmation(attempts=attempts, budget_s=budget_s, max_reruns=max_reruns)
     groups: dict[tuple[str, str, str, str], list[Finding]] = defaultdict(list)
