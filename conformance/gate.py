@@ -251,7 +251,8 @@ def _drift(base: dict[str, dict[str, Any]], cand: dict[str, dict[str, Any]]) -> 
 def compare_runs(store: Store, baseline: dict[str, Any], candidate: dict[str, Any], *,
                  common_only: bool = False, counts: dict[str, int] | None = None) -> list[Finding]:
     """Findings before flake confirmation. With ``common_only`` items held by one run only are
-    ignored (not new/removed); ``counts`` receives compared / only_baseline / only_candidate."""
+    ignored (not new/removed); ``counts`` receives compared / only_baseline / only_candidate
+    (canary items aside)."""
     findings: list[Finding] = []
     tally = counts if counts is not None else {}
     for k in ("compared", "only_baseline", "only_candidate"):
@@ -264,7 +265,8 @@ def compare_runs(store: Store, baseline: dict[str, Any], candidate: dict[str, An
             assert ref is not None
             name = ref.get("op") or ref.get("model_id") or key.split("|")[0]
             variant = ref.get("variant") or ref.get("mode") or ""
-            tally["compared" if b and c else ("only_baseline" if b else "only_candidate")] += 1
+            if variant != "canary":  # canaries are compared too, but they are no part of the selection
+                tally["compared" if b and c else ("only_baseline" if b else "only_candidate")] += 1
             if (b is None or c is None) and common_only:
                 continue
             if b is None or c is None:

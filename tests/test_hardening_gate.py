@@ -97,7 +97,7 @@ def test_unfinished_candidate_is_refused(db, finish, shard, word):
 
 def test_different_selection_is_refused_unless_common_only(db, tmp_path):
     with Store.open(db) as st:
-        _run(st, "wider", "2.33.0", {**_items("exp", 6, "pass"), **_items("sin", 6, "pass"),
+        _run(st, "wider", "2.33.0", {**_items("exp", 6, "pass"), **_items("sin", 5, "pass"),
                                      **_items("exp", 4, "pass", "bfloat16")},
              config={"dtypes": ["float32,bfloat16"], "max_samples": 6})
     r = _gate(db, "--candidate", "wider")
@@ -108,10 +108,20 @@ def test_different_selection_is_refused_unless_common_only(db, tmp_path):
     out = tmp_path / "c.json"
     c = _gate(db, "--candidate", "wider", "--common-only", "--json", str(out))
     assert c.exit_code == 0, c.output
-    assert "common-only: compared 12 items; ignored 2 only in the baseline, 4 only in the candidate" in c.output
+    assert "common-only: compared 11 items; ignored 1 only in the baseline, 4 only in the candidate" in c.output
     data = json.loads(out.read_text())
-    assert data["common_only"] == {"compared": 12, "only_baseline": 2, "only_candidate": 4}
+    assert data["common_only"] == {"compared": 11, "only_baseline": 1, "only_candidate": 4}
     assert not data["new"] and not data["removed"] and data["verdict"] == "pass"
+
+
+def test_common_only_refuses_runs_that_share_only_their_canaries(db):
+    with Store.open(db) as st:
+        _run(st, "other", "2.33.0", {**CANARIES, **_items("exp", 3, "pass", "bfloat16")},
+             config={"dtypes": ["bfloat16"]})
+    r = _gate(db, "--candidate", "other", "--common-only")
+    assert r.exit_code == 2
+    assert _one_line(r) == ("error: baseline run base and candidate run other hold no item in common (12 only in the "
+                            "baseline, 3 only in the candidate); nothing to compare")
 
 
 def test_same_selection_spelled_differently_gates(db):
