@@ -13,28 +13,42 @@ from opdb.queries import finished_runs, item_outcomes
 
 from .cli import EXIT_FAILURES, EXIT_OK, EXIT_USAGE, db_option, handles_errors, main
 from .cli_sweep import ledger_group
+from .gate import CONFIRM_BUDGET_S, MAX_RERUNS
 
 
 @main.command("gate")
 @click.option("--baseline", required=True, metavar="RUN|BUILD")
 @click.option("--candidate", required=True, metavar="RUN|BUILD")
-@click.option("--reruns", default=3, show_default=True, help="Re-runs of each regression before it counts (0: none).")
+@click.option("--reruns", default=3, show_default=True,
+              help="Re-runs of each representative item of a regressed op x variant x dtype (timeouts and crashes "
+                   "once; 0: no confirmation).")
+@click.option("--confirm-budget", "budget_s", default=CONFIRM_BUDGET_S, show_default=True, metavar="SECONDS",
+              help="Time the whole flake confirmation may spend; groups it cannot afford stay regressions, "
+                   "marked unconfirmed.")
+@click.option("--max-reruns", default=MAX_RERUNS, show_default=True, help="Re-runs the whole confirmation may do.")
+@click.option("--common-only", is_flag=True,
+              help="Compare only the items both runs hold, even when their selections differ (says how many).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the decision as JSON.")
 @click.option("--junit", "junit_path", type=click.Path(dir_okay=False), help="Write JUnit XML.")
 @click.option("--markdown", "md_path", type=click.Path(dir_okay=False), help="Write a Markdown summary.")
 @db_option(default="results/opdb.sqlite")
 @handles_errors
-def gate_cmd(baseline: str, candidate: str, reruns: int, json_path: str | None, junit_path: str | None,
-             md_path: str | None, db_path: str) -> None:
+def gate_cmd(baseline: str, candidate: str, reruns: int, budget_s: float, max_reruns: int, common_only: bool,
+             json_path: str | None, junit_path: str | None, md_path: str | None, db_path: str) -> None:
     """Compare a candidate build (or run) with a baseline; exit 1 on regressions, 2 on infra.
+
+    Refuses (exit 2) an infra, unfinished or empty run, and runs whose selections differ unless
+    --common-only.
 
     Example: conformance gate --db results/opdb.sqlite --baseline 2.32.0 --candidate 2.33.0 --json gate.json
     """
-    from .gate import GateError, junit, markdown, run_gate, summary_lines
+    from .gate import GateError, check_limits, junit, markdown, run_gate, summary_lines
 
+    check_limits(reruns, budget_s, max_reruns)  # bad options: one line, exit 2, nothing written
     with Store.open(db_path, create=False) as st:
         try:
-            result = run_gate(st, baseline, candidate, attempts=reruns)
+            result = run_gate(st, baseline, candidate, attempts=reruns, budget_s=budget_s, max_reruns=max_reruns,
+                              common_only=common_only)
         except GateError as exc:
             if json_path:
                 Path(json_path).write_text(json.dumps({"regressions": [], "improvements": [], "verdict": "infra",

@@ -22,8 +22,12 @@ Example::
 from __future__ import annotations
 
 import datetime as dt
+import difflib
 import fnmatch
+import functools
+import math
 import tomllib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -124,8 +128,9 @@ def _entry(kind: str, index: int, raw: Any, source: str) -> Entry:
     for key in ("atol", "rtol"):
         if key in raw:
             v = raw[key]
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-                raise _bad(source, f"{where}.{key}", v, "a number >= 0")
+            # inf or nan would turn every mismatch into a pass (nan compares false both ways)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise _bad(source, f"{where}.{key}", v, "a finite number >= 0")
             values[key] = float(v)
     if kind in ("default", "override") and "atol" not in values and "rtol" not in values:
         raise _bad(source, f"{where}", raw, "at least one of atol, rtol")
@@ -146,6 +151,64 @@ def _entry(kind: str, index: int, raw: Any, source: str) -> Entry:
             raise _bad(source, f"{where}.expires", e, "a date like 2027-01-31")
         values["expires"] = e
     return Entry(kind=kind, index=index, source=source, reason=(reason or "").strip(), **values)
+
+
+# -- op names: an entry for an op that does not exist is a typo that silently matches nothing ------
+# Which names an item's ``op`` holds depends on its variant: OpInfo names (function, inplace, out,
+# backward and the canaries), ATen overloads for schema-driven items, model ids for model graphs.
+_NAMESPACES: dict[str, tuple[str, ...]] = {
+    "function": ("opinfo",), "inplace": ("opinfo",), "out": ("opinfo",), "backward": ("opinfo",),
+    "canary": ("opinfo",), "schema": ("aten",), "model": ("model",), "*": ("opinfo", "aten", "model"),
+}
+_WHAT = {"opinfo": "an OpInfo name (e.g. 'cumsum', 'nn.functional.gelu')",
+         "aten": "an ATen overload (e.g. 'aten::add.Tensor')",
+         "model": "a model id (e.g. 'mlp.*', 'hf.gpt2')"}
+
+
+@functools.cache
+def _opinfo_names() -> tuple[str, ...]:
+    from .inputs.opinfo import by_name
+
+    return tuple(sorted(by_name()))
+
+
+@functools.cache
+def _aten_names() -> tuple[str, ...]:
+    from .catalog import aten_names
+
+    return tuple(aten_names())
+
+
+@functools.cache
+def _model_ids() -> tuple[str, ...]:
+    # The HF architectures come from the harness's own table, so the answer does not depend on
+    # whether transformers is installed here.
+    from .models.hf import ARCHS
+    from .models.registry import enumerate_graphs
+
+    return tuple(g.model_id for g in enumerate_graphs()) + tuple(f"hf.{t}" for t in ARCHS)
+
+
+NAMES: dict[str, Callable[[], Sequence[str]]] = {"opinfo": _opinfo_names, "aten": _aten_names, "model": _model_ids}
+
+
+def _check_op(e: Entry) -> None:
+    """Refuse an override or xfail whose op (glob) names no op its variant's items can carry."""
+    if e.op == "*":
+        return
+    spaces = _NAMESPACES[e.variant]
+    names = [n for space in spaces for n in NAMES[space]()]
+    if any(ch in e.op for ch in "*?["):
+        if any(fnmatch.fnmatchcase(n, e.op) for n in names):
+            return
+    elif e.op in set(names):
+        return
+    close = difflib.get_close_matches(e.op, names, n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    accepted = " or ".join(_WHAT[s] for s in spaces)
+    raise _bad(e.source, f"{e.kind}[{e.index}].op", e.op,
+               f"{accepted} that exists{' for variant ' + repr(e.variant) if e.variant != '*' else ''}, "
+               f"or a glob matching one{hint}")
 
 
 @dataclass(frozen=True)
@@ -170,6 +233,8 @@ class Ledger:
             if not isinstance(raw, list):
                 raise _bad(source, kind, raw, f"an array of tables ([[{kind}]])")
             parts[kind] = tuple(_entry(kind, i, r, source) for i, r in enumerate(raw))
+        for e in parts["override"] + parts["xfail"]:
+            _check_op(e)
         return cls(defaults=parts["default"], overrides=parts["override"], xfails=parts["xfail"])
 
     @classmethod
