@@ -71,7 +71,7 @@ def _manifest(tmp_path, name: str, defects: str) -> str:
 
 def _run(db, build: str, **kw) -> str:
     spec = RunSpec(target="neuron-emu", build=build, ops=kw.pop("ops", OPS), dtypes=("float32", "bfloat16"),
-                   workers=2, timeout_s=4.0, max_samples=kw.pop("max_samples", 2), variants=("function",), **kw)
+                   workers=2, timeout_s=10.0, max_samples=kw.pop("max_samples", 2), variants=("function",), **kw)
     return execute_run(spec, db).run_id
 
 

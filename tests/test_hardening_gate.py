@@ -247,7 +247,7 @@ def _manifest(tmp_path, name: str, defects: str) -> str:
 
 
 def _emu_run(db, build: str, ops: tuple[str, ...], max_samples: int | None) -> str:
-    spec = RunSpec(target="neuron-emu", build=build, ops=ops, dtypes=("float32",), workers=2, timeout_s=2.0,
+    spec = RunSpec(target="neuron-emu", build=build, ops=ops, dtypes=("float32",), workers=2, timeout_s=6.0,
                    max_samples=max_samples, variants=("function",))
     return execute_run(spec, db).run_id
 

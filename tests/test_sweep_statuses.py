@@ -45,7 +45,7 @@ def defect_run(tmp_path_factory):
     manifest.write_text(textwrap.dedent(MANIFEST))
     db = d / "r.sqlite"
     spec = RunSpec(target="neuron-emu", build=str(manifest), ops=("mul", "neg", "reciprocal", "add", "sub"),
-                   dtypes=("float32", "bfloat16"), workers=2, timeout_s=6.0, max_samples=1,
+                   dtypes=("float32", "bfloat16"), workers=2, timeout_s=10.0, max_samples=1,
                    variants=("function",))
     summary = execute_run(spec, db)
     with Store.open(db) as st:
