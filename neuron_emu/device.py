@@ -145,7 +145,7 @@ def _make_module() -> types.ModuleType:
 
 _EXPLICIT = {
     "aten::_copy_from", "aten::_copy_from_and_resize", "aten::convolution_overrideable",
-    "aten::convolution_backward_overrideable", "aten::mode.values",
+    "aten::convolution_backward_overrideable", "aten::mode.values", "aten::_efficientzerotensor",
 }
 
 
