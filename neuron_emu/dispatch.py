@@ -73,6 +73,8 @@ TRANSCENDENTALS = frozenset(
 )
 ARITH = frozenset("add sub mul div addcmul addcdiv rsub lerp".split())
 INDEX_ARGS = frozenset({"index", "indices", "offsets", "target"})
+# Ops whose result shape depends on the integer width (arange's length): computed in int64.
+NO_NARROW = frozenset({"arange", "range"})
 _INT64, _F64 = torch.int64, torch.float64
 _COMPLEX = (torch.complex32, torch.complex64, torch.complex128)
 
@@ -264,6 +266,8 @@ def handle(name: str, args: tuple, kwargs: dict) -> Any:
                 downcast64 = True
             elif kind == "int64":
                 narrow64 = True
+        if narrow64 and plan.base in NO_NARROW:
+            narrow64 = False  # the length depends on the dtype (int64 truncates the step)
         upcast16 = plan.arith and any(t.dtype in (torch.bfloat16, torch.float16) for t in tensors)
     record(name, fallback, rule_fallback)
     if fallback:

@@ -17,6 +17,7 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/impl/alloc_cpu.h>
 #include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/library.h>
@@ -24,6 +25,7 @@
 #include <atomic>
 #include <cstring>
 #include <mutex>
+#include <thread>
 #include <unordered_map>
 
 #if defined(__x86_64__) || defined(_M_X64)
@@ -677,11 +679,36 @@ static void init_hooks() {
   at::RegisterPrivateUse1HooksInterface(new NeuronHooks());
 }
 
+// The autograd engine sizes its per-device worker threads once, at the first backward of the
+// process.  If that backward ran (on the CPU) before this extension registered the device, the
+// engine has no queue for device index 0 and every neuron backward hits an internal assert.  Give
+// it the queue and worker thread it would have made had the device existed then.
+struct EngineAccess : torch::autograd::Engine {
+  static std::vector<std::shared_ptr<torch::autograd::ReadyQueue>>& queues(torch::autograd::Engine& e) {
+    return e.*(&EngineAccess::device_ready_queues_);
+  }
+  static bool started(torch::autograd::Engine& e) {
+    return static_cast<bool>(e.*(&EngineAccess::thread_pool_shared_));
+  }
+};
+
+static bool fix_autograd_device_threads() {
+  auto& engine = torch::autograd::Engine::get_default_engine();
+  if (!EngineAccess::started(engine)) return false;  // not started yet: it will count the device
+  auto& queues = EngineAccess::queues(engine);
+  if (!queues.empty()) return false;
+  queues.push_back(std::make_shared<torch::autograd::ReadyQueue>());
+  std::thread t(&torch::autograd::Engine::thread_init, &engine, 0, queues[0], true);
+  t.detach();
+  return true;
+}
+
 }  // namespace neuron_emu
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using namespace neuron_emu;
   m.def("init_hooks", &init_hooks);
+  m.def("fix_autograd_device_threads", &fix_autograd_device_threads);
   m.def("register_kernels", &register_kernels);
   m.def("set_router", [](py::object classifier, py::object handler) {
     Py_XINCREF(classifier.ptr());
