@@ -41,7 +41,8 @@ if __name__ == "__main__":
     ap.add_argument("--ops", default="", help="comma-separated OpInfo names (default: all of op_db)")
     ap.add_argument("pytest_args", nargs="*", help="after --: passed to pytest (e.g. -n 2)")
     a = ap.parse_args()
-    env = dict(os.environ, NEURON_EMU_BUILD=a.build, TESTCOMMON_DTYPES=a.dtypes, TESTCOMMON_OPS=a.ops)
+    env = dict(os.environ, NEURON_EMU_BUILD=a.build, TESTCOMMON_DTYPES=a.dtypes, TESTCOMMON_OPS=a.ops,
+               COLUMNS="1000")  # pytest cuts summary lines to the terminal width
     repo = Path(__file__).resolve().parents[1]
     env["PYTHONPATH"] = str(repo) + os.pathsep + env.get("PYTHONPATH", "")
     cmd = [sys.executable, "-m", "pytest", __file__, "-p", "no:randomly", "-p", "no:cacheprovider",
@@ -50,13 +51,16 @@ if __name__ == "__main__":
     out = proc.stdout + proc.stderr
     counts: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     causes: collections.Counter = collections.Counter()
+    failed_ids: dict[str, list[str]] = {}
     for line in out.splitlines():
         m = re.match(r"(PASSED|FAILED|ERROR|SKIPPED)\S* \S*::(" + _KINDS + r")_(\S+)", line)
         if m:
             counts[m.group(2)][m.group(1)] += 1
-        m = re.match(r"(FAILED|ERROR) \S+::(\S+) - (.*)", line)
+        m = re.match(r"(FAILED|ERROR) \S+::(\S+)(?: - (.*))?$", line)
         if m:
-            causes[re.sub(r"0x[0-9a-f]+|\d+(\.\d+)?", "#", m.group(3))[:150]] += 1
+            cause = re.sub(r"0x[0-9a-f]+|\d+(\.\d+)?", "#", m.group(3) or "?")[:150]
+            causes[cause] += 1
+            failed_ids.setdefault(cause, []).append(m.group(2).replace("TestCommonNeuronPRIVATEUSE1::", ""))
     if not counts:
         print(out[-4000:])
         sys.exit(2)
@@ -65,6 +69,7 @@ if __name__ == "__main__":
         print(f"{kind:34s} passed {c['PASSED']:5d}  failed {c['FAILED'] + c['ERROR']:5d}  skipped {c['SKIPPED']:5d}")
     for cause, n in causes.most_common(40):
         print(f"  {n:4d}  {cause}")
+        print(f"        {', '.join(failed_ids[cause][:6])}{' ...' if n > 6 else ''}")
     sys.exit(0 if not causes else 1)
 
 # ---------------------------------------------------------------- the test module (under pytest)
