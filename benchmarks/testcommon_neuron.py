@@ -105,8 +105,11 @@ class TestCommonNeuron(TestCase):
             cpu = cpu_sample.output_process_fn_grad(op(cpu_sample.input, *cpu_sample.args, **cpu_sample.kwargs))
             self.assertEqual(dev, cpu, atol=1e-3, rtol=1e-3, exact_device=False)
 
-    @ops([op for op in _OPS if op.supports_out], allowed_dtypes=tuple(_DT.values()), dtypes=OpDTypes.supported)
+    @ops([op for op in _OPS if op.supports_out] or _OPS[:1], allowed_dtypes=tuple(_DT.values()),
+         dtypes=OpDTypes.supported)
     def test_out(self, device, dtype, op):
+        if not op.supports_out:
+            self.skipTest("no out= variant")
         sample = next(iter(op.sample_inputs(device, dtype)))
         expected = op(sample.input, *sample.args, **sample.kwargs)
         flat = expected if isinstance(expected, (tuple, list)) else (expected,)
