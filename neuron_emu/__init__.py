@@ -29,10 +29,11 @@ from .dispatch import (
     get_op_counts,
     op_tracking,
 )
-from .manifest import Build, ManifestError, load_build, shipped_builds
+from .manifest import Build, ManifestError, control_builds, load_build, shipped_builds
 
 __all__ = [
-    "Build", "ManifestError", "active_build", "clear_op_tracking", "compile_stats", "get_executed_ops",
+    "Build", "ManifestError", "active_build", "clear_op_tracking", "compile_stats", "control_builds",
+    "get_executed_ops",
     "get_fallback_ops", "get_native_ops", "get_op_counts", "is_strict", "load_build", "op_tracking",
     "reset_compile_stats", "set_strict", "shipped_builds", "use_build",
 ]

@@ -1,9 +1,19 @@
 """Builds (once) and loads the C++ core of the emulator.
 
-The extension is JIT-compiled with :func:`torch.utils.cpp_extension.load` into
-``${NEURON_EMU_CACHE:-~/.cache/neuron_emu}/<torch version>-<source hash>``, so a changed source or
-torch version rebuilds, and an unchanged one loads in ~0.1 s.  A file lock serialises concurrent
-builders (pytest-xdist workers, parallel CI jobs).
+The extension is JIT-compiled with :func:`torch.utils.cpp_extension.load`.  The compiled module
+lives in ``${NEURON_EMU_CACHE:-~/.cache/neuron_emu}/<torch version>-<key>`` where the key hashes
+the C++ source, the Python version, the torch installation (its path and version) and the build
+flags: a changed source or another virtual environment gets its own directory instead of evicting
+the others' builds, and an unchanged one loads in ~0.1 s.
+
+Crash safety.  A build never happens in the final directory: the builder holds an exclusive
+``flock`` on ``<key>.lock`` (the kernel drops it when the holder dies, so it can never go stale),
+compiles into a private ``<key>.tmp-<pid>-*`` directory -- the only place torch's own ``lock``
+file (its ``FileBaton``) is created -- and renames the finished directory into place atomically.
+A run killed at any moment therefore leaves at most a private temp directory (removed by the
+next builder) and never a ``lock`` file that a later run would wait on.  A final directory
+without the module (an interrupted build of an older emulator version) is rebuilt.  Waiting for
+another process's build and building are both announced on stderr.
 
 Example::
 
@@ -17,9 +27,12 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import importlib.machinery
+import importlib.util
 import os
 import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 from types import ModuleType
@@ -28,14 +41,40 @@ import torch
 
 _SRC = Path(__file__).with_name("csrc") / "neuron_ext.cpp"
 _ext: ModuleType | None = None
-last_build_seconds: float | None = None
+last_build_seconds: float | None = None   # wall time of the last load_extension() that built or waited
+last_build_built: bool = False            # whether that call compiled the core itself
+
+
+def _debug() -> bool:
+    return bool(os.environ.get("NEURON_EMU_DEBUG"))
+
+
+def _cflags() -> list[str]:
+    return ["-O0", "-g"] if _debug() else ["-O2"]
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("NEURON_EMU_CACHE", Path.home() / ".cache" / "neuron_emu"))
+
+
+def cache_key() -> str:
+    """What the compiled module depends on: source, Python, the torch installation, flags."""
+    torch_dir = str(Path(torch.__file__).resolve().parent)
+    h = hashlib.sha256()
+    for part in (_SRC.read_bytes(), sys.version.encode(), torch_dir.encode(), torch.__version__.encode(),
+                 " ".join(_cflags()).encode()):
+        h.update(part)
+        h.update(b"\0")
+    return h.hexdigest()[:16]
 
 
 def cache_dir() -> Path:
-    """Directory that holds the compiled extension for this torch version and source."""
-    root = Path(os.environ.get("NEURON_EMU_CACHE", Path.home() / ".cache" / "neuron_emu"))
-    digest = hashlib.sha256(_SRC.read_bytes() + sys.version.encode()).hexdigest()[:16]
-    return root / f"{torch.__version__}-{digest}{'-debug' if os.environ.get('NEURON_EMU_DEBUG') else ''}"
+    """Directory that holds the compiled extension for this source and torch installation."""
+    return cache_root() / f"{torch.__version__}-{cache_key()}{'-debug' if _debug() else ''}"
+
+
+def _module_name(build_dir: Path) -> str:
+    return "neuron_emu_ext_" + cache_key()
 
 
 def _ensure_ninja() -> None:
@@ -54,29 +93,94 @@ def _ensure_ninja() -> None:
             os.environ["PATH"] = str(venv_bin) + os.pathsep + os.environ.get("PATH", "")
 
 
+def _so_path(build_dir: Path, name: str) -> Path:
+    return build_dir / f"{name}.so"
+
+
+def _import_so(path: Path, name: str) -> ModuleType:
+    loader = importlib.machinery.ExtensionFileLoader(name, str(path))
+    spec = importlib.util.spec_from_file_location(name, str(path), loader=loader)
+    assert spec is not None
+    mod = importlib.util.module_from_spec(spec)
+    loader.exec_module(mod)
+    sys.modules[name] = mod
+    return mod
+
+
+def _say(msg: str) -> None:
+    sys.stderr.write(f"neuron_emu: {msg}\n")
+    sys.stderr.flush()
+
+
+def _acquire(lock_path: Path):
+    """Opens and exclusively flocks `lock_path`; announces a wait for another process's build."""
+    f = open(lock_path, "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        owner = f.read().strip() or "another process"
+        _say(f"waiting for {owner} building the neuron_emu core ({lock_path}); "
+             "the lock is released automatically if that process dies")
+        fcntl.flock(f, fcntl.LOCK_EX)
+    f.seek(0)
+    f.truncate()
+    f.write(f"pid {os.getpid()}")
+    f.flush()
+    return f
+
+
+def _clear_stale(root: Path, final: Path) -> list[str]:
+    """With the lock held: removes temp dirs of interrupted builds (no live builder can own one)
+    and a final directory that lacks the module.  Returns what was removed."""
+    removed = []
+    for p in root.glob(final.name + ".tmp-*"):
+        shutil.rmtree(p, ignore_errors=True)
+        removed.append(p.name)
+    if final.exists():
+        shutil.rmtree(final, ignore_errors=True)
+        removed.append(final.name)
+    return removed
+
+
 def load_extension(verbose: bool = False) -> ModuleType:
     """Returns the compiled extension module, building it on first use."""
-    global _ext, last_build_seconds
+    global _ext, last_build_seconds, last_build_built
     if _ext is not None:
         return _ext
-    from torch.utils import cpp_extension
-
-    _ensure_ninja()
-    build_dir = cache_dir()
-    build_dir.mkdir(parents=True, exist_ok=True)
-    name = "neuron_emu_ext_" + build_dir.name.rsplit("-", 1)[-1]
+    final = cache_dir()
+    name = _module_name(final)
+    so = _so_path(final, name)
+    if so.exists():  # the fast path: a finished build is only ever renamed into place whole
+        _ext = _import_so(so, name)
+        return _ext
+    root = final.parent
+    root.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    with open(build_dir / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            _ext = cpp_extension.load(
+    lock = _acquire(root / f"{final.name}.lock")
+    try:
+        if so.exists():  # another process built it while we waited
+            _ext = _import_so(so, name)
+        else:
+            removed = _clear_stale(root, final)
+            from torch.utils import cpp_extension
+
+            _ensure_ninja()
+            tmp = Path(tempfile.mkdtemp(prefix=f"{final.name}.tmp-{os.getpid()}-", dir=root))
+            _say(f"building the neuron_emu core, first use, ~1 min (in {tmp})"
+                 + (f"; removed leftovers of an interrupted build: {', '.join(removed)}" if removed else ""))
+            mod = cpp_extension.load(
                 name=name,
                 sources=[str(_SRC)],
-                build_directory=str(build_dir),
-                extra_cflags=(["-O0", "-g"] if os.environ.get("NEURON_EMU_DEBUG") else ["-O2"]),
+                build_directory=str(tmp),
+                extra_cflags=_cflags(),
                 verbose=verbose,
             )
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+            os.rename(tmp, final)  # atomic: the final directory appears complete or not at all
+            last_build_built = True
+            _ext = mod  # already loaded from the temp path; loading the renamed copy would register twice
+    finally:
+        fcntl.flock(lock, fcntl.LOCK_UN)
+        lock.close()
     last_build_seconds = time.perf_counter() - t0
     return _ext

@@ -145,8 +145,11 @@ def _make_module() -> types.ModuleType:
 
 _EXPLICIT = {
     "aten::_copy_from", "aten::_copy_from_and_resize", "aten::convolution_overrideable",
-    "aten::convolution_backward_overrideable", "aten::mode.values",
+    "aten::convolution_backward_overrideable", "aten::mode.values", "aten::_efficientzerotensor",
 }
+# Composite kernels that call a DispatchStub with the device's own tensors (which has no stub
+# kernel for PrivateUse1 and asserts): the device runs them as a direct CPU kernel instead.
+_STUB_CALLERS = ("conj_physical_",)
 
 
 def _direct_kernel_ops() -> list[str]:
@@ -160,7 +163,7 @@ def _direct_kernel_ops() -> list[str]:
         if (has(name, "CPU") and not has(name, "CompositeImplicitAutograd")
                 and name not in _EXPLICIT):
             out.append(name[len("aten::"):])
-    return out
+    return out + [n for n in _STUB_CALLERS if n not in out]
 
 
 def register() -> None:
@@ -171,6 +174,7 @@ def register() -> None:
     ext = _ext()
     ext.init_hooks()
     ext.register_kernels(_direct_kernel_ops())
+    ext.fix_autograd_device_threads()  # a CPU backward may have run before this import
     if torch._C._get_privateuse1_backend_name() != "neuron":
         torch.utils.rename_privateuse1_backend("neuron")
     if not hasattr(torch, "neuron"):

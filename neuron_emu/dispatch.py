@@ -73,6 +73,8 @@ TRANSCENDENTALS = frozenset(
 )
 ARITH = frozenset("add sub mul div addcmul addcdiv rsub lerp".split())
 INDEX_ARGS = frozenset({"index", "indices", "offsets", "target"})
+# Ops whose result shape depends on the integer width (arange's length): computed in int64.
+NO_NARROW = frozenset({"arange", "range"})
 _INT64, _F64 = torch.int64, torch.float64
 _COMPLEX = (torch.complex32, torch.complex64, torch.complex128)
 
@@ -193,17 +195,19 @@ def raw(level: int = 1) -> Iterator[None]:
         ext.set_raw(prev)
 
 
-def record(name: str, fallback: bool) -> None:
-    """Counts one execution of `name`; a fallback warns once, or raises in strict mode."""
+def record(name: str, fallback: bool, rule: str | None = None) -> None:
+    """Counts one execution of `name`; a fallback warns once, or raises in strict mode.  `rule`
+    names the dtype/layout rule that sent a natively supported op to the CPU, if one did."""
     ext = _ext()
+    why = (f"operator {name} has a native kernel in Neuron SDK build {S.build.name} but not for "
+           f"{rule} inputs (manifest rule dtypes.{rule} = 'fallback')" if rule else
+           f"operator {name} is not natively supported by Neuron SDK build {S.build.name}")
     if fallback and ext.get_strict():
-        raise RuntimeError(
-            f"neuron_emu strict mode: operator {name} has no native kernel in Neuron SDK build "
-            f"{S.build.name} and would fall back to the CPU (NEURON_EMU_STRICT / set_strict)")
+        raise RuntimeError(f"neuron_emu strict mode: {why} and would fall back to the CPU "
+                           "(NEURON_EMU_STRICT / set_strict)")
     if ext.record(name, fallback):
-        warnings.warn(
-            f"neuron: operator {name} is not natively supported by Neuron SDK build {S.build.name}; "
-            "falling back to the CPU (warned once per operator)", UserWarning, stacklevel=3)
+        warnings.warn(f"neuron: {why}; falling back to the CPU (warned once per operator)",
+                      UserWarning, stacklevel=3)
 
 
 def _neuron_tensors(args, kwargs) -> list[torch.Tensor]:
@@ -232,6 +236,7 @@ def handle(name: str, args: tuple, kwargs: dict) -> Any:
     tensors = _neuron_tensors(args, kwargs)
     fired = S.defect_state.firing(plan.defects, tensors) if plan.defects else []
     fallback = not plan.native
+    rule_fallback = None
     for d in fired:
         if d.kind in ("error", "crash", "hang"):
             _defects.raise_now(d, name, b.name)
@@ -254,13 +259,17 @@ def handle(name: str, args: tuple, kwargs: dict) -> Any:
                     f"neuron: {kind} inputs are not supported by {name} on Neuron SDK build {b.name} "
                     f"(manifest rule dtypes.{kind} = 'error')")
             if rule == "fallback":
+                if not fallback:
+                    rule_fallback = kind
                 fallback = True
             elif kind == "float64":
                 downcast64 = True
             elif kind == "int64":
                 narrow64 = True
+        if narrow64 and plan.base in NO_NARROW:
+            narrow64 = False  # the length depends on the dtype (int64 truncates the step)
         upcast16 = plan.arith and any(t.dtype in (torch.bfloat16, torch.float16) for t in tensors)
-    record(name, fallback)
+    record(name, fallback, rule_fallback)
     if fallback:
         with raw(2):
             out = plan.op(*args, **kwargs)
@@ -293,6 +302,31 @@ def _apply_output_defects(plan: OpPlan, fired, out):
     return out
 
 
+def _to_meta(v):
+    if isinstance(v, torch.Tensor):
+        if v.device.type == "cpu" and v.dim() == 0:
+            return v  # a CPU scalar (possibly a wrapped Python number) stays as it is
+        return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="meta")
+    if isinstance(v, torch.device) and v.type == "neuron":
+        return torch.device("meta")
+    if isinstance(v, (list, tuple)) and any(isinstance(t, torch.Tensor) for t in v):
+        return type(v)(_to_meta(t) if t is not None else None for t in v)
+    return v
+
+
+def _meta_dtypes(op, args, kwargs) -> list[torch.dtype | None] | None:
+    """The result dtypes the CPU kernel would give for these (unconverted) arguments, from the
+    op's meta kernel; None when it has none (the caller then uses its per-rule heuristic)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            res = op(*[_to_meta(a) for a in args], **{k: _to_meta(v) for k, v in kwargs.items()})
+    except Exception:
+        return None
+    items = res if isinstance(res, (tuple, list)) else [res]
+    return [r.dtype if isinstance(r, torch.Tensor) else None for r in items]
+
+
 def _run_native(plan: OpPlan, args, kwargs, downcast64: bool, narrow64: bool, upcast16: bool):
     b = S.build
     num = b.numerics
@@ -304,6 +338,16 @@ def _run_native(plan: OpPlan, args, kwargs, downcast64: bool, narrow64: bool, up
     orig_dtypes_16 = {}
 
     def convert(argname: str, t):
+        if argname in dtype_args and t is not None:
+            # A requested result dtype follows the narrowed computation (cumsum(dtype=int64, out=)):
+            # the result is cast back to what the CPU returns below.  The boxed call passes a
+            # ScalarType as its int code.
+            code = t if isinstance(t, int) else _dtype_code(t)
+            if narrow64 and code == _dtype_code(_INT64):
+                return torch.int32
+            if downcast64 and code == _dtype_code(_F64):
+                return torch.float32
+            return t
         if not isinstance(t, torch.Tensor) or t.device.type != "neuron":
             return t
         new = t
@@ -321,6 +365,7 @@ def _run_native(plan: OpPlan, args, kwargs, downcast64: bool, narrow64: bool, up
         return new
 
     sargs = schema.arguments
+    dtype_args = {a.name for a in sargs if "ScalarType" in str(a.real_type)} if (downcast64 or narrow64) else set()
     new_args = []
     for i, a in enumerate(args):
         argname = sargs[i].name if i < len(sargs) else ""
@@ -329,6 +374,7 @@ def _run_native(plan: OpPlan, args, kwargs, downcast64: bool, narrow64: bool, up
         else:
             new_args.append(convert(argname, a))
     new_kwargs = {k: convert(k, v) for k, v in kwargs.items()}
+    want = _meta_dtypes(op, args, kwargs) if (downcast64 or narrow64) else None
     sin_input = None
     if plan.sincos:
         x = args[0] if args else kwargs["self"]
@@ -354,13 +400,19 @@ def _run_native(plan: OpPlan, args, kwargs, downcast64: bool, narrow64: bool, up
     back = {id(new): orig for orig, new in changed}
     any_down = downcast64 or narrow64
 
-    def fix(r):
+    def fix(r, i):
         if not isinstance(r, torch.Tensor):
             return r
         if id(r) in back:
             return back[id(r)]
+        if want is not None and i < len(want):
+            # The dtype the CPU kernel returns for the original inputs (int32 data indexed by an
+            # int64 index stays int32; complex128 stays complex128).
+            return r if want[i] is None or r.dtype == want[i] else r.to(want[i])
         if any_down and downcast64 and r.dtype == torch.float32:
             return r.to(_F64)
+        if any_down and downcast64 and r.dtype == torch.complex64:
+            return r.to(torch.complex128)
         if any_down and narrow64 and r.dtype == torch.int32:
             return r.to(_INT64)
         if upcast16 and r.dtype == torch.float32:
@@ -369,11 +421,11 @@ def _run_native(plan: OpPlan, args, kwargs, downcast64: bool, narrow64: bool, up
         return r
 
     if isinstance(result, tuple):
-        result = tuple(fix(r) for r in result)
+        result = tuple(fix(r, i) for i, r in enumerate(result))
     elif isinstance(result, list):
-        result = [fix(r) for r in result]
+        result = [fix(r, i) for i, r in enumerate(result)]
     else:
-        result = fix(result)
+        result = fix(result, 0)
 
     outs = _outputs(result)
     if plan.sincos and sin_input is not None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import fnmatch
 import functools
+import math
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ DTYPE_NAMES = (
     "complex64", "complex128",
 )
 MATMUL_INPUTS = ("fp32", "bf16", "fp16")
+MAX_MAGNITUDE = 1000.0
 ROUNDING = ("rne", "stochastic")
 
 
@@ -88,6 +90,7 @@ class Build:
     numerics: Numerics
     defects: tuple[Defect, ...]
     description: str = ""
+    release: bool = True   # False: a control build (e.g. "ideal"), not an SDK release
     _cache: dict = field(default_factory=dict, compare=False, repr=False, hash=False)
 
     def is_native(self, op_name: str) -> bool:
@@ -123,10 +126,34 @@ def aten_overloads() -> tuple[str, ...]:
     return tuple(sorted(out))
 
 
-def shipped_builds() -> list[str]:
-    """Names of the builds shipped in ``neuron_emu/builds`` (oldest first)."""
-    names = [p.stem for p in BUILDS_DIR.glob("*.toml")]
-    return sorted(names, key=lambda s: tuple(int(x) if x.isdigit() else x for x in re.split(r"[.\-]", s)))
+def _is_release(path: Path) -> bool:
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8")).get("build", {}).get("release", True) is not False
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, AttributeError):
+        return True  # load_build reports what is wrong with it
+
+
+def _version_key(name: str) -> tuple:
+    return tuple((0, int(x), "") if x.isdigit() else (1, 0, x) for x in re.split(r"[.\-]", name))
+
+
+def shipped_builds(include_controls: bool = False) -> list[str]:
+    """Names of the SDK release builds shipped in ``neuron_emu/builds`` (oldest first).
+
+    Control builds (``release = false`` in ``[build]``, e.g. ``ideal``: every op native, no
+    numerics, dtype rules or defects) are not releases: they are listed, after the releases, only
+    with `include_controls`; :func:`load_build` loads them by name either way.
+    """
+    paths = sorted(BUILDS_DIR.glob("*.toml"), key=lambda p: _version_key(p.stem))
+    names = [p.stem for p in paths if _is_release(p)]
+    if include_controls:
+        names += sorted(p.stem for p in paths if not _is_release(p))
+    return names
+
+
+def control_builds() -> list[str]:
+    """Names of the shipped control builds (``release = false``), e.g. ``["ideal"]``."""
+    return [n for n in shipped_builds(include_controls=True) if n not in shipped_builds()]
 
 
 def default_build_name() -> str:
@@ -138,7 +165,7 @@ def _err(path: Path, key: str, value: Any, accepted: str) -> ManifestError:
 
 
 _TOP_KEYS = {"build", "ops", "dtypes", "numerics", "defects"}
-_BUILD_KEYS = {"name": str, "inherits": str, "description": str, "reset_defects": bool}
+_BUILD_KEYS = {"name": str, "inherits": str, "description": str, "reset_defects": bool, "release": bool}
 _OPS_KEYS = {"native", "cpu_fallback"}
 _NUM_KEYS = {
     "matmul_inputs": str, "transcendental_bits": int, "sin_range_reduction": bool,
@@ -202,8 +229,17 @@ def _load(path: Path, stack: tuple[Path, ...]) -> Build:
         chain = " -> ".join(str(p) for p in (*stack, path))
         raise ManifestError(f"{stack[-1]}: invalid manifest key 'build.inherits' = {path.stem!r}: "
                             f"expected an acyclic inheritance chain, found a cycle {chain}")
+    if path.is_dir():
+        raise ManifestError(f"{path}: is a directory; expected a build manifest .toml file")
     try:
-        data = tomllib.loads(path.read_text())
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ManifestError(f"{path}: not a UTF-8 text file (byte {e.start}: {e.reason}); "
+                            "expected a build manifest in UTF-8 TOML") from None
+    except OSError as e:
+        raise ManifestError(f"{path}: cannot be read ({e.strerror}); expected a build manifest .toml file") from None
+    try:
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ManifestError(f"{path}: invalid TOML ({e}); expected a build manifest") from None
     _check_keys(path, "", data, _TOP_KEYS)
@@ -214,8 +250,8 @@ def _load(path: Path, stack: tuple[Path, ...]) -> Build:
     for k, t in _BUILD_KEYS.items():
         if k in build:
             _check_type(path, f"build.{k}", build[k], t, f"a {t.__name__}")
-    if "name" not in build:
-        raise _err(path, "build.name", None, "a string naming the build, e.g. '2.33.0'")
+    if "name" not in build or not build["name"].strip():
+        raise _err(path, "build.name", build.get("name"), "a non-empty string naming the build, e.g. '2.33.0'")
 
     parent: Build | None = None
     if "inherits" in build:
@@ -286,9 +322,13 @@ def _load(path: Path, stack: tuple[Path, ...]) -> Build:
             raise _err(path, f"{key}.probability", d["probability"], "a number in (0, 1]")
         if int(d.get("min_numel", 0)) < 0:
             raise _err(path, f"{key}.min_numel", d["min_numel"], "a non-negative integer")
+        mag = float(d.get("magnitude", 0.05))
+        if not (math.isfinite(mag) and -1.0 <= mag <= MAX_MAGNITUDE):
+            raise _err(path, f"{key}.magnitude", d["magnitude"],
+                       f"a finite relative error in [-1, {MAX_MAGNITUDE:g}] (results are scaled by 1 + magnitude)")
         defects.append(Defect(
             op=d["op"], kind=d["kind"], dtypes=tuple(dts) if dts is not None else None,
-            min_numel=int(d.get("min_numel", 0)), magnitude=float(d.get("magnitude", 0.05)),
+            min_numel=int(d.get("min_numel", 0)), magnitude=mag,
             probability=prob, note=d.get("note", ""), source=f"{path.name}:{key}",
         ))
     return Build(
@@ -296,4 +336,5 @@ def _load(path: Path, stack: tuple[Path, ...]) -> Build:
         native=lists["native"], cpu_fallback=lists["cpu_fallback"],
         dtypes=DtypeRules(**rules), numerics=Numerics(**nvals), defects=tuple(defects),
         description=build.get("description", parent.description if parent else ""),
+        release=build.get("release", True),
     )

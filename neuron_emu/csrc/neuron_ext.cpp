@@ -17,6 +17,7 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/impl/alloc_cpu.h>
 #include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/library.h>
@@ -24,6 +25,7 @@
 #include <atomic>
 #include <cstring>
 #include <mutex>
+#include <thread>
 #include <unordered_map>
 
 #if defined(__x86_64__) || defined(_M_X64)
@@ -286,8 +288,14 @@ struct CallCtx {
     return links.size() - 1;
   }
 
+  const std::string* op_name = nullptr;
+
   at::Tensor to_cpu(const at::Tensor& t) {
     if (!t.defined()) return t;
+    if (t.device().type() == kNeuron && t._is_zerotensor()) {
+      // An efficient zero tensor has no storage: the kernel sees materialized zeros.
+      return at::zeros(t.sizes(), at::TensorOptions().dtype(t.scalar_type()).device(c10::kCPU));
+    }
     if (t.device().type() != kNeuron) {
       cpu_inputs.push_back(t.unsafeGetTensorImpl());
       return t;
@@ -337,6 +345,11 @@ struct CallCtx {
   at::Tensor to_neuron(const at::Tensor& r) {
     if (!r.defined() || r.device().type() != c10::kCPU) return r;
     auto* ri = r.unsafeGetTensorImpl();
+    for (auto* c : cpu_inputs)
+      if (c == ri) return r;
+    TORCH_CHECK_NOT_IMPLEMENTED(r.layout() == c10::kStrided, "Could not run '",
+                                op_name ? *op_name : std::string("?"), "' on the neuron device: it produces a ",
+                                r.layout(), " tensor and the neuron device supports only strided tensors");
     for (auto& w : wrapped)
       if (w.cpu.unsafeGetTensorImpl() == ri) return w.orig;
     for (auto* c : cpu_inputs)
@@ -394,6 +407,8 @@ static void run_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack, boo
   const size_t nargs = schema.arguments().size();
   const size_t base = stack->size() - nargs;
   CallCtx ctx;
+  const std::string name = op_name(op);
+  ctx.op_name = &name;
   for (size_t i = 0; i < nargs; ++i) {
     c10::IValue& v = (*stack)[base + i];
     if (v.isTensor()) {
@@ -473,7 +488,11 @@ static void call_python(const c10::OperatorHandle& op, OpEntry* e, torch::jit::S
   py::list args;
   py::dict kwargs;
   for (size_t i = 0; i < sargs.size(); ++i) {
-    py::object v = torch::jit::toPyObject(std::move(arguments[i]));
+    // toPyObject turns a wrapped-number tensor (a Python scalar promoted by e.g. remainder.Scalar
+    // -> remainder.Tensor) back into a Python number, which the Tensor overload then rejects.
+    py::object v = arguments[i].isTensor()
+                       ? py::reinterpret_steal<py::object>(THPVariable_Wrap(arguments[i].toTensor()))
+                       : torch::jit::toPyObject(std::move(arguments[i]));
     if (sargs[i].kwarg_only()) kwargs[py::str(sargs[i].name())] = v;
     else args.append(v);
   }
@@ -496,8 +515,11 @@ static bool is_channels_last_input(const at::Tensor& t) {
 }
 
 // Scans arguments: rejects non-scalar CPU tensors, reports whether a dtype/layout rule applies.
-static bool scan_args(const OpEntry* e, const torch::jit::Stack* stack, size_t base, size_t nargs) {
+static bool scan_args(const c10::OperatorHandle& op, const OpEntry* e, const torch::jit::Stack* stack,
+                      size_t base, size_t nargs) {
   bool route = false;
+  const auto& sargs = op.schema().arguments();
+  bool written = false;
   auto check = [&](const at::Tensor& t) {
     if (!t.defined()) return;
     auto dt = t.device().type();
@@ -505,7 +527,8 @@ static bool scan_args(const OpEntry* e, const torch::jit::Stack* stack, size_t b
       if (e->dtype_mask && ((e->dtype_mask >> static_cast<int>(t.scalar_type())) & 1ULL)) route = true;
       if (e->check_cl && is_channels_last_input(t)) route = true;
     } else if (dt == c10::kCPU) {
-      TORCH_CHECK(e->allow_cpu || t.dim() == 0,
+      // A 0-dim CPU tensor is accepted as an input scalar (as on CUDA), never as an output.
+      TORCH_CHECK(e->allow_cpu || (t.dim() == 0 && !written),
                   "Expected all tensors to be on the same device, but found at least two devices, "
                   "neuron:0 and cpu! (when checking argument for ",
                   e->name, ")");
@@ -513,6 +536,14 @@ static bool scan_args(const OpEntry* e, const torch::jit::Stack* stack, size_t b
   };
   for (size_t i = 0; i < nargs; ++i) {
     const c10::IValue& v = (*stack)[base + i];
+    const auto* ai = sargs[i].alias_info();
+    written = ai != nullptr && ai->isWrite();
+    if (v.isGenerator()) {
+      const auto& g = v.toGenerator();
+      TORCH_CHECK(g.device().type() == kNeuron, "Expected a 'neuron' device type for generator but found '",
+                  c10::DeviceTypeName(g.device().type(), /*lower_case=*/true), "' (when checking argument for ",
+                  e->name, ")");
+    }
     if (v.isTensor()) {
       check(v.toTensor());
     } else if (v.isTensorList()) {
@@ -533,7 +564,7 @@ static void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, 
   }
   OpEntry* e = lookup(op);
   const size_t nargs = op.schema().arguments().size();
-  bool route = scan_args(e, stack, stack->size() - nargs, nargs);
+  bool route = scan_args(op, e, stack, stack->size() - nargs, nargs);
   if (e->action == kPython || route) {
     call_python(op, e, stack);
   } else if (e->action == kFallback) {
@@ -580,6 +611,25 @@ static at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor&
   return dst;
 }
 
+// A storage-less zero tensor on the device, as CUDA makes it (ZeroTensor key + null data).
+static void zero_free(void*) {}
+struct ZeroAllocator final : c10::Allocator {
+  c10::DataPtr allocate(size_t) override { return {nullptr, nullptr, &zero_free, neuron_device()}; }
+  c10::DeleterFnPtr raw_deleter() const override { return &zero_free; }
+  void copy_data(void*, const void*, std::size_t) const override {}
+};
+
+static at::Tensor efficient_zerotensor(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
+                                       std::optional<c10::Layout>, std::optional<c10::Device> device,
+                                       std::optional<bool>) {
+  track_infra("aten::_efficientzerotensor.default");
+  if (device.has_value()) TORCH_CHECK(device->index() <= 0, "neuron: invalid device index ", (int)device->index());
+  static ZeroAllocator alloc;
+  auto ks = c10::DispatchKeySet(c10::DispatchKey::PrivateUse1) | c10::DispatchKeySet(c10::DispatchKey::ZeroTensor);
+  return at::detail::empty_generic(size, &alloc, ks, dtype.value_or(c10::get_default_dtype_as_scalartype()),
+                                   std::nullopt);
+}
+
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
 }
@@ -587,6 +637,7 @@ TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_copy_from", &copy_from);
   m.impl("_copy_from_and_resize", &copy_from_and_resize);
+  m.impl("_efficientzerotensor", &efficient_zerotensor);
   m.impl("convolution_overrideable", torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
   m.impl("convolution_backward_overrideable", torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
   m.impl("mode.values", torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
@@ -628,11 +679,36 @@ static void init_hooks() {
   at::RegisterPrivateUse1HooksInterface(new NeuronHooks());
 }
 
+// The autograd engine sizes its per-device worker threads once, at the first backward of the
+// process.  If that backward ran (on the CPU) before this extension registered the device, the
+// engine has no queue for device index 0 and every neuron backward hits an internal assert.  Give
+// it the queue and worker thread it would have made had the device existed then.
+struct EngineAccess : torch::autograd::Engine {
+  static std::vector<std::shared_ptr<torch::autograd::ReadyQueue>>& queues(torch::autograd::Engine& e) {
+    return e.*(&EngineAccess::device_ready_queues_);
+  }
+  static bool started(torch::autograd::Engine& e) {
+    return static_cast<bool>(e.*(&EngineAccess::thread_pool_shared_));
+  }
+};
+
+static bool fix_autograd_device_threads() {
+  auto& engine = torch::autograd::Engine::get_default_engine();
+  if (!EngineAccess::started(engine)) return false;  // not started yet: it will count the device
+  auto& queues = EngineAccess::queues(engine);
+  if (!queues.empty()) return false;
+  queues.push_back(std::make_shared<torch::autograd::ReadyQueue>());
+  std::thread t(&torch::autograd::Engine::thread_init, &engine, 0, queues[0], true);
+  t.detach();
+  return true;
+}
+
 }  // namespace neuron_emu
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using namespace neuron_emu;
   m.def("init_hooks", &init_hooks);
+  m.def("fix_autograd_device_threads", &fix_autograd_device_threads);
   m.def("register_kernels", &register_kernels);
   m.def("set_router", [](py::object classifier, py::object handler) {
     Py_XINCREF(classifier.ptr());

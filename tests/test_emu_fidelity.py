@@ -1,0 +1,152 @@
+"""The emulated device behaves like a real device where the build declares nothing else.
+
+One regression test per fidelity root cause found by running PyTorch's TestCommon on ``neuron``
+(issue 14), each on the ``ideal`` control build and on every shipped release build.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+import neuron_emu
+
+REPO = Path(__file__).resolve().parents[1]
+BUILDS = ["ideal", *neuron_emu.shipped_builds()]
+D = "neuron"
+
+
+@pytest.fixture(params=BUILDS)
+def build(request):
+    prev = neuron_emu.active_build()
+    neuron_emu.use_build(request.param)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # once-per-op fallback warnings
+        yield request.param
+    neuron_emu.use_build(prev)
+
+
+# 1 ------------------------------------------------------------------ out= on the wrong device
+@pytest.mark.parametrize("call", [
+    lambda x, out: torch.norm(x, out=out),
+    lambda x, out: torch.index_select(x, 0, torch.tensor([0, 1], device=D), out=out),
+    lambda x, out: torch.max(x, x, out=out),
+    lambda x, out: torch.add(x, x, out=out),
+    lambda x, out: torch.cumsum(x, 0, out=out),
+], ids=["norm", "index_select", "max_binary", "add", "cumsum"])
+@pytest.mark.parametrize("out_shape", [(), (3, 4)], ids=["0dim", "full"])
+def test_out_on_cpu_for_device_inputs_raises(build, call, out_shape):
+    x = torch.randn(3, 4, device=D)
+    out = torch.zeros(out_shape)
+    with pytest.raises(RuntimeError, match="same device|device"):
+        call(x, out)
+    assert out.device.type == "cpu" and bool((out == 0).all()), "nothing may land on the CPU tensor"
+
+
+def test_cpu_scalar_input_still_accepted(build):
+    x = torch.arange(4.0, device=D)
+    assert (x * torch.tensor(2.0)).cpu().tolist() == [0.0, 2.0, 4.0, 6.0]
+    y = torch.empty(4, device=D)
+    torch.mul(x, torch.tensor(2.0), out=y)
+    assert y.device.type == D and y.cpu().tolist() == [0.0, 2.0, 4.0, 6.0]
+
+
+# 2 ------------------------------------------------------------------ int64 with a Python scalar
+@pytest.mark.parametrize("fn", [
+    lambda t: t % 3, lambda t: torch.fmod(t, 3), lambda t: t & 6, lambda t: t | 1, lambda t: t ^ 5,
+    lambda t: 6 & t, lambda t: torch.remainder(t, -3), lambda t: torch.bitwise_and(t, 3),
+], ids=["mod", "fmod", "and", "or", "xor", "rand", "remainder_neg", "bitwise_and"])
+def test_int64_tensor_with_python_scalar(build, fn):
+    c = torch.arange(-4, 9, dtype=torch.int64)
+    got = fn(c.to(D))
+    want = fn(c)
+    assert got.device.type == D and got.dtype == want.dtype == torch.int64
+    assert torch.equal(got.cpu(), want)
+
+
+# 3 ------------------------------------------------------------------ sparse through the fallback
+def test_sparse_result_is_a_clean_not_implemented(build):
+    x = torch.randn(3, 3, device=D)
+    with pytest.raises(NotImplementedError, match="strided"):
+        x.to_sparse()
+    s = torch.randn(3, 3).to_sparse()
+    with pytest.raises(NotImplementedError, match="Sparseneuron"):  # the dispatcher's own refusal
+        torch.sparse.mm(s, torch.randn(3, 2, device=D))
+
+
+# 4 ------------------------------------------------------------------ efficient zero tensors
+def test_efficientzerotensor_is_a_device_zero_tensor(build):
+    z = torch._efficientzerotensor(5, device=D)
+    assert z.device.type == D and z._is_zerotensor() and z.dtype == torch.get_default_dtype()
+    assert torch.equal(z.cpu(), torch.zeros(5))
+    assert torch.equal((z + torch.ones(5, device=D)).cpu(), torch.ones(5))
+    assert torch.equal(torch._efficientzerotensor(2, 3, dtype=torch.int32, device=D).cpu(),
+                       torch.zeros(2, 3, dtype=torch.int32))
+
+
+def test_zerotensor_backwards_do_not_crash():
+    """sgn and grid_sample backward used to SIGSEGV in copy_from: run them in a subprocess."""
+    code = """
+import torch, neuron_emu, warnings
+warnings.simplefilter("ignore")
+for b in ["ideal", *neuron_emu.shipped_builds()]:
+    neuron_emu.use_build(b)
+    for dev in ("cpu", "neuron"):
+        torch.manual_seed(0)
+        x = torch.randn(4, dtype=torch.complex64).to(dev).requires_grad_()
+        torch.sgn(x).abs().sum().backward()
+        g = torch.randn(1, 1, 4, 4).to(dev).requires_grad_()
+        grid = (torch.rand(1, 3, 3, 2) * 2 - 1).to(dev)
+        torch.nn.functional.grid_sample(g, grid, align_corners=False).sum().backward()
+        r = (x.grad.cpu(), g.grad.cpu())
+        if dev == "cpu":
+            ref = r
+        else:
+            assert all(torch.allclose(a, b) for a, b in zip(r, ref)), b
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+
+
+# 5 ------------------------------------------------------------------ complex128 preserved
+def test_complex128_is_preserved(build):
+    x = torch.randn(3, dtype=torch.float64)
+    got = x.to(D) * torch.tensor(1j, dtype=torch.complex128)
+    assert got.dtype == torch.complex128
+    p = torch.polar(torch.ones(3, dtype=torch.float64, device=D), x.to(D))
+    assert p.dtype == torch.complex128
+    a = torch.randn(3, 3, dtype=torch.complex128, device=D, requires_grad=True)
+    torch.linalg.slogdet(a).logabsdet.backward()
+    assert a.grad.dtype == torch.complex128
+
+
+# 6 ------------------------------------------------------------------ index_select keeps int32
+def test_index_select_int32_data_int64_index(build):
+    data = torch.arange(6, dtype=torch.int32)
+    idx = torch.tensor([4, 1], dtype=torch.int64)
+    got = torch.index_select(data.to(D), 0, idx.to(D))
+    assert got.dtype == torch.int32 and got.cpu().tolist() == [4, 1]
+    out = torch.empty(0, dtype=torch.int32, device=D)
+    torch.index_select(data.to(D), 0, idx.to(D), out=out)
+    assert out.dtype == torch.int32 and out.cpu().tolist() == [4, 1]
+
+
+# 7 ------------------------------------------------------------------ cumsum int64 with dtype=
+def test_cumsum_int64_with_dtype_inplace_and_out(build):
+    a = torch.arange(1, 6, dtype=torch.int64)
+    want = torch.cumsum(a, 0, dtype=torch.int64)
+    t = a.to(D)
+    t.cumsum_(0, dtype=torch.int64)
+    assert t.dtype == torch.int64 and torch.equal(t.cpu(), want)
+    out = torch.empty(5, dtype=torch.int64, device=D)
+    r = torch.cumsum(a.to(D), 0, dtype=torch.int64, out=out)
+    assert r is out and torch.equal(out.cpu(), want)
+    f = torch.empty(5, dtype=torch.float64, device=D)
+    torch.cumsum(a.to(D), 0, dtype=torch.float64, out=f)
+    assert f.dtype == torch.float64 and torch.equal(f.cpu(), want.double())

@@ -1,0 +1,100 @@
+"""The "also known" emulator bugs of issue 14: import order, DispatchStub callers, arange on
+narrowing builds, CPU generators, and the fallback warning's reason."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+import neuron_emu
+
+REPO = Path(__file__).resolve().parents[1]
+BUILDS = ["ideal", *neuron_emu.shipped_builds()]
+D = "neuron"
+
+
+@pytest.fixture(params=BUILDS)
+def build(request):
+    prev = neuron_emu.active_build()
+    neuron_emu.use_build(request.param)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield request.param
+    neuron_emu.use_build(prev)
+
+
+def test_cpu_backward_before_import_does_not_break_device_backward():
+    code = """
+import torch
+a = torch.ones(3, requires_grad=True)
+(a * 2).sum().backward()            # the engine starts its device threads: no neuron yet
+import neuron_emu
+x = torch.ones(3, device="neuron", requires_grad=True)
+(x * x).sum().backward()
+y = torch.randn(4, 4, device="neuron", requires_grad=True)
+torch.nn.functional.gelu(y @ y).sum().backward()
+print(x.grad.cpu().tolist(), y.grad.device)
+"""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         cwd=REPO, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == "[2.0, 2.0, 2.0] neuron:0"
+
+
+def test_conj_physical_inplace(build):
+    c = torch.randn(5, dtype=torch.complex64)
+    t = c.to(D)
+    t.conj_physical_()
+    assert torch.equal(t.cpu(), c.conj_physical())
+    assert torch.equal(torch.conj_physical(c.to(D)).cpu(), torch.conj_physical(c))
+
+
+@pytest.mark.parametrize("args", [(0, 10, 1.5), (1, 7.5, 2.5), (10, 0, -1.5), (0.5, 6, 1)])
+def test_arange_int64_with_float_steps_has_the_cpu_length(build, args):
+    want = torch.arange(*args, dtype=torch.int64)
+    got = torch.arange(*args, dtype=torch.int64, device=D)
+    assert got.dtype == torch.int64 and torch.equal(got.cpu(), want)
+
+
+def test_cpu_generator_is_rejected_like_cuda(build):
+    g = torch.Generator()
+    with pytest.raises(RuntimeError, match="Expected a 'neuron' device type for generator but found 'cpu'"):
+        torch.randn(3, device=D, generator=g)
+    with pytest.raises(RuntimeError, match="generator"):
+        torch.empty(3, device=D).normal_(generator=g)
+    ng = torch.Generator(device=D).manual_seed(1)
+    a = torch.randn(3, device=D, generator=ng)
+    ng.manual_seed(1)
+    assert torch.equal(a.cpu(), torch.randn(3, device=D, generator=ng).cpu())
+
+
+def test_fallback_warning_names_the_dtype_rule_not_the_op():
+    prev = neuron_emu.active_build()
+    b = neuron_emu.use_build("2.33.0")   # mul is native there; complex inputs: rule 'fallback'
+    assert b.is_native("aten::mul.Tensor") and b.dtypes.complex == "fallback"
+    try:
+        x = torch.randn(3, dtype=torch.complex64).to(D)
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            x * x
+        msgs = [str(m.message) for m in w if "falling back" in str(m.message)]
+        assert len(msgs) == 1, msgs
+        assert "aten::mul.Tensor" in msgs[0] and "dtypes.complex = 'fallback'" in msgs[0]
+        assert "not natively supported" not in msgs[0]
+        neuron_emu.set_strict(True)
+        with pytest.raises(RuntimeError, match=r"dtypes.complex = 'fallback'"):
+            x * x
+        # A real missing kernel still says so.
+        assert not b.is_native("aten::lgamma.default")
+        with pytest.raises(RuntimeError, match="has no native kernel in Neuron SDK build 2.33.0"):
+            torch.lgamma(torch.ones(2, device=D))
+    finally:
+        neuron_emu.set_strict(False)
+        neuron_emu.use_build(prev)
