@@ -32,11 +32,11 @@ def test_default_is_newest_and_env_selection(tmp_path):
     code = "import neuron_emu; print(neuron_emu.active_build().name)"
     env = dict(os.environ)
     env.pop("NEURON_EMU_BUILD", None)
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
     assert out.stdout.strip() == neuron_emu.shipped_builds()[-1]
     p = write(tmp_path, '[build]\nname = "mine"\ninherits = "2.31.0"\n')
     env["NEURON_EMU_BUILD"] = str(p)
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
     assert out.stdout.strip() == "mine"
 
 

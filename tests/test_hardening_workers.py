@@ -126,7 +126,7 @@ def test_capture_takes_python_fd_and_libc_writes_and_warnings_per_item(tmp_path)
     path, result = tmp_path / "cap.out", tmp_path / "result.txt"
     path.write_text("")
     p = subprocess.run([sys.executable, "-c", CHILD, str(path), str(result)], capture_output=True, text=True,
-                       timeout=120)
+                       timeout=900)
     assert p.returncode == 0 and p.stdout == "" and p.stderr == "", p.stdout + p.stderr
     first, second, third = eval(result.read_text())  # noqa: S307 - our own repr of three strings
     for text in ("python print", "fd two", "libc write", "UserWarning: first item warns"):
