@@ -64,9 +64,11 @@ def _check_file(path: Path) -> None:
         raise OpdbError(f"{path}: not an SQLite database (header {head[:15]!r})")
     if head and len(head) < 100:
         raise OpdbError(f"{path}: damaged SQLite database (truncated to {size} bytes)")
-    if head:
+    wal = Path(f"{path}-wal")
+    if head and not (wal.exists() and wal.stat().st_size):
         # The header says how many pages the file holds (valid when bytes 92..96 match the change
         # counter at 24..28): a file shorter than that, or not a whole number of pages, was cut.
+        # Skipped while a WAL holds frames: a checkpoint in progress may write page 1 first.
         page = int.from_bytes(head[16:18], "big")
         page = 65536 if page == 1 else page
         pages = int.from_bytes(head[28:32], "big")
