@@ -26,7 +26,7 @@ from opdb import Store
 from opdb.blobs import decode_inputs, dump_inputs, load_inputs
 from opdb.queries import op_result
 
-from .inputs.opinfo import by_name, samples
+from .inputs.opinfo import DEFAULT_SEED, by_name, samples
 from .targets import get_target
 
 # Which attribute of the OpInfo a variant calls (schema results call the overload itself).
@@ -157,7 +157,7 @@ def write_repro(store: Store, result_id: int, out_dir: str | Path) -> Path:
         if info is None:
             raise ValueError(f"{where}: OpInfo {op!r} is not in this torch's op_db")
         dtype = _dtype(row.get("dtype"), where)
-        seed = _int(row.get("seed") or config.get("seed") or 0, where, "seed")
+        seed = _int(row.get("seed") or config.get("seed") or DEFAULT_SEED, where, "seed")
         sample = _nth(samples(info, dtype, thorough=bool(config.get("thorough")), seed=seed,
                               requires_grad=variant == "backward"), _int(row.get("sample"), where, "sample"))
         data = {"input": sample.input, "args": sample.args, "kwargs": sample.kwargs}

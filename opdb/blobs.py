@@ -87,7 +87,8 @@ def decode_inputs(raw: bytes) -> Any:
     try:
         box = _torch.load(_io.BytesIO(raw[len(magic):]), weights_only=True)
     except Exception as exc:  # noqa: BLE001 - the restricted unpickler refused it, or it is damaged
-        raise ValueError(f"damaged or unsafe inputs blob ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})")
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        raise ValueError(f"damaged or unsafe inputs blob ({type(exc).__name__}: {first})") from None
     if (not isinstance(box, dict) or set(box) != {"format", "structure", "tensors"} or box["format"] != "opdb-inputs/1"
             or not isinstance(box["structure"], str) or not isinstance(box["tensors"], list)
             or not all(isinstance(t, _torch.Tensor) for t in box["tensors"])):
