@@ -4,6 +4,7 @@ a silently wrong result, a hang) — the figures of issue 19's database and repr
 Run against any checkout (the tree on PYTHONPATH is the one measured):
 
     PYTHONPATH=$PWD python benchmarks/bad_inputs_db.py            # prints one row per case + totals
+    PYTHONPATH=$PWD python benchmarks/bad_inputs_db.py repro      # only the cases whose name holds "repro"
 
 A case is "correct" when the command does the right thing: one line naming the problem and exit 2
 for a refusal (with no file changed, no output left, no marker written), or success without
@@ -79,6 +80,15 @@ def damaged(p: Path) -> Path:
     valid(p)
     data = bytearray(p.read_bytes())
     for i in range(4096, len(data), 7):
+        data[i] = 0xA5
+    p.write_bytes(bytes(data))
+    return p
+
+
+def damaged_deep(p: Path) -> Path:
+    valid(p, rows=3000)  # the schema pages stay sound; queries hit the garbled ones
+    data = bytearray(p.read_bytes())
+    for i in range(len(data) * 2 // 3, len(data), 5):
         data[i] = 0xA5
     p.write_bytes(bytes(data))
     return p
@@ -268,7 +278,7 @@ CASES: list[tuple[str, Callable[[Path], str]]] = [
     ("merge OUT X LINK-TO-X", case_merge_same(lambda t: (t / "out.sqlite", t / "a.sqlite", t / "link.sqlite"))),
     ("merge X X (output is the input)", case_merge_same(lambda t: (t / "a.sqlite", t / "a.sqlite"))),
     *[(f"{kind.__name__} database -> {cmd}", case_db_refused(kind, cmd))
-      for kind in (garbage, truncated, damaged) for cmd in ("run", "report", "gate", "merge")],
+      for kind in (garbage, truncated, damaged, damaged_deep) for cmd in ("run", "report", "gate", "merge")],
     *[(f"newer-schema database -> {cmd} (file unchanged)", case_db_refused(newer, cmd))
       for cmd in ("report", "gate", "merge")],
     ("older-schema database -> report (not migrated)", case_read_keeps(older, "report")),
@@ -290,9 +300,11 @@ CASES: list[tuple[str, Callable[[Path], str]]] = [
 
 
 def main() -> None:
+    only = sys.argv[1] if len(sys.argv) > 1 else ""  # a substring of case names, to run a few
     totals: dict[str, int] = {}
     print(f"{'case':<58}outcome")
-    for name, fn in CASES:
+    cases = [(n, f) for n, f in CASES if only in n]
+    for name, fn in cases:
         with tempfile.TemporaryDirectory() as d:
             try:
                 outcome = fn(Path(d))
@@ -301,7 +313,7 @@ def main() -> None:
         totals[outcome] = totals.get(outcome, 0) + 1
         print(f"{name:<58}{outcome}", flush=True)
     good = totals.get("clear error", 0) + totals.get("correct", 0)
-    print(f"\ntried {len(CASES)}: clear error {totals.get('clear error', 0)}, correct success "
+    print(f"\ntried {len(cases)}: clear error {totals.get('clear error', 0)}, correct success "
           f"{totals.get('correct', 0)} (right: {good}); traceback {totals.get('traceback', 0)}; "
           f"silently wrong {totals.get('silently wrong', 0)}; hang {totals.get('hang', 0)}")
 

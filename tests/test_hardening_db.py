@@ -16,12 +16,12 @@ from conformance.gate import Finding, GateResult, markdown
 from opdb import Store, schema
 
 
-def _valid(path, *, build="b1", run_id="r1"):
+def _valid(path, *, build="b1", run_id="r1", rows=300):
     with Store.open(path) as st:
         rid = st.start_run(target="cpu", build=build, torch_version="2.13.0", config={}, run_id=run_id)
         st.insert("op_results", [{"run_id": rid, "item_key": f"abs|function|float32|{i}", "op": "abs",
                                   "variant": "function", "dtype": "float32", "sample": i, "status": "pass"}
-                                 for i in range(300)])
+                                 for i in range(rows)])
         st.finish_run(rid)
     return path
 
@@ -85,7 +85,17 @@ def _newer(p):
     return p
 
 
-BAD = {"garbage": _garbage, "truncated": _truncated, "damaged": _damaged_inside, "newer": _newer}
+def _damaged_deep(p):
+    _valid(p, rows=3000)  # the schema pages stay sound: the damage is found mid-query
+    data = bytearray(p.read_bytes())
+    for i in range(len(data) * 2 // 3, len(data), 5):
+        data[i] = 0xA5
+    p.write_bytes(bytes(data))
+    return p
+
+
+BAD = {"garbage": _garbage, "truncated": _truncated, "damaged": _damaged_inside, "damaged_deep": _damaged_deep,
+       "newer": _newer}
 
 
 @pytest.mark.parametrize("kind", sorted(BAD))
