@@ -226,6 +226,8 @@ def case_fresh_checkout(tmp: Path) -> str:
         return "hang"
     if "Traceback" in out:
         return "traceback"
+    if code == 2:
+        return "wrongly refused"
     return "correct" if code == 0 and (tmp / "results" / "opdb.sqlite").exists() else "silently wrong"
 
 
@@ -243,7 +245,9 @@ def case_repro_field(field: str) -> Callable[[Path], str]:
         elif field == "status":
             row["status"] = evil
         elif field == "op":
-            row.update(op="aten::abs.default" + evil, variant="schema",
+            # the old script spliced the name after "torch.ops.aten.": new lines become statements
+            row.update(op=f"aten::abs.default\nimport pathlib\npathlib.Path({str(marker)!r}).write_text('pwned')\n"
+                          "x = torch.ops.aten.abs.default", variant="schema",
                        inputs=blob({"args": [torch.ones(2)], "kwargs": {}}))
         db = valid(tmp / "r.sqlite", build=build, rows=1, **row)
         code, out = cli("repro", "1", "--db", db, "--out", tmp / "repro")
@@ -315,7 +319,8 @@ def main() -> None:
     good = totals.get("clear error", 0) + totals.get("correct", 0)
     print(f"\ntried {len(cases)}: clear error {totals.get('clear error', 0)}, correct success "
           f"{totals.get('correct', 0)} (right: {good}); traceback {totals.get('traceback', 0)}; "
-          f"silently wrong {totals.get('silently wrong', 0)}; hang {totals.get('hang', 0)}")
+          f"silently wrong {totals.get('silently wrong', 0)}; wrongly refused {totals.get('wrongly refused', 0)}; "
+          f"hang {totals.get('hang', 0)}")
 
 
 if __name__ == "__main__":

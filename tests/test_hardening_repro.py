@@ -29,7 +29,8 @@ class _Evil:
 
 def _hostile(marker) -> list[str]:
     code = f"import pathlib;pathlib.Path({str(marker)!r}).write_text('pwned')"
-    return [f'""";{code};"""', f"''';{code};'''", f'x\\"""\n{code}\n"""', f'"\n{code}\n#\\', f'{{0}}{{rid}}"""{code}']
+    return [f'""";{code};"""', f"''';{code};'''", f'x\\"""\n{code}\n"""', f'"\n{code}\n#\\', f'{{0}}{{rid}}"""{code}',
+            f"aten::abs.default\n{code}\nx = torch.ops.aten.abs.default"]  # the old script spliced op names in
 
 
 def _db(tmp_path, *, build="-", status="mismatch", op="abs", variant="function", dtype="float32", inputs=None,
@@ -70,7 +71,7 @@ def test_hostile_build_status_and_error_stay_text(tmp_path):
 @pytest.mark.parametrize("field", ["op", "variant", "dtype"])
 def test_hostile_op_variant_dtype_are_refused(tmp_path, field):
     marker = tmp_path / "pwned"
-    bad = _hostile(marker)[0]
+    bad = _hostile(marker)[-1 if field == "op" else 0]
     kwargs = {field: bad}
     if field == "op":
         kwargs.update(variant="schema", inputs=dump_inputs({"args": [torch.ones(2)], "kwargs": {}}))
