@@ -76,6 +76,8 @@ REPRO_LIST = 50  # repro commands listed in the page itself (the table has all)
 TABLE_PAGE_SIZE = 100  # rows per page of the JS tables
 
 
+SITE_MARKER = ".conformance-report"  # written into every site; `report --out` replaces only folders holding it
+
 class UnknownBuild(ValueError):
     """--build names a build the database does not hold."""
 
@@ -739,6 +741,8 @@ class SiteRenderer:
         t0 = time.perf_counter()
         infos, rendered = self.prepare(only)
         self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / SITE_MARKER).write_text("conformance report site; `conformance report --out` replaces this "
+                                            "folder whole\n")
         (self.out / "assets").mkdir(exist_ok=True)
         for name in ASSETS:
             shutil.copyfile(TEMPLATES / name, self.out / "assets" / name)
@@ -860,8 +864,6 @@ def render_site(store: Store, out: str | Path, *, builds: Sequence[str] | None =
     return SiteRenderer(store, Path(out), db_label=label).render(builds, jobs=default_jobs() if jobs is None else jobs)
 
 
-SITE_MARKER = ".conformance-report"  # written into every site; --out replaces only folders holding it
-
 
 def check_site_dir(out: str | Path) -> None:
     """Refuse an ``--out`` folder that is neither empty nor a previous report (raises ValueError)."""
@@ -888,8 +890,6 @@ def publish_site(store: Store, out: str | Path, *, builds: Sequence[str] | None 
     shutil.rmtree(staging, ignore_errors=True)
     try:
         result = render_site(store, staging, builds=builds, db_label=db_label, jobs=jobs)
-        (staging / SITE_MARKER).write_text("conformance report site; `conformance report --out` replaces this "
-                                           "folder whole\n")
         check_site_dir(target)  # still ours to replace
         old = target.parent / f".{target.name}.old-{os.getpid()}"
         if target.exists():
