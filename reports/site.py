@@ -74,9 +74,8 @@ DIFF_ROWS = 10_000  # items of one diff section embedded in the page (worst cate
 DIFF_OPS = 200  # rows of the per-op roll-up of a diff section
 REPRO_LIST = 50  # repro commands listed in the page itself (the table has all)
 TABLE_PAGE_SIZE = 100  # rows per page of the JS tables
-
-
 SITE_MARKER = ".conformance-report"  # written into every site; `report --out` replaces only folders holding it
+
 
 class UnknownBuild(ValueError):
     """--build names a build the database does not hold."""
