@@ -197,3 +197,17 @@ def test_fresh_checkout_creates_the_results_folder(tmp_path, monkeypatch):
     r = _cli("merge", "results/opdb.sqlite", src)
     assert r.exit_code == 0, r.output
     assert (tmp_path / "results" / "opdb.sqlite").is_file()
+
+
+@pytest.mark.parametrize("kind", sorted(BAD))
+def test_writing_open_of_a_bad_database_refuses_before_touching_it(tmp_path, kind):
+    """What `run` and `merge` (output) open for writing: damage anywhere in the file is found by
+    the read-only check first, so the refused file is left byte-identical (no WAL switch)."""
+    from opdb import OpdbError
+
+    bad = BAD[kind](tmp_path / f"{kind}.sqlite")
+    before = _sha(bad)
+    with pytest.raises(OpdbError, match=str(bad)) as err:
+        Store.open(bad)
+    assert "\n" not in str(err.value)
+    assert _sha(bad) == before
