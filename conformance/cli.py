@@ -7,6 +7,7 @@ infrastructure error (bad flag, bad file, bad database).
 from __future__ import annotations
 
 import json
+import sqlite3
 import sys
 from collections.abc import Callable
 from functools import wraps
@@ -41,6 +42,9 @@ def handles_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             fail(str(exc))
         except ValueError as exc:  # validation errors of ledgers, manifests, selections, targets
             fail(str(exc))
+        except sqlite3.DatabaseError as exc:  # damage found while reading (the header checks passed)
+            where = kwargs.get("db_path") or kwargs.get("out") or "the database"
+            fail(f"{where}: damaged SQLite database ({exc})")
 
     return wrapper
 
@@ -111,8 +115,9 @@ def merge_cmd(out: str, inputs: tuple[str, ...]) -> None:
 
     Example: conformance merge results/opdb.sqlite shard1.sqlite shard2.sqlite
     """
-    with Store.open(out) as st:
-        counts = st.merge(list(inputs))
+    from opdb import merge_files
+
+    counts = merge_files(out, list(inputs))
     click.echo("merged " + ", ".join(f"{n} {t}" for t, n in counts.items() if n) + f" into {out}")
 
 

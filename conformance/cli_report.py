@@ -16,7 +16,7 @@ from .cli import UsageProblem, db_option, handles_errors, main
 @click.option("--build", "builds", multiple=True, metavar="NAME",
               help="Render only this build (repeatable; default: every build in the DB).")
 @click.option("--out", "out_dir", default="site", show_default=True, type=click.Path(file_okay=False),
-              help="Folder to write the site into (created if missing).")
+              help="Folder to write the site into (created if missing; replaced whole if it holds a previous report).")
 @click.option("-j", "--jobs", type=click.IntRange(0, 64), default=1, show_default=True,
               help="Render builds in this many processes (0: one per CPU, at most 4).")
 @handles_errors
@@ -29,14 +29,14 @@ def report_cmd(db_path: str, builds: tuple[str, ...], out_dir: str, jobs: int | 
 
     Example: conformance report --db results/opdb.sqlite --out site && xdg-open site/index.html
     """
-    from reports import UnknownBuild, render_site
+    from reports import UnknownBuild, publish_site
+    from reports.site import check_site_dir
 
     out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise UsageProblem(f"{out}: exists and is not a folder")
+    check_site_dir(out)  # before the database is opened: a refused folder is left as it is
     with Store.open(db_path, create=False) as st:
         try:
-            result = render_site(st, out, builds=list(builds), db_label=db_path, jobs=jobs or None)
+            result = publish_site(st, out, builds=list(builds), db_label=db_path, jobs=jobs or None)
         except UnknownBuild as exc:
             raise UsageProblem(str(exc)) from None
         except OSError as exc:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import statistics
 import time
 from collections import defaultdict
@@ -484,14 +485,26 @@ def summary_lines(result: GateResult) -> list[str]:
 
 def markdown(result: GateResult) -> str:
     b, c = result.baseline, result.candidate
-    out = [f"## Gate: {b['build']} → {c['build']} — **{result.verdict}**", "",
+    out = [f"## Gate: {_md(b['build'])} → {_md(c['build'])} — **{result.verdict}**", "",
            "| category | items |", "|---|---|"]
     out += [f"| {cat} | {len(result.of(cat))} |" for cat in ("regression", "drift", "flaky", "improvement", "new", "removed")]
     regs = [f for f in result.findings if f.category in ("regression", "drift")]
     if regs:
         out += ["", "| kind | op/model | variant | dtype | baseline | candidate |", "|---|---|---|---|---|---|"]
-        out += [f"| {f.kind} | `{f.name}` | {f.variant} | {f.dtype} | {f.baseline} | {f.candidate} |" for f in regs[:500]]
+        out += [f"| {_md(f.kind)} | `{_md_code(f.name)}` | {_md(f.variant)} | {_md(f.dtype)} | {_md(f.baseline)} "
+                f"| {_md(f.candidate)} |" for f in regs[:500]]
     return "\n".join(out) + "\n"
+
+
+def _md(text: Any) -> str:
+    """Stored text as inert Markdown: no HTML, no markup, no table-cell or line breaks."""
+    return re.sub(r"([\\`*_{}\[\]()#+!|~<>&])", r"\\\1", " ".join(str(text).split()))
+
+
+def _md_code(text: Any) -> str:
+    # Inside a code span HTML and markup are literal; only a backtick (ends it) and a pipe (ends
+    # the table cell) need care.
+    return " ".join(str(text).split()).replace("`", "'").replace("|", "\\|")
 
 
 def junit(result: GateResult) -> str:

@@ -1,37 +1,56 @@
 """Repro: a standalone script (inputs saved next to it) that reproduces one stored result on
 its target and prints both results and the error.
 
+The script is built from data only: every stored value enters it as a Python literal (``repr``
+of a checked int, float or str) or as escaped docstring text, op names are resolved only when the
+dispatcher or ``op_db`` knows them, and the inputs file is read by a decoder that admits tensors
+(``torch.load(..., weights_only=True)``) and plain values only. A tampered database cannot make
+``conformance repro`` or the script it writes execute anything.
+
 Example (shell): ``conformance repro 1234 --db results/opdb.sqlite --out repro/``
 """
 
 from __future__ import annotations
 
-import io
+import ast
+import inspect
 import json
+import math
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from opdb import Store
+from opdb.blobs import decode_inputs, dump_inputs, load_inputs
 from opdb.queries import op_result
 
-from .inputs.opinfo import by_name, samples
+from .inputs.opinfo import DEFAULT_SEED, by_name, samples
 from .targets import get_target
 
-_TEMPLATE = '''"""Reproduces opdb result {rid}: {op} ({variant}, {dtype}, sample {sample}) on target {target}
-(build {build}). Recorded status: {status}.
-Recorded error: {error}
-Run: python {script}
+# Which attribute of the OpInfo a variant calls (schema results call the overload itself).
+_VARIANT_ATTR = {"function": "op", "canary": "op", "backward": "op", "out": "op", "inplace": "inplace_variant",
+                 "schema": None}
+
+_TEMPLATE = '''"""{doc}
 """
+from __future__ import annotations
+
 import warnings
 from pathlib import Path
 
 import torch
 
 {setup}
-DEVICE = {device!r}
-data = torch.load(Path(__file__).with_name({inputs!r}), weights_only=False)
+RECORD = {record}
+DEVICE = RECORD["device"]
+VARIANT = RECORD["variant"]
+
+
+{decoder}
+
+data = decode_inputs(Path(__file__).with_name(RECORD["inputs"]).read_bytes())
 
 warnings.simplefilter("ignore")
 {resolve}
@@ -41,7 +60,8 @@ def move(x, device, grad=False):
     if isinstance(x, str) and x == "<device>":
         return torch.device(device)
     if isinstance(x, str) and x.startswith("<") and x.endswith("_format>"):
-        return getattr(torch, x[1:-1])
+        fmt = getattr(torch, x[1:-1], None)
+        return fmt if isinstance(fmt, torch.memory_format) else x
     if isinstance(x, torch.Tensor) and grad:  # keep the sample's own requires_grad flags
         return x.detach().to(device, copy=True).requires_grad_(x.requires_grad)
     if isinstance(x, torch.Tensor):
@@ -66,7 +86,7 @@ def to_cpu(x):
 
 
 def call(f, device, out_like=None):
-    grad = {variant!r} == "backward"
+    grad = VARIANT == "backward"
     inp, args, kwargs = (move(data["input"], device, grad), move(data["args"], device, grad),
                          move(data["kwargs"], device, grad))
     if grad:  # input gradients for a fixed upstream gradient, as the sweep compares them
@@ -77,7 +97,7 @@ def call(f, device, out_like=None):
         return torch.autograd.grad(outs, ins, ups, allow_unused=True)
     if data["input"] is None:
         return f(*args, **kwargs)
-    if {variant!r} == "out":
+    if VARIANT == "out":
         outs = tuple(torch.empty(0, dtype=t.dtype, device=device) for t in (out_like if isinstance(out_like, tuple) else (out_like,)))
         ret = f(inp, *args, **kwargs, out=outs if isinstance(out_like, tuple) else outs[0])
         return ret if ret is not None else outs
@@ -85,7 +105,7 @@ def call(f, device, out_like=None):
 
 
 ref = None
-if {variant!r} == "out" and data["input"] is not None:
+if VARIANT == "out" and data["input"] is not None:
     ref = fn_functional(move(data["input"], "cpu"), *move(data["args"], "cpu"), **move(data["kwargs"], "cpu"))
 cpu = call(fn, "cpu", ref)
 print("CPU result:", cpu)
@@ -95,9 +115,10 @@ except Exception as exc:
     print("target raised:", type(exc).__name__, exc)
     raise SystemExit(1)
 print("target result:", dev)
+ATOL, RTOL = RECORD["atol"], RECORD["rtol"]
 try:
-    torch.testing.assert_close(dev, cpu, atol={atol!r}, rtol={rtol!r}, equal_nan=True, check_stride=False)
-    print("within tolerance (atol={atol!r}, rtol={rtol!r})")
+    torch.testing.assert_close(dev, cpu, atol=ATOL, rtol=RTOL, equal_nan=True, check_stride=False)
+    print(f"within tolerance (atol={{ATOL!r}}, rtol={{RTOL!r}})")
 except AssertionError as err:
     print("MISMATCH:", err)
     raise SystemExit(1)
@@ -105,46 +126,156 @@ except AssertionError as err:
 
 
 def write_repro(store: Store, result_id: int, out_dir: str | Path) -> Path:
-    """Write ``repro_<id>.py`` and ``repro_<id>_inputs.pt`` into ``out_dir``; returns the script."""
+    """Write ``repro_<id>.py`` and ``repro_<id>_inputs.pt`` into ``out_dir``; returns the script.
+
+    Raises ValueError (one line naming the result and the field) when a stored field is not
+    what a result holds: an unknown op or variant, a non-number tolerance, unsafe inputs.
+    """
+    where = f"result {int(result_id)}"
     row = op_result(store, result_id)
     run = store.get_run(row["run_id"]) or {}
-    config = json.loads(run.get("config") or "{}")
+    config = _config(run.get("config"), where)
+    variant = _field(row, "variant", where)
+    if variant not in _VARIANT_ATTR:
+        raise ValueError(f"{where}: unknown variant {variant!r} (expected one of {', '.join(_VARIANT_ATTR)})")
     out = Path(out_dir)
-    inputs = f"repro_{result_id}_inputs.pt"
-    if row["variant"] == "schema":
+    inputs = f"repro_{int(result_id)}_inputs.pt"
+    op = _field(row, "op", where)
+    if variant == "schema":
         if not row.get("inputs"):
-            raise ValueError(f"result {result_id}: a passing schema-driven result keeps no input; only failing "
+            raise ValueError(f"{where}: a passing schema-driven result keeps no input; only failing "
                              "ones store their shrunk input")
-        saved = torch.load(io.BytesIO(row["inputs"]), weights_only=False)
+        saved = load_inputs(row["inputs"], where=f"{where}: column inputs")
+        if not (isinstance(saved, dict) and isinstance(saved.get("args"), (list, tuple))
+                and isinstance(saved.get("kwargs"), dict)):
+            raise ValueError(f"{where}: column inputs does not hold args and kwargs")
         data = {"input": None, "args": tuple(saved["args"]), "kwargs": saved["kwargs"]}
-        base, overload = row["op"].split("::", 1)[1].rsplit(".", 1)
-        resolve = f"fn = fn_functional = torch.ops.aten.{base}.{overload}"
+        base, overload = _aten_overload(op, where)
+        resolve = f"fn = fn_functional = getattr(getattr(torch.ops.aten, {base!r}), {overload!r})"
     else:
-        info = by_name().get(row["op"])
+        info = by_name().get(op)
         if info is None:
-            raise ValueError(f"result {result_id}: OpInfo {row['op']!r} is not in this torch's op_db")
-        seed = row.get("seed") or config.get("seed")
-        sample = _nth(samples(info, getattr(torch, row["dtype"]), thorough=bool(config.get("thorough")), seed=seed,
-                              requires_grad=row["variant"] == "backward"), row["sample"])
+            raise ValueError(f"{where}: OpInfo {op!r} is not in this torch's op_db")
+        dtype = _dtype(row.get("dtype"), where)
+        seed = _int(row.get("seed") or config.get("seed") or DEFAULT_SEED, where, "seed")
+        sample = _nth(samples(info, dtype, thorough=bool(config.get("thorough")), seed=seed,
+                              requires_grad=variant == "backward"), _int(row.get("sample"), where, "sample"))
         data = {"input": sample.input, "args": sample.args, "kwargs": sample.kwargs}
-        attr = {"function": "op", "canary": "op", "backward": "op", "out": "op",
-                "inplace": "inplace_variant"}[row["variant"]]
         resolve = ("from torch.testing._internal.common_methods_invocations import op_db\n"
                    f"info = next(o for o in op_db if o.name == {info.name!r} and "
-                   f"o.variant_test_name == {info.variant_test_name!r})\nfn = info.{attr}\nfn_functional = info.op")
-    out.mkdir(parents=True, exist_ok=True)
-    torch.save(data, out / inputs)
-    target = get_target(run.get("target", "cpu"), (json.loads(run.get("config") or "{}").get("build_spec")
-                                                     or run.get("build")))
+                   f"o.variant_test_name == {info.variant_test_name!r})\n"
+                   f"fn = getattr(info, {_VARIANT_ATTR[variant]!r})\nfn_functional = info.op")
+    try:
+        blob = dump_inputs(data)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+    target = get_target(run.get("target", "cpu"), config.get("build_spec") or run.get("build"))
     setup, wrapped = target.repro_setup()
-    script = out / f"repro_{result_id}.py"
-    script.write_text(_TEMPLATE.format(
-        rid=result_id, op=row["op"], variant=row["variant"], dtype=row["dtype"], sample=row["sample"],
-        target=run.get("target"), build=run.get("build"), status=row["status"],
-        error=(row.get("error") or "").replace('"""', "'''")[:500], script=script.name, setup=setup,
-        device=target.device, inputs=inputs, resolve=resolve, wrapped=wrapped.format(fn="fn"),
-        atol=row.get("atol") or 0.0, rtol=row.get("rtol") or 0.0))
+    script = out / f"repro_{int(result_id)}.py"
+    record = {"result": int(result_id), "op": op, "variant": variant, "device": str(target.device),
+              "inputs": inputs, "atol": _tol(row.get("atol"), where, "atol"), "rtol": _tol(row.get("rtol"), where, "rtol")}
+    doc = _doc_text(
+        f"Reproduces opdb result {int(result_id)}: {op} ({variant}, {row.get('dtype')}, sample {row.get('sample')}) "
+        f"on target {run.get('target')}\n(build {run.get('build')}). Recorded status: {row.get('status')}.\n"
+        f"Recorded error: {str(row.get('error') or '')[:500]}\nRun: python {script.name}")
+    text = _TEMPLATE.format(doc=doc, setup=setup, record=_literal(record), decoder=inspect.getsource(decode_inputs),
+                            resolve=resolve, wrapped=wrapped.format(fn="fn"))
+    _check_script(text, record)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / inputs).write_bytes(blob)
+    script.write_text(text, encoding="utf-8")
     return script
+
+
+def _field(row: dict[str, Any], name: str, where: str) -> str:
+    value = row.get(name)
+    if not isinstance(value, str):
+        raise ValueError(f"{where}: field {name} is {value!r}, not a string")
+    return value
+
+
+def _int(value: Any, where: str, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{where}: field {name} is {value!r}, not an integer")
+    return value
+
+
+def _tol(value: Any, where: str, name: str) -> float:
+    if value is None:
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{where}: field {name} is {value!r}, not a finite non-negative number")
+    return float(value)
+
+
+def _dtype(value: Any, where: str) -> torch.dtype:
+    found = getattr(torch, value, None) if isinstance(value, str) and value.isidentifier() else None
+    if not isinstance(found, torch.dtype):
+        raise ValueError(f"{where}: field dtype is {value!r}, not a torch dtype")
+    return found
+
+
+def _config(text: Any, where: str) -> dict[str, Any]:
+    try:
+        config = json.loads(text or "{}")
+    except (TypeError, ValueError):
+        config = None
+    if not isinstance(config, dict):
+        raise ValueError(f"{where}: its run's config is not a JSON object")
+    return config
+
+
+@cache
+def _aten_overloads() -> frozenset[str]:
+    from .catalog import aten_names
+
+    return frozenset(aten_names())
+
+
+def _aten_overload(name: str, where: str) -> tuple[str, str]:
+    """``aten::base.overload`` -> (base, overload), only for an overload the dispatcher has."""
+    if name not in _aten_overloads():
+        raise ValueError(f"{where}: op {name!r} is not an ATen overload this torch's dispatcher knows")
+    base, overload = name.split("::", 1)[1].rsplit(".", 1)
+    if not (base.isidentifier() and overload.isidentifier()):
+        raise ValueError(f"{where}: op {name!r} is not made of Python identifiers")
+    return base, overload
+
+
+def _literal(value: Any) -> str:
+    """A Python literal for plain data (str, int, float, bool, None, dicts/lists of them)."""
+    text = repr(value)
+    if ast.literal_eval(text) != value:
+        raise ValueError(f"cannot write {value!r} as a literal")
+    return text
+
+
+def _doc_text(text: str) -> str:
+    """``text`` escaped for a triple-quoted docstring: it reads back as ``text`` and cannot close it."""
+    out = []
+    for c in text:
+        if c == "\\":
+            out.append("\\\\")
+        elif c == '"':
+            out.append('\\"')
+        elif c == "\n" or c.isprintable():
+            out.append(c)
+        else:
+            out.append(repr(c)[1:-1])
+    return "".join(out)
+
+
+def _check_script(text: str, record: dict[str, Any]) -> None:
+    # Defence in depth: the script must parse, its docstring must be the one module docstring,
+    # and the record must be the literal it was built from (nothing stored leaked into code).
+    tree = ast.parse(text)
+    first = tree.body[0]
+    if not (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str)):
+        raise ValueError("repro script: the docstring did not parse as one string")
+    assigns = [n for n in tree.body if isinstance(n, ast.Assign) and any(
+        isinstance(t, ast.Name) and t.id == "RECORD" for t in n.targets)]
+    if len(assigns) != 1 or ast.literal_eval(assigns[0].value) != record:
+        raise ValueError("repro script: the record did not parse back as written")
 
 
 def _nth(it: Any, n: int) -> Any:

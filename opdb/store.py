@@ -49,27 +49,92 @@ def now() -> str:
 
 
 def _check_file(path: Path) -> None:
+    """Refuse what is not an SQLite file before anything opens it (nothing is written here)."""
     if path.is_dir():
         raise OpdbError(f"{path}: is a directory, not an SQLite database")
     if not path.exists():
-        if not path.parent.exists():
-            raise OpdbError(f"{path}: folder {path.parent} does not exist")
         return
     try:
         with path.open("rb") as fh:
-            head = fh.read(16)
+            head = fh.read(100)
+        size = path.stat().st_size
     except OSError as exc:
         raise OpdbError(f"{path}: cannot be read ({exc.strerror})") from None
-    if head and head != SQLITE_MAGIC:
+    if head and head[:16] != SQLITE_MAGIC:
         raise OpdbError(f"{path}: not an SQLite database (header {head[:15]!r})")
+    if head and len(head) < 100:
+        raise OpdbError(f"{path}: damaged SQLite database (truncated to {size} bytes)")
+    wal = Path(f"{path}-wal")
+    if head and not (wal.exists() and wal.stat().st_size):
+        # The header says how many pages the file holds (valid when bytes 92..96 match the change
+        # counter at 24..28): a file shorter than that, or not a whole number of pages, was cut.
+        # Skipped while a WAL holds frames: a checkpoint in progress may write page 1 first.
+        page = int.from_bytes(head[16:18], "big")
+        page = 65536 if page == 1 else page
+        pages = int.from_bytes(head[28:32], "big")
+        if page < 512 or page & (page - 1):
+            raise OpdbError(f"{path}: damaged SQLite database (page size {page} in its header)")
+        if size % page or (head[92:96] == head[24:28] and pages * page > size):
+            raise OpdbError(f"{path}: damaged SQLite database (truncated: {size} bytes, "
+                            f"{pages * page} expected)")
+
+
+def _connect_ro(path: Path) -> sqlite3.Connection:
+    """A read-only connection: never switches the journal mode, never migrates, never writes."""
+    from urllib.parse import quote
+
+    conn = sqlite3.connect(f"file:{quote(str(path.resolve()))}?mode=ro", uri=True,
+                           timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None, check_same_thread=False)
+    conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+    conn.execute("PRAGMA query_only = 1")
+    return conn
+
+
+def _probe(path: Path, *, need_schema: bool) -> int:
+    """Read the schema version through a read-only connection; refuse newer or damaged files."""
+    try:
+        conn = _connect_ro(path)
+        try:
+            found = conn.execute("PRAGMA user_version").fetchone()[0]
+            # quick_check reads every page (~0.1 s per 100 MB): damage is found here, before a
+            # writer touches the file, not halfway through a command.
+            verdict = conn.execute("PRAGMA quick_check(1)").fetchone()[0]
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError as exc:
+        raise OpdbError(f"{path}: not a usable SQLite database ({exc})") from None
+    if verdict != "ok":
+        raise OpdbError(f"{path}: damaged SQLite database (quick_check: {' '.join(str(verdict).split())[:200]})")
+    if found > schema.SCHEMA_VERSION:
+        raise OpdbError(f"{path}: schema version {found} is newer than this opdb understands "
+                        f"({schema.SCHEMA_VERSION}); upgrade the harness to read it")
+    if need_schema and found == 0:
+        raise OpdbError(f"{path}: not an opdb database (no schema)")
+    return found
+
+
+def same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    """Whether two paths name one file (also through links); a missing file equals only itself."""
+    pa, pb = Path(a), Path(b)
+    try:
+        return pa.exists() and pb.exists() and os.path.samefile(pa, pb)
+    except OSError:
+        return False
 
 
 class Store:
-    """An opdb database: schema-checked, WAL mode, busy timeout for concurrent writers."""
+    """An opdb database: schema-checked, WAL mode, busy timeout for concurrent writers.
 
-    def __init__(self, db: sqlite_utils.Database, path: Path | None, *, create: bool = True) -> None:
+    ``Store.open(path, create=False)`` opens an existing database read-only (``mode=ro``: no WAL
+    switch, no migration; an older schema is migrated in a private in-memory copy). The first
+    write through such a store (the gate's decisions) reopens the file for writing.
+    """
+
+    def __init__(self, db: sqlite_utils.Database, path: Path | None, *, create: bool = True,
+                 readonly: bool = False) -> None:
         self.db = db
         self.path = path
+        self.readonly = readonly
         where = path or ":memory:"
         try:
             found = schema.version(db)
@@ -83,24 +148,51 @@ class Store:
         if found < schema.SCHEMA_VERSION:
             if not create and found == 0:
                 raise OpdbError(f"{where}: not an opdb database (no schema)")
-            schema.migrate(db)
+            if readonly:  # read the file as it is; migrate a private copy, never the file
+                mem = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+                db.conn.backup(mem)
+                db.conn.close()
+                self.db = sqlite_utils.Database(mem)
+            schema.migrate(self.db)
 
     # -- opening -----------------------------------------------------------------------
     @classmethod
     def open(cls, path: str | os.PathLike[str], *, create: bool = True) -> Store:
-        """Open (and create or migrate) the database at ``path``."""
+        """Open the database at ``path``: ``create=True`` creates or migrates it for writing (WAL;
+        a missing parent folder is created); ``create=False`` opens an existing one read-only.
+
+        The file is checked read-only first: a damaged, foreign or newer-schema file is refused
+        with an :class:`OpdbError` and left byte-identical.
+        """
         p = Path(path)
         _check_file(p)
+        exists = p.exists() and p.stat().st_size > 0
         if not create and not p.exists():
             raise OpdbError(f"{p}: no such database")
+        if exists or not create:
+            _probe(p, need_schema=not create)
+        if not create:
+            try:
+                conn = _connect_ro(p)
+            except sqlite3.DatabaseError as exc:
+                raise OpdbError(f"{p}: not a usable SQLite database ({exc})") from None
+            return cls(sqlite_utils.Database(conn), p, create=False, readonly=True)
         try:
-            conn = sqlite3.connect(p, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
-            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-            conn.execute("PRAGMA journal_mode = WAL")
-            conn.execute("PRAGMA synchronous = NORMAL")
-        except sqlite3.DatabaseError as exc:
-            raise OpdbError(f"{p}: not a usable SQLite database ({exc})") from None
-        return cls(sqlite_utils.Database(conn), p, create=create)
+            p.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise OpdbError(f"{p}: cannot create folder {p.parent} ({exc.strerror})") from None
+        return cls(sqlite_utils.Database(_connect_rw(p, wal=True)), p, create=True)
+
+    def _make_writable(self) -> None:
+        """Reopen a read-only store for writing (its journal mode stays what the file has)."""
+        if not self.readonly or self.path is None:
+            return
+        _probe(self.path, need_schema=True)
+        self.db.conn.close()
+        self.db = sqlite_utils.Database(_connect_rw(self.path, wal=False))
+        self.readonly = False
+        if schema.version(self.db) < schema.SCHEMA_VERSION:
+            schema.migrate(self.db)
 
     @classmethod
     def memory(cls) -> Store:
@@ -143,6 +235,7 @@ class Store:
     def _transaction(self) -> Iterator[None]:
         # BEGIN IMMEDIATE takes the write lock up front, so concurrent writers queue on the
         # busy timeout instead of failing with "database is locked" mid-transaction.
+        self._make_writable()
         conn = self.db.conn
         if conn.in_transaction:
             yield
@@ -267,37 +360,29 @@ class Store:
         """Merge shard databases of the same run(s) into this one, without duplicating rows.
 
         All sources must hold the same runs (same ids, targets, builds, torch versions); a run
-        that already exists here must agree too. Nothing is written if any check fails.
+        that already exists here must agree too. Sources are opened read-only; nothing is written
+        if any check fails (the same file twice, or this database among the sources, included).
         """
-        if not sources:
-            raise OpdbError("merge needs at least one input database")
-        opened = [Store.open(s, create=False) for s in sources]
+        _refuse_same_files(self.path, sources)
+        opened: list[Store] = []
         try:
-            run_sets = []
-            for src in opened:
-                runs = {r["id"]: r for r in src.runs()}
-                if not runs and src.count("ops") == 0:
-                    raise OpdbError(f"{src.path}: holds no runs and no catalog; nothing to merge")
-                run_sets.append(runs)
-            first = run_sets[0]
-            for src, runs in zip(opened[1:], run_sets[1:], strict=True):
-                if set(runs) != set(first):
-                    extra = sorted(set(runs) ^ set(first))
-                    raise OpdbError(f"{src.path}: holds different runs than {opened[0].path} "
-                                    f"({', '.join(extra)}); only shards of the same run merge")
-                for rid, run in runs.items():
-                    _check_same_run(first[rid], run, where=str(src.path))
+            for s in sources:
+                opened.append(Store.open(s, create=False))
+            first = _check_sources(opened)
             for rid, run in first.items():
                 mine = self.get_run(rid)
                 if mine:
                     _check_same_run(mine, run, where=str(self.path))
-            versions = {r["torch_version"] for rs in run_sets for r in rs.values()}
+            versions = {r["torch_version"] for r in first.values()}
             versions |= {r["torch_version"] for r in self.runs() if r["id"] in first}
             if len(versions) > 1:
                 raise OpdbError(f"merge of runs from different torch versions: {sorted(versions)}")
             counts: dict[str, int] = {}
             for src in opened:
-                self._merge_one(src, counts)
+                try:
+                    self._merge_one(src, counts)
+                except sqlite3.DatabaseError as exc:
+                    raise OpdbError(f"{src.path}: cannot be merged ({exc})") from None
             with self._transaction():
                 for rid in first:
                     self._refresh_run_status(rid)
@@ -308,8 +393,13 @@ class Store:
 
     def _merge_one(self, src: Store, counts: dict[str, int]) -> None:
         # ATTACH/DETACH cannot run inside a transaction: attach, copy in one transaction, detach.
+        # The source is attached read-only: a merge never writes, migrates or re-journals an input.
+        from urllib.parse import quote
+
+        assert src.path is not None
+        self._make_writable()
         conn = self.db.conn
-        conn.execute("ATTACH DATABASE ? AS src", [str(src.path)])
+        conn.execute("ATTACH DATABASE ? AS src", [f"file:{quote(str(Path(src.path).resolve()))}?mode=ro"])
         try:
             with self._transaction():
                 self._copy_tables(conn, counts)
@@ -319,12 +409,75 @@ class Store:
     @staticmethod
     def _copy_tables(conn: sqlite3.Connection, counts: dict[str, int]) -> None:
         for table in schema.MERGED:
-            cols = schema.TABLES[table]
+            have = {r[1] for r in conn.execute(f"PRAGMA src.table_info([{table}])")}
+            cols = [c for c in schema.TABLES[table] if c in have]  # an older source lacks newer columns
+            if not cols:
+                continue
             names = ", ".join(f"[{c}]" for c in cols)
             before = conn.total_changes
             conn.execute(f"insert or ignore into main.[{table}] ({names}) "
                          f"select {names} from src.[{table}]")
             counts[table] = counts.get(table, 0) + conn.total_changes - before
+
+
+def _refuse_same_files(out: Path | None, sources: Sequence[str | os.PathLike[str]]) -> None:
+    if not sources:
+        raise OpdbError("merge needs at least one input database")
+    for i, s in enumerate(sources):
+        if out is not None and (same_file(s, out) or Path(s).resolve() == Path(out).resolve()):
+            raise OpdbError(f"{s}: is also the merge output; merge into a different file")
+        for t in sources[:i]:
+            if same_file(s, t) or Path(s).resolve() == Path(t).resolve():
+                raise OpdbError(f"{s}: given twice (as {t}); each input database may appear once")
+
+
+def _check_sources(opened: Sequence[Store]) -> dict[str, dict[str, Any]]:
+    """The runs the sources hold, after checking that they are shards of the same runs."""
+    run_sets = []
+    for src in opened:
+        runs = {r["id"]: r for r in src.runs()}
+        if not runs and src.count("ops") == 0:
+            raise OpdbError(f"{src.path}: holds no runs and no catalog; nothing to merge")
+        run_sets.append(runs)
+    first = run_sets[0]
+    for src, runs in zip(opened[1:], run_sets[1:], strict=True):
+        if set(runs) != set(first):
+            extra = sorted(set(runs) ^ set(first))
+            raise OpdbError(f"{src.path}: holds different runs than {opened[0].path} "
+                            f"({', '.join(extra)}); only shards of the same run merge")
+        for rid, run in runs.items():
+            _check_same_run(first[rid], run, where=str(src.path))
+    versions = {r["torch_version"] for rs in run_sets for r in rs.values()}
+    if len(versions) > 1:
+        raise OpdbError(f"merge of runs from different torch versions: {sorted(versions)}")
+    return first
+
+
+def merge_files(out: str | os.PathLike[str], sources: Sequence[str | os.PathLike[str]]) -> dict[str, int]:
+    """Merge ``sources`` into the database ``out`` (created if missing).
+
+    Every check runs before ``out`` is created or touched: a refused merge leaves no file behind
+    and never writes an input. Returns rows added per table.
+    """
+    target = Path(out)
+    _refuse_same_files(target, sources)
+    opened: list[Store] = []
+    try:
+        for s in sources:
+            opened.append(Store.open(s, create=False))
+        _check_sources(opened)
+    finally:
+        for src in opened:
+            src.close()
+    existed = target.exists()
+    try:
+        with Store.open(target) as st:
+            return st.merge(sources)
+    except BaseException:
+        if not existed:
+            for suffix in ("", "-wal", "-shm", "-journal"):
+                Path(f"{target}{suffix}").unlink(missing_ok=True)
+        raise
 
 
 class Writer:
@@ -352,6 +505,21 @@ class Writer:
 
     def __exit__(self, *exc: object) -> None:
         self.flush()
+
+
+def _connect_rw(path: Path, *, wal: bool) -> sqlite3.Connection:
+    from urllib.parse import quote
+
+    try:  # a URI connection, so that ATTACH can name a source with mode=ro
+        conn = sqlite3.connect(f"file:{quote(str(path))}", uri=True, timeout=BUSY_TIMEOUT_MS / 1000,
+                               isolation_level=None)
+        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        if wal:
+            conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = NORMAL")
+    except sqlite3.DatabaseError as exc:
+        raise OpdbError(f"{path}: not a usable SQLite database ({exc})") from None
+    return conn
 
 
 def new_run_id(target: str, build: str) -> str:

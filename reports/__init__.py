@@ -13,6 +13,6 @@ Example::
     []
 """
 
-from .site import SiteResult, UnknownBuild, make_environment, render_site
+from .site import SITE_MARKER, SiteResult, UnknownBuild, make_environment, publish_site, render_site
 
-__all__ = ["SiteResult", "UnknownBuild", "make_environment", "render_site"]
+__all__ = ["SITE_MARKER", "SiteResult", "UnknownBuild", "make_environment", "publish_site", "render_site"]

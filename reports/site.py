@@ -74,6 +74,7 @@ DIFF_ROWS = 10_000  # items of one diff section embedded in the page (worst cate
 DIFF_OPS = 200  # rows of the per-op roll-up of a diff section
 REPRO_LIST = 50  # repro commands listed in the page itself (the table has all)
 TABLE_PAGE_SIZE = 100  # rows per page of the JS tables
+SITE_MARKER = ".conformance-report"  # written into every site; `report --out` replaces only folders holding it
 
 
 class UnknownBuild(ValueError):
@@ -739,6 +740,8 @@ class SiteRenderer:
         t0 = time.perf_counter()
         infos, rendered = self.prepare(only)
         self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / SITE_MARKER).write_text("conformance report site; `conformance report --out` replaces this "
+                                            "folder whole\n")
         (self.out / "assets").mkdir(exist_ok=True)
         for name in ASSETS:
             shutil.copyfile(TEMPLATES / name, self.out / "assets" / name)
@@ -858,3 +861,40 @@ def render_site(store: Store, out: str | Path, *, builds: Sequence[str] | None =
     """
     label = db_label or (str(store.path) if store.path else ":memory:")
     return SiteRenderer(store, Path(out), db_label=label).render(builds, jobs=default_jobs() if jobs is None else jobs)
+
+
+
+def check_site_dir(out: str | Path) -> None:
+    """Refuse an ``--out`` folder that is neither empty nor a previous report (raises ValueError)."""
+    p = Path(out)
+    if p.exists() and not p.is_dir():
+        raise ValueError(f"{p}: exists and is not a folder")
+    if p.is_dir() and any(p.iterdir()) and not (p / SITE_MARKER).is_file():
+        raise ValueError(f"{p}: folder is not empty and holds no previous report ({SITE_MARKER} missing); "
+                         "choose another --out or empty it")
+
+
+def publish_site(store: Store, out: str | Path, *, builds: Sequence[str] | None = None,
+                 db_label: str | None = None, jobs: int | None = 1) -> SiteResult:
+    """Render the site into a fresh folder next to ``out``, then put it in ``out``'s place.
+
+    ``out`` must be missing, empty, or a previous report (it holds :data:`SITE_MARKER`); it is
+    replaced whole, so no stale page of an earlier report survives. Nothing is touched when the
+    folder is refused or the rendering fails.
+    """
+    target = Path(out)
+    check_site_dir(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = target.parent / f".{target.name}.rendering-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        result = render_site(store, staging, builds=builds, db_label=db_label, jobs=jobs)
+        check_site_dir(target)  # still ours to replace
+        old = target.parent / f".{target.name}.old-{os.getpid()}"
+        if target.exists():
+            target.rename(old)
+        staging.rename(target)
+        shutil.rmtree(old, ignore_errors=True)
+        return result
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

@@ -38,11 +38,14 @@ def test_not_sqlite_is_refused_and_untouched(tmp_path):
     assert path.read_text() == "hello, not a database"
 
 
-def test_directory_and_missing_folder_are_refused(tmp_path):
+def test_directory_is_refused_and_a_missing_folder_is_created_for_writing(tmp_path):
     with pytest.raises(OpdbError, match="is a directory"):
         Store.open(tmp_path)
-    with pytest.raises(OpdbError, match="does not exist"):
-        Store.open(tmp_path / "missing" / "x.sqlite")
+    with pytest.raises(OpdbError, match="no such database"):  # reading never creates anything
+        Store.open(tmp_path / "missing" / "x.sqlite", create=False)
+    assert not (tmp_path / "missing").exists()
+    with Store.open(tmp_path / "missing" / "x.sqlite") as st:  # a fresh checkout has no results/ yet
+        assert st.runs() == []
 
 
 def test_insert_ignores_duplicates_and_encodes(store):

@@ -3,7 +3,6 @@ input on a defective op, and the stored input reproducing the failure."""
 
 from __future__ import annotations
 
-import io
 import os
 import signal
 import textwrap
@@ -26,6 +25,7 @@ from conformance.inputs.schema import (
 from conformance.select import Group
 from conformance.sweep import SweepConfig
 from conformance.targets import get_target
+from opdb.blobs import load_inputs
 
 
 def _examples(op, n=40, hints=Hints()):
@@ -100,7 +100,7 @@ def test_shrinks_to_a_minimal_failing_input(tmp_path):
     row = rows[0]
     assert row["status"] == "mismatch" and row["dtype"] == "float32"
     assert "minimal failing input" in row["error"]
-    saved = torch.load(io.BytesIO(row["inputs"]), weights_only=False)
+    saved = load_inputs(row["inputs"])
     tensors = [a for a in saved["args"] if isinstance(a, torch.Tensor)]
     # the defect fires from 3 elements on: the shrunk input is exactly at that edge
     assert max(t.numel() for t in tensors) == 3
@@ -260,7 +260,7 @@ def test_crash_safe_search_records_a_target_crash_with_its_minimal_input():
                                  skip=CrashSafe()))
     row = rows[0]
     assert row["status"] == "crash" and "alone in a forked process" in row["error"]
-    saved = torch.load(io.BytesIO(row["inputs"]), weights_only=False)
+    saved = load_inputs(row["inputs"])
     assert saved["args"][0].numel() == 3  # shrunk to the edge of the crash
 
 

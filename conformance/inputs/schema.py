@@ -26,7 +26,6 @@ Example::
 from __future__ import annotations
 
 import collections
-import io
 import os
 import re
 import signal
@@ -40,6 +39,8 @@ from typing import Any
 import torch
 from hypothesis import HealthCheck, Phase, given, reject, settings
 from hypothesis import strategies as st
+
+from opdb.blobs import dump_inputs
 
 # float32 is listed twice: most kernels accept it, so it is drawn (and shrunk to) most often
 SMALL_DTYPES = (torch.float32, torch.float32, torch.int64, torch.bfloat16, torch.bool, torch.int32)
@@ -731,8 +732,6 @@ def _blob(call: Call) -> bytes:
             return [plain(x) for x in v]
         return v
 
-    buf = io.BytesIO()
     args, kwargs = call.materialize()
-    torch.save({"args": [plain(a) for a in args], "kwargs": {k: plain(v) for k, v in kwargs.items()}}, buf)
-    return buf.getvalue()
+    return dump_inputs({"args": [plain(a) for a in args], "kwargs": {k: plain(v) for k, v in kwargs.items()}})
 

@@ -1,0 +1,153 @@
+"""A tampered database (or a hostile build name) never runs code: not in ``conformance repro``,
+not in the script it writes. Stored inputs load only in the safe format; old pickles are refused."""
+
+from __future__ import annotations
+
+import io
+import pickle
+import subprocess
+import sys
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from conformance.cli import main
+from opdb import Store
+from opdb.blobs import MAGIC, UnsafeInputs, dump_inputs, load_inputs
+
+
+class _Evil:
+    """Unpickling this writes the marker file (what an attacker's blob would do)."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def _hostile(marker) -> list[str]:
+    code = f"import pathlib;pathlib.Path({str(marker)!r}).write_text('pwned')"
+    return [f'""";{code};"""', f"''';{code};'''", f'x\\"""\n{code}\n"""', f'"\n{code}\n#\\', f'{{0}}{{rid}}"""{code}',
+            f"aten::abs.default\n{code}\nx = torch.ops.aten.abs.default"]  # the old script spliced op names in
+
+
+def _db(tmp_path, *, build="-", status="mismatch", op="abs", variant="function", dtype="float32", inputs=None,
+        error="boom"):
+    db = tmp_path / "t.sqlite"
+    with Store.open(db) as st:
+        run = st.start_run(target="cpu", build=build, torch_version=torch.__version__, config={"seed": 0})
+        st.insert("op_results", [{"run_id": run, "item_key": f"{op}|{variant}|{dtype}|0", "op": op, "variant": variant,
+                                  "dtype": dtype, "sample": 0, "status": status, "error": error, "inputs": inputs,
+                                  "atol": 1e-5, "rtol": 1.3e-6}])
+        rid = next(iter(st.db.query("select id from op_results")))["id"]
+    return db, rid
+
+
+def _repro(db, rid, out):
+    return CliRunner().invoke(main, ["repro", str(rid), "--db", str(db), "--out", str(out)])
+
+
+def test_hostile_build_status_and_error_stay_text(tmp_path):
+    """Stored build name, status and error with quote-closing payloads: the script runs, prints
+    the result, and its docstring holds the text verbatim; no marker."""
+    marker = tmp_path / "pwned"
+    payloads = _hostile(marker)
+    db, rid = _db(tmp_path, build=payloads[0] + payloads[3], status=payloads[1] + payloads[4], error=payloads[2])
+    r = _repro(db, rid, tmp_path / "repro")
+    assert r.exit_code == 0, r.output
+    script = tmp_path / "repro" / f"repro_{rid}.py"
+    import ast
+
+    doc = ast.get_docstring(ast.parse(script.read_text()), clean=False)
+    assert payloads[0] + payloads[3] in doc and payloads[1] + payloads[4] in doc and payloads[2] in doc
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "within tolerance" in out.stdout
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("field", ["op", "variant", "dtype"])
+def test_hostile_op_variant_dtype_are_refused(tmp_path, field):
+    marker = tmp_path / "pwned"
+    bad = _hostile(marker)[-1 if field == "op" else 0]
+    kwargs = {field: bad}
+    if field == "op":
+        kwargs.update(variant="schema", inputs=dump_inputs({"args": [torch.ones(2)], "kwargs": {}}))
+    db, rid = _db(tmp_path, **kwargs)
+    r = _repro(db, rid, tmp_path / "repro")
+    assert r.exit_code == 2, r.output
+    assert r.output.count("\n") == 1 and f"result {rid}" in r.output and field in r.output
+    assert not (tmp_path / "repro").exists() and not marker.exists()
+
+
+def test_schema_op_must_be_a_dispatcher_overload(tmp_path):
+    inputs = dump_inputs({"args": [torch.ones(2)], "kwargs": {}})
+    for op in ("aten::__class__.default", "aten::abs.nosuch", "aten::abs.default.x"):
+        db, rid = _db(tmp_path, op=op, variant="schema", inputs=inputs)
+        r = _repro(db, rid, tmp_path / "repro")
+        assert r.exit_code == 2 and "not an ATen overload" in r.output, (op, r.output)
+        db.unlink()
+
+
+def _evil_blobs(marker) -> dict[str, bytes]:
+    evil = _Evil(str(marker))
+    buf = io.BytesIO()
+    torch.save({"args": [evil], "kwargs": {}}, buf)
+    inner = io.BytesIO()
+    torch.save({"format": "opdb-inputs/1", "structure": "[]", "tensors": [evil]}, inner)
+    return {"raw pickle": pickle.dumps({"args": [evil], "kwargs": {}}), "torch.save pickle": buf.getvalue(),
+            "magic + evil torch.save": MAGIC + inner.getvalue(), "magic + raw pickle": MAGIC + pickle.dumps(evil)}
+
+
+def test_malicious_inputs_blob_never_runs(tmp_path):
+    """A pickle whose __reduce__ writes a marker, stored in the inputs column (bare, in a
+    torch.save archive, behind the safe format's magic): repro refuses it in one line, exit 2,
+    before and after `conformance merge`; the marker never appears."""
+    marker = tmp_path / "pwned"
+    for label, blob in _evil_blobs(marker).items():
+        sub = tmp_path / label.replace(" ", "_").replace("+", "")
+        sub.mkdir()
+        db, rid = _db(sub, op="aten::abs.default", variant="schema", inputs=blob)
+        merged = sub / "merged.sqlite"
+        assert CliRunner().invoke(main, ["merge", str(merged), str(db)]).exit_code == 0
+        for path in (db, merged):
+            r = _repro(path, rid, sub / "repro")
+            assert r.exit_code == 2, (label, r.output)
+            assert r.output.count("\n") == 1 and f"result {rid}: column inputs" in r.output, (label, r.output)
+        assert not marker.exists(), label
+        assert not (sub / "repro").exists()
+
+
+def test_old_pickle_format_is_refused_with_a_clear_message():
+    buf = io.BytesIO()
+    torch.save({"args": [torch.ones(2)], "kwargs": {}}, buf)
+    with pytest.raises(UnsafeInputs, match="old pickle format"):
+        load_inputs(buf.getvalue(), where="result 3: column inputs")
+
+
+def test_blob_round_trip_keeps_values_strides_and_grad():
+    x = torch.randn(3, 4).t().requires_grad_(True)
+    value = {"args": [x, 1.5, float("nan"), -0.0, 2j, torch.Size([2]), torch.float16, torch.contiguous_format,
+                      "<device>", None, (1, [2, slice(1, None)])], "kwargs": {"k": {1: "a"}}}
+    back = load_inputs(dump_inputs(value))
+    t = back["args"][0]
+    assert torch.equal(t, x.detach()) and t.stride() == x.stride() and t.requires_grad
+    assert back["args"][2] != back["args"][2] and str(back["args"][3]) == "-0.0"  # nan and -0.0 survive
+    assert repr(back["args"][1:]) == repr(value["args"][1:]) and back["kwargs"] == value["kwargs"]
+    with pytest.raises(ValueError, match="cannot be stored"):
+        dump_inputs({"args": [object()]})
+
+
+def test_schema_result_repro_round_trip_loads_weights_only(tmp_path):
+    """A schema result stored in the safe format: the script (which loads with weights_only)
+    reproduces it on the CPU target."""
+    db, rid = _db(tmp_path, op="aten::add.Tensor", variant="schema",
+                  inputs=dump_inputs({"args": [torch.ones(3), torch.arange(3.0)], "kwargs": {"alpha": 2}}))
+    r = _repro(db, rid, tmp_path / "repro")
+    assert r.exit_code == 0, r.output
+    script = tmp_path / "repro" / f"repro_{rid}.py"
+    assert "weights_only=True" in script.read_text() and "weights_only=False" not in script.read_text()
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and "tensor([1., 3., 5.])" in out.stdout, out.stdout + out.stderr
