@@ -73,7 +73,7 @@ if __name__ == "__main__":
     sys.exit(0 if not causes else 1)
 
 # ---------------------------------------------------------------- the test module (under pytest)
-import torch  # noqa: E402
+import torch  # noqa: E402, I001  (the import order below matters)
 
 import neuron_emu  # noqa: E402,F401  (registers 'neuron' before common_device_type is imported)
 from torch.testing._internal.common_device_type import (  # noqa: E402
