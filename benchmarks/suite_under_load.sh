@@ -16,7 +16,7 @@ for i in $(seq 1 "$n"); do
   if [ -n "${PYTEST:-}" ]; then
     "$PYTEST" -m pytest -n 2 --dist loadgroup -q "$@" > "/tmp/suite_under_load_$i.log" 2>&1; rc=$?
   else
-    nox -s tests -- -n 2 --dist loadgroup -q "$@" > "/tmp/suite_under_load_$i.log" 2>&1; rc=$?
+    python3 -m nox -s tests -- -n 2 --dist loadgroup -q "$@" > "/tmp/suite_under_load_$i.log" 2>&1; rc=$?
   fi
   echo "run $i: rc=$rc wall=$(( $(date +%s) - t0 ))s  $(grep -E '(passed|failed)' "/tmp/suite_under_load_$i.log" | tail -1)"
   [ "$rc" -eq 0 ] || rc_all=$rc
