@@ -2,9 +2,23 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 
+import neuron_emu  # registers the device before any autograd backward (see pytest_configure)
 from opdb import Store
+
+
+@pytest.fixture(params=["ideal", *neuron_emu.shipped_builds()])
+def emu_build(request):
+    """Each emulator build in turn (the `ideal` control first) active for one test."""
+    prev = neuron_emu.active_build()
+    neuron_emu.use_build(request.param)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # once-per-op fallback warnings
+        yield request.param
+    neuron_emu.use_build(prev)
 
 
 @pytest.fixture

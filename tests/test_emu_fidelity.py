@@ -8,27 +8,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
 import torch
 
-import neuron_emu
-
 REPO = Path(__file__).resolve().parents[1]
-BUILDS = ["ideal", *neuron_emu.shipped_builds()]
 D = "neuron"
 
-
-@pytest.fixture(params=BUILDS)
-def build(request):
-    prev = neuron_emu.active_build()
-    neuron_emu.use_build(request.param)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # once-per-op fallback warnings
-        yield request.param
-    neuron_emu.use_build(prev)
 
 
 # 1 ------------------------------------------------------------------ out= on the wrong device
@@ -40,7 +27,7 @@ def build(request):
     lambda x, out: torch.cumsum(x, 0, out=out),
 ], ids=["norm", "index_select", "max_binary", "add", "cumsum"])
 @pytest.mark.parametrize("out_shape", [(), (3, 4)], ids=["0dim", "full"])
-def test_out_on_cpu_for_device_inputs_raises(build, call, out_shape):
+def test_out_on_cpu_for_device_inputs_raises(emu_build, call, out_shape):
     x = torch.randn(3, 4, device=D)
     out = torch.zeros(out_shape)
     with pytest.raises(RuntimeError, match="same device|device"):
@@ -48,7 +35,7 @@ def test_out_on_cpu_for_device_inputs_raises(build, call, out_shape):
     assert out.device.type == "cpu" and bool((out == 0).all()), "nothing may land on the CPU tensor"
 
 
-def test_cpu_scalar_input_still_accepted(build):
+def test_cpu_scalar_input_still_accepted(emu_build):
     x = torch.arange(4.0, device=D)
     assert (x * torch.tensor(2.0)).cpu().tolist() == [0.0, 2.0, 4.0, 6.0]
     y = torch.empty(4, device=D)
@@ -61,7 +48,7 @@ def test_cpu_scalar_input_still_accepted(build):
     lambda t: t % 3, lambda t: torch.fmod(t, 3), lambda t: t & 6, lambda t: t | 1, lambda t: t ^ 5,
     lambda t: 6 & t, lambda t: torch.remainder(t, -3), lambda t: torch.bitwise_and(t, 3),
 ], ids=["mod", "fmod", "and", "or", "xor", "rand", "remainder_neg", "bitwise_and"])
-def test_int64_tensor_with_python_scalar(build, fn):
+def test_int64_tensor_with_python_scalar(emu_build, fn):
     c = torch.arange(-4, 9, dtype=torch.int64)
     got = fn(c.to(D))
     want = fn(c)
@@ -70,7 +57,7 @@ def test_int64_tensor_with_python_scalar(build, fn):
 
 
 # 3 ------------------------------------------------------------------ sparse through the fallback
-def test_sparse_result_is_a_clean_not_implemented(build):
+def test_sparse_result_is_a_clean_not_implemented(emu_build):
     x = torch.randn(3, 3, device=D)
     with pytest.raises(NotImplementedError, match="strided"):
         x.to_sparse()
@@ -80,7 +67,7 @@ def test_sparse_result_is_a_clean_not_implemented(build):
 
 
 # 4 ------------------------------------------------------------------ efficient zero tensors
-def test_efficientzerotensor_is_a_device_zero_tensor(build):
+def test_efficientzerotensor_is_a_device_zero_tensor(emu_build):
     z = torch._efficientzerotensor(5, device=D)
     assert z.device.type == D and z._is_zerotensor() and z.dtype == torch.get_default_dtype()
     assert torch.equal(z.cpu(), torch.zeros(5))
@@ -115,7 +102,7 @@ print("ok")
 
 
 # 5 ------------------------------------------------------------------ complex128 preserved
-def test_complex128_is_preserved(build):
+def test_complex128_is_preserved(emu_build):
     x = torch.randn(3, dtype=torch.float64)
     got = x.to(D) * torch.tensor(1j, dtype=torch.complex128)
     assert got.dtype == torch.complex128
@@ -127,7 +114,7 @@ def test_complex128_is_preserved(build):
 
 
 # 6 ------------------------------------------------------------------ index_select keeps int32
-def test_index_select_int32_data_int64_index(build):
+def test_index_select_int32_data_int64_index(emu_build):
     data = torch.arange(6, dtype=torch.int32)
     idx = torch.tensor([4, 1], dtype=torch.int64)
     got = torch.index_select(data.to(D), 0, idx.to(D))
@@ -138,7 +125,7 @@ def test_index_select_int32_data_int64_index(build):
 
 
 # 7 ------------------------------------------------------------------ cumsum int64 with dtype=
-def test_cumsum_int64_with_dtype_inplace_and_out(build):
+def test_cumsum_int64_with_dtype_inplace_and_out(emu_build):
     a = torch.arange(1, 6, dtype=torch.int64)
     want = torch.cumsum(a, 0, dtype=torch.int64)
     t = a.to(D)

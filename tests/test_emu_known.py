@@ -15,18 +15,8 @@ import torch
 import neuron_emu
 
 REPO = Path(__file__).resolve().parents[1]
-BUILDS = ["ideal", *neuron_emu.shipped_builds()]
 D = "neuron"
 
-
-@pytest.fixture(params=BUILDS)
-def build(request):
-    prev = neuron_emu.active_build()
-    neuron_emu.use_build(request.param)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield request.param
-    neuron_emu.use_build(prev)
 
 
 def test_cpu_backward_before_import_does_not_break_device_backward():
@@ -48,7 +38,7 @@ print(x.grad.cpu().tolist(), y.grad.device)
     assert out.stdout.strip() == "[2.0, 2.0, 2.0] neuron:0"
 
 
-def test_conj_physical_inplace(build):
+def test_conj_physical_inplace(emu_build):
     c = torch.randn(5, dtype=torch.complex64)
     t = c.to(D)
     t.conj_physical_()
@@ -57,13 +47,13 @@ def test_conj_physical_inplace(build):
 
 
 @pytest.mark.parametrize("args", [(0, 10, 1.5), (1, 7.5, 2.5), (10, 0, -1.5), (0.5, 6, 1)])
-def test_arange_int64_with_float_steps_has_the_cpu_length(build, args):
+def test_arange_int64_with_float_steps_has_the_cpu_length(emu_build, args):
     want = torch.arange(*args, dtype=torch.int64)
     got = torch.arange(*args, dtype=torch.int64, device=D)
     assert got.dtype == torch.int64 and torch.equal(got.cpu(), want)
 
 
-def test_cpu_generator_is_rejected_like_cuda(build):
+def test_cpu_generator_is_rejected_like_cuda(emu_build):
     g = torch.Generator()
     with pytest.raises(RuntimeError, match="Expected a 'neuron' device type for generator but found 'cpu'"):
         torch.randn(3, device=D, generator=g)
