@@ -12,6 +12,9 @@ OpInfos, ``TestCase.assertEqual``):
                                never land on the host)
 * ``test_noncontiguous_samples`` each sample vs its ``noncontiguous()`` twin, exactly
 * ``test_variant_consistency_eager`` method and in-place variants vs the function
+* ``test_dtypes``              upstream's dtype probe over the selected dtypes: a dtype works when
+                               every sample runs; the device must work for exactly the dtypes the
+                               CPU works for (claimed dtypes are listed in the failure message)
 
 Usage (the backend is registered before ``common_device_type`` is imported, as it must be)::
 
@@ -34,7 +37,7 @@ if __name__ == "__main__":
     import subprocess
     from pathlib import Path
 
-    _KINDS = "test_compare_cpu|test_out|test_noncontiguous_samples|test_variant_consistency_eager"
+    _KINDS = "test_compare_cpu|test_out|test_noncontiguous_samples|test_variant_consistency_eager|test_dtypes"
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--build", default="ideal", help="emulator build: a shipped name or a manifest path")
     ap.add_argument("--dtypes", default="float32,bfloat16,int64")
@@ -154,6 +157,22 @@ class TestCommonNeuron(TestCase):
                 x = sample.input.clone()
                 inplace(x, *sample.args, **sample.kwargs)
                 self.assertEqual(x, expected)
+
+    @ops(_OPS, dtypes=OpDTypes.none)
+    def test_dtypes(self, device, op):
+        def works(dev, dtype):
+            try:
+                for sample in op.sample_inputs(dev, dtype):
+                    op(sample.input, *sample.args, **sample.kwargs)
+            except Exception:
+                return False
+            return True
+
+        on_device = {str(d) for d in _DT.values() if works(device, d)}
+        on_cpu = {str(d) for d in _DT.values() if works("cpu", d)}
+        claimed = {str(d) for d in op.supported_dtypes(torch.device(device).type) if d in _DT.values()}
+        self.assertEqual(on_device, on_cpu, msg=f"dtypes working: device {sorted(on_device)}, "
+                         f"cpu {sorted(on_cpu)}; claimed {sorted(claimed)}")
 
 
 instantiate_device_type_tests(TestCommonNeuron, globals(), only_for=("privateuse1",))
