@@ -42,9 +42,16 @@ if __name__ == "__main__":
     ap.add_argument("--build", default="ideal", help="emulator build: a shipped name or a manifest path")
     ap.add_argument("--dtypes", default="float32,bfloat16,int64")
     ap.add_argument("--ops", default="", help="comma-separated OpInfo names (default: all of op_db)")
+    ap.add_argument("--shard", default="", metavar="K/N",
+                    help="only the OpInfos whose op_db index is K modulo N (a deterministic part)")
     ap.add_argument("pytest_args", nargs="*", help="after --: passed to pytest (e.g. -n 2)")
     a = ap.parse_args()
+    m = re.fullmatch(r"(\d+)/([1-9]\d*)", a.shard)
+    if a.shard and not (m and int(m.group(1)) < int(m.group(2))):
+        print(f"testcommon_neuron: --shard: expected K/N with 0 <= K < N, got {a.shard!r}", file=sys.stderr)
+        sys.exit(2)
     env = dict(os.environ, NEURON_EMU_BUILD=a.build, TESTCOMMON_DTYPES=a.dtypes, TESTCOMMON_OPS=a.ops,
+               TESTCOMMON_SHARD=a.shard,
                COLUMNS="1000")  # pytest cuts summary lines to the terminal width
     repo = Path(__file__).resolve().parents[1]
     env["PYTHONPATH"] = str(repo) + os.pathsep + env.get("PYTHONPATH", "")
@@ -67,7 +74,8 @@ if __name__ == "__main__":
     if not counts:
         print(out[-4000:])
         sys.exit(2)
-    print(f"build {a.build}  dtypes {a.dtypes}  ops {a.ops or 'all of op_db'}")
+    print(f"build {a.build}  dtypes {a.dtypes}  ops {a.ops or 'all of op_db'}"
+          + (f"  shard {a.shard} (op_db index mod N)" if a.shard else ""))
     for kind, c in sorted(counts.items()):
         print(f"{kind:34s} passed {c['PASSED']:5d}  failed {c['FAILED'] + c['ERROR']:5d}  skipped {c['SKIPPED']:5d}")
     for cause, n in causes.most_common(40):
@@ -89,8 +97,10 @@ from torch.testing._internal.common_utils import TestCase  # noqa: E402
 
 _DT = {n: getattr(torch, n) for n in os.environ.get("TESTCOMMON_DTYPES", "float32,bfloat16,int64").split(",")}
 _WANT = {s for s in os.environ.get("TESTCOMMON_OPS", "").split(",") if s}
-_OPS = [op for op in op_db if not _WANT or op.name in _WANT or
-        (op.name + ("." + op.variant_test_name if op.variant_test_name else "")) in _WANT]
+_K, _, _N = (os.environ.get("TESTCOMMON_SHARD") or "0/1").partition("/")
+_OPS = [op for i, op in enumerate(op_db) if i % int(_N) == int(_K) and (
+        not _WANT or op.name in _WANT or
+        (op.name + ("." + op.variant_test_name if op.variant_test_name else "")) in _WANT)]
 
 
 def _to_cpu(arg):
