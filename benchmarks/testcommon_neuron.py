@@ -44,6 +44,7 @@ if __name__ == "__main__":
     ap.add_argument("--ops", default="", help="comma-separated OpInfo names (default: all of op_db)")
     ap.add_argument("--shard", default="", metavar="K/N",
                     help="only the OpInfos whose op_db index is K modulo N (a deterministic part)")
+    ap.add_argument("--raw", default="", metavar="PATH", help="also write pytest's whole output there")
     ap.add_argument("pytest_args", nargs="*", help="after --: passed to pytest (e.g. -n 2)")
     a = ap.parse_args()
     m = re.fullmatch(r"(\d+)/([1-9]\d*)", a.shard)
@@ -59,6 +60,8 @@ if __name__ == "__main__":
            "-m", "", "-rA", "--tb=no", "-W", "ignore", *a.pytest_args]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=repo)
     out = proc.stdout + proc.stderr
+    if a.raw:
+        Path(a.raw).write_text(out)
     counts: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     causes: collections.Counter = collections.Counter()
     failed_ids: dict[str, list[str]] = {}
