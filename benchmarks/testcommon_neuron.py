@@ -12,6 +12,9 @@ OpInfos, ``TestCase.assertEqual``):
                                never land on the host)
 * ``test_noncontiguous_samples`` each sample vs its ``noncontiguous()`` twin, exactly
 * ``test_variant_consistency_eager`` method and in-place variants vs the function
+* ``test_dtypes``              upstream's dtype probe over the selected dtypes: a dtype works when
+                               every sample runs; the device must work for exactly the dtypes the
+                               CPU works for (claimed dtypes are listed in the failure message)
 
 Usage (the backend is registered before ``common_device_type`` is imported, as it must be)::
 
@@ -19,7 +22,9 @@ Usage (the backend is registered before ``common_device_type`` is imported, as i
         --ops "add,mul,cumsum,index_select,norm,max.binary" -- -n 2 -q
 
 Prints one line per test kind: passed/failed/skipped, then the failures grouped by first error
-line.  Exit code: 0 when nothing failed, 1 otherwise, 2 on bad arguments.
+line.  ``--cpu-too`` runs the same tests on the CPU device as well (kinds and causes marked
+``[CPU]``): a test that fails there too is no finding about the device.  ``--shard K/N`` takes
+the OpInfos whose op_db index is K mod N.  Exit code: 0 when nothing failed, 1 otherwise, 2 on bad arguments.
 """
 
 from __future__ import annotations
@@ -34,14 +39,24 @@ if __name__ == "__main__":
     import subprocess
     from pathlib import Path
 
-    _KINDS = "test_compare_cpu|test_out|test_noncontiguous_samples|test_variant_consistency_eager"
+    _KINDS = "test_compare_cpu|test_out|test_noncontiguous_samples|test_variant_consistency_eager|test_dtypes"
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--build", default="ideal", help="emulator build: a shipped name or a manifest path")
     ap.add_argument("--dtypes", default="float32,bfloat16,int64")
     ap.add_argument("--ops", default="", help="comma-separated OpInfo names (default: all of op_db)")
+    ap.add_argument("--shard", default="", metavar="K/N",
+                    help="only the OpInfos whose op_db index is K modulo N (a deterministic part)")
+    ap.add_argument("--cpu-too", action="store_true",
+                    help="run the same tests on the CPU device as well (what fails there too is no device bug)")
+    ap.add_argument("--raw", default="", metavar="PATH", help="also write pytest's whole output there")
     ap.add_argument("pytest_args", nargs="*", help="after --: passed to pytest (e.g. -n 2)")
     a = ap.parse_args()
+    m = re.fullmatch(r"(\d+)/([1-9]\d*)", a.shard)
+    if a.shard and not (m and int(m.group(1)) < int(m.group(2))):
+        print(f"testcommon_neuron: --shard: expected K/N with 0 <= K < N, got {a.shard!r}", file=sys.stderr)
+        sys.exit(2)
     env = dict(os.environ, NEURON_EMU_BUILD=a.build, TESTCOMMON_DTYPES=a.dtypes, TESTCOMMON_OPS=a.ops,
+               TESTCOMMON_SHARD=a.shard, TESTCOMMON_DEVICES="privateuse1,cpu" if a.cpu_too else "privateuse1",
                COLUMNS="1000")  # pytest cuts summary lines to the terminal width
     repo = Path(__file__).resolve().parents[1]
     env["PYTHONPATH"] = str(repo) + os.pathsep + env.get("PYTHONPATH", "")
@@ -49,24 +64,28 @@ if __name__ == "__main__":
            "-m", "", "-rA", "--tb=no", "-W", "ignore", *a.pytest_args]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=repo)
     out = proc.stdout + proc.stderr
+    if a.raw:
+        Path(a.raw).write_text(out)
     counts: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     causes: collections.Counter = collections.Counter()
     failed_ids: dict[str, list[str]] = {}
     for line in out.splitlines():
-        m = re.match(r"(PASSED|FAILED|ERROR|SKIPPED)\S* \S*::(" + _KINDS + r")_(\S+)", line)
+        m = re.match(r"(PASSED|FAILED|ERROR|SKIPPED)\S* \S*::TestCommonNeuron(\w+)::(" + _KINDS + r")_(\S+)", line)
         if m:
-            counts[m.group(2)][m.group(1)] += 1
-        m = re.match(r"(FAILED|ERROR) \S+::(\S+)(?: - (.*))?$", line)
+            counts[m.group(3) + ("" if m.group(2) == "PRIVATEUSE1" else f" [{m.group(2)}]")][m.group(1)] += 1
+        m = re.match(r"(FAILED|ERROR) \S*::TestCommonNeuron(\w+)::(\S+)(?: - (.*))?$", line)
         if m:
-            cause = re.sub(r"0x[0-9a-f]+|\d+(\.\d+)?", "#", m.group(3) or "?")[:150]
+            on_cpu = m.group(2) != "PRIVATEUSE1"
+            cause = ("[CPU] " if on_cpu else "") + re.sub(r"0x[0-9a-f]+|\d+(\.\d+)?", "#", m.group(4) or "?")[:150]
             causes[cause] += 1
-            failed_ids.setdefault(cause, []).append(m.group(2).replace("TestCommonNeuronPRIVATEUSE1::", ""))
+            failed_ids.setdefault(cause, []).append(m.group(3))
     if not counts:
         print(out[-4000:])
         sys.exit(2)
-    print(f"build {a.build}  dtypes {a.dtypes}  ops {a.ops or 'all of op_db'}")
+    print(f"build {a.build}  dtypes {a.dtypes}  ops {a.ops or 'all of op_db'}"
+          + (f"  shard {a.shard} (op_db index mod N)" if a.shard else ""))
     for kind, c in sorted(counts.items()):
-        print(f"{kind:34s} passed {c['PASSED']:5d}  failed {c['FAILED'] + c['ERROR']:5d}  skipped {c['SKIPPED']:5d}")
+        print(f"{kind:40s} passed {c['PASSED']:5d}  failed {c['FAILED'] + c['ERROR']:5d}  skipped {c['SKIPPED']:5d}")
     for cause, n in causes.most_common(40):
         print(f"  {n:4d}  {cause}")
         print(f"        {', '.join(failed_ids[cause][:6])}{' ...' if n > 6 else ''}")
@@ -86,8 +105,10 @@ from torch.testing._internal.common_utils import TestCase  # noqa: E402
 
 _DT = {n: getattr(torch, n) for n in os.environ.get("TESTCOMMON_DTYPES", "float32,bfloat16,int64").split(",")}
 _WANT = {s for s in os.environ.get("TESTCOMMON_OPS", "").split(",") if s}
-_OPS = [op for op in op_db if not _WANT or op.name in _WANT or
-        (op.name + ("." + op.variant_test_name if op.variant_test_name else "")) in _WANT]
+_K, _, _N = (os.environ.get("TESTCOMMON_SHARD") or "0/1").partition("/")
+_OPS = [op for i, op in enumerate(op_db) if i % int(_N) == int(_K) and (
+        not _WANT or op.name in _WANT or
+        (op.name + ("." + op.variant_test_name if op.variant_test_name else "")) in _WANT)]
 
 
 def _to_cpu(arg):
@@ -155,5 +176,22 @@ class TestCommonNeuron(TestCase):
                 inplace(x, *sample.args, **sample.kwargs)
                 self.assertEqual(x, expected)
 
+    @ops(_OPS, dtypes=OpDTypes.none)
+    def test_dtypes(self, device, op):
+        def works(dev, dtype):
+            try:
+                for sample in op.sample_inputs(dev, dtype):
+                    op(sample.input, *sample.args, **sample.kwargs)
+            except Exception:
+                return False
+            return True
 
-instantiate_device_type_tests(TestCommonNeuron, globals(), only_for=("privateuse1",))
+        on_device = {str(d) for d in _DT.values() if works(device, d)}
+        on_cpu = {str(d) for d in _DT.values() if works("cpu", d)}
+        claimed = {str(d) for d in op.supported_dtypes(torch.device(device).type) if d in _DT.values()}
+        self.assertEqual(on_device, on_cpu, msg=f"dtypes working: device {sorted(on_device)}, "
+                         f"cpu {sorted(on_cpu)}; claimed {sorted(claimed)}")
+
+
+instantiate_device_type_tests(TestCommonNeuron, globals(),
+                              only_for=tuple(os.environ.get("TESTCOMMON_DEVICES", "privateuse1").split(",")))

@@ -50,7 +50,13 @@ def _debug() -> bool:
 
 
 def _cflags() -> list[str]:
-    return ["-O0", "-g"] if _debug() else ["-O2"]
+    return (["-O0", "-g"] if _debug() else ["-O2"]) + _openmp()
+
+
+def _openmp() -> list[str]:
+    # FTZ/DAZ must reach ATen's OpenMP intra-op threads (see FtzGuard in the C++ core): build
+    # with the OpenMP that torch itself runs on, where it does (Linux wheels: libgomp).
+    return ["-fopenmp"] if sys.platform.startswith("linux") and "OpenMP" in torch.__config__.parallel_info() else []
 
 
 def cache_root() -> Path:
@@ -174,6 +180,7 @@ def load_extension(verbose: bool = False) -> ModuleType:
                 sources=[str(_SRC)],
                 build_directory=str(tmp),
                 extra_cflags=_cflags(),
+                extra_ldflags=_openmp(),
                 verbose=verbose,
             )
             os.rename(tmp, final)  # atomic: the final directory appears complete or not at all

@@ -5,7 +5,7 @@ Each knob of a manifest's ``[numerics]`` table maps to one function here:
 * ``matmul_inputs``       -> :func:`round_to_format` (operands rounded to bf16/fp16, fp32 accumulate)
 * ``transcendental_bits`` -> :func:`round_mantissa` (results keep N mantissa bits)
 * ``sin_range_reduction`` -> :func:`sin_no_range_reduction` / :func:`cos_no_range_reduction`
-* ``flush_denormals``     -> :func:`flush_denormals` (the C++ native path uses FTZ/DAZ instead)
+* ``flush_denormals``     -> :func:`flush_denormals` (the C++ native path sets FTZ/DAZ on every intra-op thread instead)
 * ``rounding``            -> ``stochastic=True`` with a generator on the rounding functions
 
 Example::

@@ -88,3 +88,51 @@ def test_fallback_warning_names_the_dtype_rule_not_the_op():
     finally:
         neuron_emu.set_strict(False)
         neuron_emu.use_build(prev)
+
+
+@pytest.fixture
+def two_threads():
+    prev = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(prev)
+
+
+def test_denormals_flushed_on_every_intra_op_thread_and_only_where_declared(emu_build, two_threads):
+    # 1M elements: the CPU kernels split them over both OpenMP threads (the calling thread used to
+    # be the only one with FTZ/DAZ, leaving the other half unflushed).
+    n = 1 << 20
+    sub = torch.full((n,), 1e-39).index_fill_(0, torch.arange(0, n, 3), -3e-40)  # subnormal inputs
+    small = torch.full((n,), 1e-20)                                               # subnormal products
+    flushes = neuron_emu.active_build().numerics.flush_denormals
+    for got, want in [((sub.to(D) * 1.0).cpu(), sub * 1.0),
+                      ((sub.to(D) + 0.0).cpu(), sub + 0.0),
+                      ((small.to(D) * small.to(D)).cpu(), small * small)]:
+        assert int((want != 0).sum()) == n  # the CPU keeps them all
+        if flushes:
+            assert int((got != 0).sum()) == 0
+        else:
+            assert torch.equal(got, want)
+    # No FTZ/DAZ left behind on the CPU's threads (calling or worker).
+    assert int(((sub * 1.0) != 0).sum()) == n and int(((small * small) != 0).sum()) == n
+
+
+def test_denormal_flushing_leaves_no_ftz_in_a_worker_thread_started_during_the_call():
+    # A fresh process whose second OpenMP thread starts inside the first device call: a new
+    # thread inherits the starting thread's FTZ/DAZ, so it must be started before they are set.
+    code = """
+import torch, neuron_emu
+neuron_emu.use_build("2.31.0")
+torch.set_num_threads(1)
+n = 1 << 20
+sub = torch.full((n,), 1e-39)
+torch.set_num_threads(2)
+got = (sub.to("neuron") * 1.0).cpu()
+print(int((got != 0).sum()), int(((sub * 1.0) != 0).sum()))
+"""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env.pop("OMP_NUM_THREADS", None)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900,
+                         cwd=REPO, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["0", str(1 << 20)]

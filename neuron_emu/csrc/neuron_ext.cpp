@@ -10,6 +10,7 @@
 #include <torch/extension.h>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
@@ -374,18 +375,60 @@ static bool is_optional_generator(const c10::TypePtr& t) {
   return t->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::GeneratorType;
 }
 
+// FTZ|DAZ for the duration of one native call, on the calling thread AND on every intra-op
+// (at::parallel_for, OpenMP) worker: a CPU kernel that splits its range over threads must flush
+// every element, not only the calling thread's share.  Each thread's own MXCSR is saved and
+// restored, so no FTZ/DAZ leaks into CPU work (or other builds) afterwards.  The core is built
+// with -fopenmp; its libgomp is the one torch already loaded (same soname), so an `omp parallel`
+// here runs on the very pool threads that the kernel's parallel_for will use.
+#ifdef NEURON_EMU_X86
+static thread_local int t_ftz_depth = 0;           // calling thread: nested guards
+static thread_local bool t_ftz_set = false;         // this thread's MXCSR is ours
+static thread_local unsigned int t_ftz_saved = 0;   // this thread's MXCSR before
+
+static void ftz_set_this_thread() {
+  if (t_ftz_set) return;
+  t_ftz_saved = _mm_getcsr();
+  _mm_setcsr(t_ftz_saved | 0x8040);  // FTZ | DAZ
+  t_ftz_set = true;
+}
+
+static void ftz_restore_this_thread() {
+  if (!t_ftz_set) return;
+  _mm_setcsr(t_ftz_saved);
+  t_ftz_set = false;
+}
+
+static void on_intra_op_threads(void (*fn)()) {
+#ifdef _OPENMP
+  // The same construct ATen's parallel_for uses (no num_threads clause): the same team, each of
+  // its threads (this one included) runs `fn` once.  Nested inside a parallel region this is a
+  // team of one, and the kernel's own parallel_for then runs serially on this thread too.
+  // It runs BEFORE this thread's MXCSR changes: a worker the region starts for the first time
+  // inherits this thread's floating-point environment, and must save the clean one.
+  if (!at::in_parallel_region() && at::get_num_threads() > 1) {
+#pragma omp parallel
+    fn();
+  }
+#endif
+  fn();  // this thread, if the region did not run (fn is idempotent)
+}
+#endif
+
 struct FtzGuard {
 #ifdef NEURON_EMU_X86
-  unsigned int saved = 0;
   bool on;
   explicit FtzGuard(bool enable) : on(enable) {
-    if (on) {
-      saved = _mm_getcsr();
-      _mm_setcsr(saved | 0x8040);  // FTZ | DAZ
-    }
+    if (on && t_ftz_depth++ == 0) on_intra_op_threads(&ftz_set_this_thread);
   }
   ~FtzGuard() {
-    if (on) _mm_setcsr(saved);
+    if (on && --t_ftz_depth == 0) {
+      try {
+        on_intra_op_threads(&ftz_restore_this_thread);
+      } catch (...) {
+        ftz_restore_this_thread();  // at least the calling thread; a worker keeps its flag for next time
+      }
+    }
   }
 #else
   explicit FtzGuard(bool) {}
