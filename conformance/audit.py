@@ -936,14 +936,13 @@ def write_json(res: AuditResult, path: str | Path) -> None:
 def write_html(res: AuditResult, out_dir: str | Path) -> Path:
     """``out_dir/index.html`` in the report's style (its base template and assets)."""
     import datetime as dt
-    import shutil
 
-    from reports.site import ASSETS, TEMPLATES, make_environment
+    from reports.site import ASSETS, make_environment, write_asset
 
     out = Path(out_dir)
     (out / "assets").mkdir(parents=True, exist_ok=True)
     for name in ASSETS:
-        shutil.copyfile(TEMPLATES / name, out / "assets" / name)
+        write_asset(name, out / "assets" / name)
     env = make_environment()
     html = env.get_template("audit.html").render(
         title=f"Audit: {res.model} on {res.target} {res.build}", root="", nav=[],

@@ -10,6 +10,7 @@ import click
 
 from opdb import Store
 from opdb.queries import finished_runs, item_outcomes
+from opdb.status import PASSED, Status
 
 from .cli import EXIT_FAILURES, EXIT_OK, EXIT_USAGE, db_option, handles_errors, main
 from .cli_sweep import ledger_group
@@ -97,7 +98,7 @@ def ledger_stale(ledger_path: str | None, n_runs: int, target: str | None, db_pa
                 if not hits:
                     per_run.append(None)
                 elif e.kind == "xfail":
-                    per_run.append(all(o["status"] in ("xpass", "pass", "pass_fallback") for o in hits))
+                    per_run.append(all(o["status"] in PASSED or o["status"] == Status.XPASS for o in hits))
                 else:
                     per_run.append(all((o["max_abs_err"] or 0) <= _torch_default(o["dtype"]).atol
                                        or (o["max_rel_err"] or 0) <= _torch_default(o["dtype"]).rtol for o in hits))

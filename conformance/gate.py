@@ -37,16 +37,15 @@ from xml.sax.saxutils import escape, quoteattr
 
 from opdb import Store
 from opdb.queries import gate_pairs, latest_run, results_by_key
+from opdb.status import PASSED, SEVERITY, Status
 from opdb.store import now
-
-from .verdict import SEVERITY, Status
 
 MIN_EFFECT = 2.0  # median error ratio that counts as drift
 DRIFT_P = 0.01  # one-sided sign-test p-value
 MIN_PAIRS = 5
 ERR_FLOOR = 1e-12
-_PASSED = (Status.PASS.value, Status.PASS_FALLBACK.value)
-_SEV = {s.value: v for s, v in SEVERITY.items()}
+_PASSED = PASSED
+_SEV = SEVERITY
 
 PER_GROUP = 2  # representative items re-run per op x variant x dtype group
 CONFIRM_BUDGET_S = 600.0  # seconds the whole confirmation may spend (default)

@@ -35,7 +35,7 @@ from .isolation import read_output
 from .ledger import Ledger
 from .select import VARIANTS, Group, SelectionError, parse_dtypes, parse_shard, select_groups, shard_of
 from .sweep import SweepConfig, run_group
-from .verdict import FAILING, Status
+from .verdict import FAILING, Status, decide_unrun
 
 
 @dataclass(frozen=True)
@@ -424,15 +424,15 @@ class Supervisor:
             if slot.group.kind == "schema" and slot.phase != "cpu":
                 # crash-safe already: this input ran on the target alone in a forked child and
                 # survived, so the death after the reference ran is not the target's to own
-                self._synthetic(slot.group, slot.inflight, Status.SKIP,
+                self._synthetic(slot.group, slot.inflight, decide_unrun("cpu"),
                                 f"worker died ({why}) on the target after the CPU reference ran, but the same input "
                                 "ran on the target alone without crashing: not attributed to the target",
                                 time.monotonic() - slot.since, output)
             elif slot.phase == "cpu":  # the reference kernel itself died: the input is invalid, not the target
-                self._synthetic(slot.group, slot.inflight, Status.SKIP,
+                self._synthetic(slot.group, slot.inflight, decide_unrun("cpu"),
                                 f"CPU reference crashed ({why}); no verdict for the target", time.monotonic() - slot.since, output)
             else:
-                self._synthetic(slot.group, slot.inflight, Status.CRASH,
+                self._synthetic(slot.group, slot.inflight, decide_unrun("target"),
                                 f"process died during the item on the target: {why}", time.monotonic() - slot.since, output)
             slot.seen.add(slot.inflight)
             slot.inflight = None
@@ -452,7 +452,8 @@ class Supervisor:
         if elapsed > limit:
             assert slot.group is not None
             self._kill(slot)
-            self._synthetic(slot.group, slot.inflight, Status.TIMEOUT if slot.phase != "cpu" else Status.SKIP,
+            self._synthetic(slot.group, slot.inflight,
+                            decide_unrun("cpu" if slot.phase == "cpu" else "target", timed_out=True),
                             f"{'CPU reference: ' if slot.phase == 'cpu' else ''}no result after {limit:g} s; worker killed",
                             elapsed, read_output(slot.output))
             slot.seen.add(slot.inflight)

@@ -28,7 +28,7 @@ from .inputs.opinfo import DEFAULT_SEED, by_name, samples, variant_fn
 from .ledger import Ledger
 from .select import VARIANTS, Group, item_key
 from .targets import Target
-from .verdict import Status, decide
+from .verdict import Status, decide, decide_unrun
 
 
 @dataclass(frozen=True)
@@ -136,5 +136,5 @@ def run_group(target: Target, group: Group, config: SweepConfig, *, skip: Contai
         key = item_key(group.op, "function", group.dtype, -1)
         if key not in skip:
             yield {"item_key": key, "op": group.op, "variant": "function", "dtype": group.dtype, "sample": -1,
-                   "status": Status.SKIP.value, "error": f"sample generation failed: {type(exc).__name__}: {exc}"[:2000],
+                   "status": decide_unrun("cpu").value, "error": f"sample generation failed: {type(exc).__name__}: {exc}"[:2000],
                    "duration_s": 0.0, "seed": config.seed}

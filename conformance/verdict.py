@@ -1,4 +1,4 @@
-"""The verdict vocabulary and the one function that decides a status.
+"""The one function that decides a status (the vocabulary itself is :mod:`opdb.status`).
 
 Example::
 
@@ -11,36 +11,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from enum import StrEnum
+from typing import Literal
 
+from opdb.status import FAILING, SEVERITY, Status
 
-class Status(StrEnum):
-    PASS = "pass"
-    PASS_FALLBACK = "pass_fallback"  # correct, but some overload fell back to the CPU
-    MISMATCH = "mismatch"
-    ERROR = "error"
-    UNSUPPORTED_DTYPE = "unsupported_dtype"
-    CRASH = "crash"
-    TIMEOUT = "timeout"
-    SKIP = "skip"  # the CPU reference itself failed, or the sample is undefined
-    XFAIL = "xfail"
-    XPASS = "xpass"
-
-    @property
-    def passed(self) -> bool:
-        return self in (Status.PASS, Status.PASS_FALLBACK)
-
-    @property
-    def failed(self) -> bool:
-        return self in FAILING
-
-
-FAILING = frozenset({Status.MISMATCH, Status.ERROR, Status.UNSUPPORTED_DTYPE, Status.CRASH,
-                     Status.TIMEOUT, Status.XPASS})
-# How bad a status is, for "got worse" comparisons by the gate (higher is worse).
-SEVERITY = {Status.PASS: 0, Status.XFAIL: 0, Status.SKIP: 0, Status.PASS_FALLBACK: 1,
-            Status.XPASS: 2, Status.UNSUPPORTED_DTYPE: 3, Status.MISMATCH: 4, Status.ERROR: 4,
-            Status.TIMEOUT: 5, Status.CRASH: 5}
+__all__ = ["FAILING", "SEVERITY", "Status", "apply_expected", "decide", "decide_unrun", "is_unsupported_dtype"]
 
 _DTYPE_WORDS = r"(float64|double|complex|ComplexFloat|ComplexDouble|ComplexHalf|Half|BFloat16|float16|bfloat16|" \
                r"Long|int64|Int|int32|Short|Char|Byte|Bool|channels_last|dtype)"
@@ -82,3 +57,17 @@ def apply_expected(status: Status, expected_failure: Sequence[str] | None) -> St
     if status.value in expected_failure:
         return Status.XFAIL
     return status
+
+
+def decide_unrun(where: Literal["cpu", "target", "harness"], *, timed_out: bool = False) -> Status:
+    """The verdict for an item that never reached a comparison.
+
+    ``cpu``: the CPU reference died, hung, or no valid input exists: nothing to say about the
+    target (skip). ``target``: the worker died on the target (crash) or was killed after the
+    timeout (timeout). ``harness``: the harness, or building the item (a model graph), raised (error).
+    """
+    if where == "cpu":
+        return Status.SKIP
+    if where == "target":
+        return Status.TIMEOUT if timed_out else Status.CRASH
+    return Status.ERROR

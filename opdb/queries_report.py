@@ -19,6 +19,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .status import FAILING
 from .store import Store
 
 OP_KINDS = ("ops", "mixed")
@@ -208,18 +209,18 @@ def model_rows(store: Store, run_id: str) -> list[dict[str, Any]]:
         "select * from model_results where run_id = ? order by family, model_id, dtype, mode, id", [run_id]))
 
 
-def blocking_ops(store: Store, run_id: str, passing: Sequence[str], limit: int = 25
-                 ) -> list[dict[str, Any]]:
+def blocking_ops(store: Store, run_id: str, limit: int = 25) -> list[dict[str, Any]]:
     """First divergent ops ranked by how many failing graphs they block."""
-    marks = ", ".join("?" for _ in passing)
+    failing = sorted(FAILING)
+    marks = ", ".join("?" for _ in failing)
     return list(store.db.query(
         f"""select first_divergent_op as op, count(*) as graphs,
                    count(distinct family) as families, replace(group_concat(distinct family), ',', ', ') as family_list
             from model_results
-            where run_id = ? and status not in ({marks})
+            where run_id = ? and status in ({marks})
               and first_divergent_op is not null and first_divergent_op != ''
             group by first_divergent_op order by graphs desc, op limit ?""",
-        [run_id, *passing, limit]))
+        [run_id, *failing, limit]))
 
 
 def gate_items(store: Store, baseline_run: str, candidate_run: str) -> list[dict[str, Any]]:

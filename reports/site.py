@@ -43,6 +43,7 @@ from markupsafe import Markup
 
 from opdb import Store
 from opdb import queries_report as q
+from opdb.status import FAILING, PASSED, STATUSES, WORST_RANK, css_rules, ordered, severity, worst
 
 from . import charts
 from .contexts import (
@@ -64,7 +65,6 @@ from .contexts import (
     SlowOp,
     SummaryPage,
 )
-from .status import FAILING, PASSING, STATUSES, WORST_RANK, ordered, severity, worst
 
 TEMPLATES = Path(__file__).parent / "templates"
 ASSETS = ("report.css", "report.js")
@@ -150,6 +150,20 @@ TEMPLATE_OF: dict[type[Page], str] = {
 
 
 # -- helpers -------------------------------------------------------------------------------------
+STATUS_CSS_MARKER = "/* status colours: generated from opdb.status.INFO */\n"
+
+
+def write_asset(name: str, dest: Path) -> None:
+    """Copy one static asset; the stylesheet gets the status colours of the vocabulary."""
+    if name != "report.css":
+        shutil.copyfile(TEMPLATES / name, dest)
+        return
+    text = (TEMPLATES / name).read_text(encoding="utf-8")
+    if STATUS_CSS_MARKER not in text:
+        raise AssertionError(f"{TEMPLATES / name}: the status-colours marker is missing")
+    dest.write_text(text.replace(STATUS_CSS_MARKER, STATUS_CSS_MARKER + css_rules()), encoding="utf-8")
+
+
 def script_json(text: str) -> Markup:
     """JSON text made safe inside ``<script type="application/json">`` (no ``</script>``, no ``&``)."""
     return Markup(text.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
@@ -309,7 +323,7 @@ class SiteRenderer:
             ("native pass %", [pct(i.native_pass, i.op_total) for i in infos]),
             ("pass via fallback %", [pct(i.fallback_pass, i.op_total) for i in infos]),
             ("failing %", [pct(i.failing, i.op_total) for i in infos]),
-            ("models passing %", [pct(sum(n for s, n in i.model_counts if s in PASSING), i.model_total)
+            ("models passing %", [pct(sum(n for s, n in i.model_counts if s in PASSED), i.model_total)
                                   for i in infos]),
         ]
         hl = labels.index(highlight) if highlight in labels else None
@@ -524,7 +538,7 @@ class SiteRenderer:
         fam_slug = Slugger()
         families: list[FamilyRow] = []
         table: list[list[Any]] = []
-        blocking = q.blocking_ops(self.store, run["id"], PASSING) if run else []
+        blocking = q.blocking_ops(self.store, run["id"]) if run else []
         for fam, grp in itertools.groupby(rows, key=lambda r: r["family"] or "-"):
             graphs = list(grp)
             slug = fam_slug(fam)
@@ -538,7 +552,7 @@ class SiteRenderer:
             grads = [g["grad_max_rel_err"] for g in graphs if g["grad_max_rel_err"] is not None]
             families.append(FamilyRow(
                 family=fam, href=f"models/{names[0]}", graphs=len(graphs), counts=ordered(dict(counts)),
-                passing=sum(n for s, n in counts.items() if s in PASSING),
+                passing=sum(n for s, n in counts.items() if s in PASSED),
                 failing=sum(n for s, n in counts.items() if s in FAILING),
                 worst_rel=max(rels) if rels else None, worst_grad=max(grads) if grads else None,
                 compiled=sum(1 for g in graphs if g["mode"] == "compile"),
@@ -744,7 +758,7 @@ class SiteRenderer:
                                             "folder whole\n")
         (self.out / "assets").mkdir(exist_ok=True)
         for name in ASSETS:
-            shutil.copyfile(TEMPLATES / name, self.out / "assets" / name)
+            write_asset(name, self.out / "assets" / name)
         self.index(infos, rendered)
         jobs = max(1, min(jobs, len(rendered)))
         if jobs > 1 and self.store.path is not None:

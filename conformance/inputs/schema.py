@@ -606,7 +606,7 @@ def run_schema_group(target: Any, group: Any, config: Any, *, skip: Container[st
     from conformance.execute import signature
     from conformance.select import item_key
     from conformance.sweep import evaluate
-    from conformance.verdict import Status
+    from conformance.verdict import Status, decide, decide_unrun
 
     key = item_key(group.op, "schema", group.dtype, 0)
     if key in skip:
@@ -619,7 +619,7 @@ def run_schema_group(target: Any, group: Any, config: Any, *, skip: Container[st
     try:
         call_strategy(info.packet)
     except ValueError as exc:
-        yield {**base_row, "status": Status.SKIP.value, "error": f"no valid input: {exc}", "duration_s": 0.0}
+        yield {**base_row, "status": decide_unrun("cpu").value, "error": f"no valid input: {exc}", "duration_s": 0.0}
         return
     rejected: collections.Counter[str] = collections.Counter()
     accepted: list[dict[str, Any]] = []
@@ -650,7 +650,7 @@ def run_schema_group(target: Any, group: Any, config: Any, *, skip: Container[st
                     reject()
                 died = target_preflight(target, info, sample)
                 if died is not None:  # the target's own crash, with no reference run before it
-                    row = {"status": Status.CRASH.value, "dtype": str(dtype).removeprefix("torch.") if dtype else "none",
+                    row = {"status": decide_unrun("target").value, "dtype": str(dtype).removeprefix("torch.") if dtype else "none",
                            "error": f"the target {died} running this input alone in a forked process "
                                     "(no CPU reference ran there)", "duration_s": 0.0, "signature": signature(sample),
                            "reached_ops": [group.op], "native_ops": [], "fallback_ops": []}
@@ -702,11 +702,12 @@ def run_schema_group(target: Any, group: Any, config: Any, *, skip: Container[st
         row["native_ops"] = sorted({o for r in accepted for o in (r.get("native_ops") or [])})
         row["fallback_ops"] = sorted({o for r in accepted for o in (r.get("fallback_ops") or [])})
         row["error"] = None
-        row["status"] = Status.PASS_FALLBACK.value if row["fallback_ops"] else row["status"]
+        if Status(row["status"]).passed:  # a fallback seen in any accepted call marks the whole search
+            row["status"] = decide(cpu_error=None, target_error=None, close=True, fallback=row["fallback_ops"]).value
         yield row
     else:
         top = "; ".join(f"{n}x {msg}" for msg, n in rejected.most_common(2))
-        yield {**base_row, "status": Status.SKIP.value, "duration_s": 0.0,
+        yield {**base_row, "status": decide_unrun("cpu").value, "duration_s": 0.0,
                "error": f"no valid input: {sum(rejected.values())} generated calls rejected by the CPU{steered} ({top})"}
 
 

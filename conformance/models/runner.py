@@ -51,7 +51,7 @@ from torch.utils._pytree import tree_map
 
 from ..compare import Evidence, compare, leaves
 from ..select import Group, SelectionError, parse_dtypes
-from ..verdict import Status, decide
+from ..verdict import Status, decide, decide_unrun
 from .localize import rel_l2
 
 MODES = ("eager", "compile")
@@ -394,7 +394,7 @@ def run_model_group(target: Any, group: Group, config: Any, *, skip: Container[s
         for i, (mode, key) in enumerate(todo):
             if i and on_start:
                 on_start(key)
-            yield {**base, "item_key": key, "mode": mode, "status": Status.ERROR.value, "error": msg,
+            yield {**base, "item_key": key, "mode": mode, "status": decide_unrun("harness").value, "error": msg,
                    "duration_s": time.perf_counter() - start if i == 0 else 0.0}
         return
     base.update(params=dict(prep.spec.params), graph_hash=prep.graph_hash, aten_ops=prep.aten_ops)
@@ -406,7 +406,7 @@ def run_model_group(target: Any, group: Group, config: Any, *, skip: Container[s
             row = run_item(target, prep, group.dtype, mode, config, train_steps=train_steps,
                            timed_iters=timed_iters, localize_failures=localize_failures)
         except Exception as exc:  # noqa: BLE001 - a harness bug must not end the sweep
-            row = {"status": Status.ERROR.value,
+            row = {"status": decide_unrun("harness").value,
                    "error": f"harness error: {_err(exc)}\n{traceback.format_exc(limit=-3)}"[:2000]}
         dur = time.perf_counter() - (start if i == 0 else t0)  # the first item carries build and trace
         yield {**base, **row, "item_key": key, "mode": mode, "duration_s": dur}

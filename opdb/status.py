@@ -1,0 +1,139 @@
+"""The status vocabulary: every status an item can have, and what each one means.
+
+Statuses are stored data, so their vocabulary lives at the bottom floor, here, and everything
+above imports it: the harness decides a status (``conformance.verdict.decide``), the gate ranks
+them, the ledger accepts some, the report counts, orders and colours them (its CSS rules are
+generated from :data:`INFO`). Adding a status is one entry in :class:`Status` and one in
+:data:`INFO` (plus the rule in ``decide`` that chooses it).
+
+Example::
+
+    >>> from opdb.status import Status, worst, severity, FAILING
+    >>> worst(["pass", "mismatch", "skip"])
+    'mismatch'
+    >>> severity("timeout") > severity("mismatch") > severity("pass_fallback") > severity("pass")
+    True
+    >>> Status.XPASS in FAILING, Status.XFAIL in FAILING
+    (True, False)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Literal
+
+
+class Status(StrEnum):
+    """Every status, in the order tables and legends show them."""
+
+    PASS = "pass"
+    PASS_FALLBACK = "pass_fallback"
+    XFAIL = "xfail"
+    SKIP = "skip"
+    XPASS = "xpass"
+    UNSUPPORTED_DTYPE = "unsupported_dtype"
+    MISMATCH = "mismatch"
+    ERROR = "error"
+    TIMEOUT = "timeout"
+    CRASH = "crash"
+
+    @property
+    def passed(self) -> bool:
+        return INFO[self].kind == "pass"
+
+    @property
+    def failed(self) -> bool:
+        return INFO[self].kind == "fail"
+
+
+Kind = Literal["pass", "neutral", "fail"]
+
+
+@dataclass(frozen=True)
+class StatusInfo:
+    """What one status means.
+
+    ``kind``: ``pass`` (the target is correct), ``fail`` (a finding), ``neutral`` (nothing to say:
+    not compared, or a failure the ledger expects). ``severity``: how bad, for "got worse" (gate,
+    diff); equal severities are not a regression. ``rank``: which status a cell holding several
+    shows (the highest). ``colour``/``ink``: the badge's background and text colour.
+    """
+
+    kind: Kind
+    severity: int
+    rank: int
+    colour: str
+    ink: str
+    meaning: str
+
+
+INFO: dict[Status, StatusInfo] = {
+    Status.PASS: StatusInfo("pass", 0, 2, "#2b7a3d", "#fff", "matches the CPU, every overload native"),
+    Status.PASS_FALLBACK: StatusInfo("pass", 1, 3, "#8cc084", "#111",
+                                     "matches the CPU, some overload fell back to the CPU"),
+    Status.XFAIL: StatusInfo("neutral", 0, 1, "#b8bfc9", "#111", "fails as a ledger entry expects"),
+    Status.SKIP: StatusInfo("neutral", 0, 0, "#e2e5ea", "#333",
+                            "not compared: the CPU reference failed, or the sample is undefined"),
+    Status.XPASS: StatusInfo("fail", 2, 4, "#f2d35b", "#111", "passes although a ledger entry expects a failure"),
+    Status.UNSUPPORTED_DTYPE: StatusInfo("fail", 3, 5, "#b79fd6", "#111",
+                                         "the target rejects the dtype (or memory format)"),
+    Status.MISMATCH: StatusInfo("fail", 4, 6, "#ee8434", "#111", "runs, but differs from the CPU"),
+    Status.ERROR: StatusInfo("fail", 4, 7, "#d1495b", "#fff", "raises where the CPU does not"),
+    Status.TIMEOUT: StatusInfo("fail", 5, 8, "#8d1c2e", "#fff", "did not finish within the timeout"),
+    Status.CRASH: StatusInfo("fail", 5, 9, "#4a0d17", "#fff", "killed its worker process"),
+}
+
+#: Every status name, in display order.
+STATUSES: tuple[str, ...] = tuple(s.value for s in Status)
+#: The target is correct.
+PASSED = frozenset(s for s in Status if INFO[s].kind == "pass")
+#: A finding: counted as failing everywhere (console, gate, coverage, report).
+FAILING = frozenset(s for s in Status if INFO[s].kind == "fail")
+#: Failing statuses a ledger xfail entry may accept (an xpass is the ledger's own finding).
+EXPECTABLE: tuple[str, ...] = tuple(s.value for s in Status if s in FAILING and s is not Status.XPASS)
+#: How bad a status is; higher is worse.
+SEVERITY: dict[str, int] = {s.value: INFO[s].severity for s in Status}
+#: Which status a cell shows when it holds several: the highest rank.
+WORST_RANK: dict[str, int] = {s.value: INFO[s].rank for s in Status}
+
+_UNKNOWN_SEVERITY = SEVERITY[Status.ERROR]
+
+
+def severity(status: str | None) -> int:
+    """Severity of a status; unknown statuses count as errors, a missing one as -1."""
+    if status is None:
+        return -1
+    return SEVERITY.get(status, _UNKNOWN_SEVERITY)
+
+
+def worst(statuses: Iterable[str]) -> str | None:
+    """The status a cell shows: the worst present (unknown statuses rank above crash)."""
+    best, rank = None, -1
+    for s in statuses:
+        r = WORST_RANK.get(s, len(WORST_RANK))
+        if r > rank:
+            best, rank = s, r
+    return best
+
+
+def ordered(counts: dict[str, int]) -> list[tuple[str, int]]:
+    """``(status, count)`` pairs in display order; unknown statuses last, by name."""
+    known = [(s, counts[s]) for s in STATUSES if counts.get(s)]
+    extra = sorted((s, n) for s, n in counts.items() if s not in SEVERITY and n)
+    return known + extra
+
+
+def css_rules() -> str:
+    """The ``.st-<status>`` badge rules of the report, one per status."""
+    return "".join(f".st-{s.value} {{ background: {INFO[s].colour}; color: {INFO[s].ink}; }}\n" for s in Status)
+
+
+def _check() -> None:
+    ranks = sorted(i.rank for i in INFO.values())
+    if set(INFO) != set(Status) or ranks != list(range(len(Status))):
+        raise AssertionError("opdb.status: INFO must describe every Status once, with distinct ranks 0..n-1")
+
+
+_check()
