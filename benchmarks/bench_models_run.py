@@ -8,7 +8,7 @@ Two profiles over a deterministic sample (``--per-family`` graphs of every famil
   latency, shape sweep with recompiles, localization of failures).
 
 Work is split across ``--workers`` forked processes (one thread each), like ``conformance.run``.
-``--calibrate`` instead prints the normwise errors behind ``conformance/models/tolerances.toml``.
+``--calibrate`` instead prints the normwise errors behind ``conformance/data/model_tolerances.toml``.
 
 Usage:
     python3 benchmarks/bench_models_run.py                       # neuron-emu 2.33.0, 2 per family, 2 workers

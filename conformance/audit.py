@@ -13,7 +13,7 @@ What one audit does, all by running (never by reading a build manifest):
 2. **Dtype and layout risks:** float64 params/buffers/inputs/intermediates, int64 values outside
    the int32 range, complex tensors, channels_last tensors, ops outside the ``aten`` namespace.
 3. **Parity:** each forward output against the CPU (model-level tolerance of the ledger and
-   ``tolerances.toml``); with ``train`` also every parameter gradient and a 3-step SGD run. A
+   ``data/model_tolerances.toml``); with ``train`` also every parameter gradient and a 3-step SGD run. A
    failure is localized to its first divergent op (:func:`conformance.models.localize.localize`,
    or the first op whose isolated check fails when the graph cannot be traced symbolically).
 4. **Compile:** ``torch.compile(backend=<target's>, dynamic=False)`` with a counting backend over

@@ -18,23 +18,19 @@ from __future__ import annotations
 
 import fnmatch
 import math
-import tomllib
 from collections.abc import Callable
 from functools import cache
-from pathlib import Path
 
 import torch
 
+from . import datafiles
 from .compare import Evidence
 
-DATA = Path(__file__).parent / "data" / "comparators.toml"
 PerTensor = Callable[[int, torch.Tensor, torch.Tensor], Evidence | None]
 
 
-@cache
 def _table() -> dict[str, tuple[str, ...]]:
-    data = tomllib.loads(DATA.read_text())
-    return {name: tuple(entry["ops"]) for name, entry in data.items()}
+    return {kind: rule.ops for kind, rule in datafiles.comparators().items()}
 
 
 @cache

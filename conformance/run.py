@@ -31,6 +31,7 @@ import torch
 from opdb import Store
 from opdb.store import now
 
+from . import datafiles
 from .isolation import read_output
 from .ledger import Ledger
 from .select import VARIANTS, Group, SelectionError, parse_dtypes, parse_shard, select_groups, shard_of
@@ -508,17 +509,11 @@ def _git_sha() -> str:
         return ""
 
 
-CANARIES = Path(__file__).parent / "data" / "canaries.toml"
-
-
 def run_canaries(spec: RunSpec, store: Store, run_id: str) -> str | None:
     """Run the canary items; store them (variant ``canary``); return why they failed, or None."""
-    import tomllib
-
-    data = tomllib.loads(CANARIES.read_text())
-    cspec = RunSpec(**{**spec.__dict__, "variants": ("function",), "max_samples": int(data["samples"]),
-                       "workers": 1})
-    groups = [Group(op, data["dtype"]) for op in data["ops"]]
+    data = datafiles.canaries()
+    cspec = RunSpec(**{**spec.__dict__, "variants": ("function",), "max_samples": data.samples, "workers": 1})
+    groups = [Group(op, data.dtype) for op in data.ops]
     rows: list[dict[str, Any]] = []
     sup = Supervisor(cspec, None, run_id, groups, {}, None, sink=lambda row, table: rows.append(row))
     sup.run()

@@ -35,20 +35,18 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import functools
 import math
 import time
-import tomllib
 import traceback
 from collections.abc import Callable, Container, Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils._pytree import tree_map
 
+from .. import datafiles
 from ..compare import Evidence, compare, leaves
 from ..select import Group, SelectionError, parse_dtypes
 from ..verdict import Status, decide, decide_unrun
@@ -60,7 +58,6 @@ TRAIN_STEPS = 3
 LR = 0.01
 WARMUP = 1
 TIMED_ITERS = 5
-TOLERANCES = Path(__file__).with_name("tolerances.toml")
 
 
 # -- selection -----------------------------------------------------------------------------
@@ -152,25 +149,21 @@ class ModelTolerance:
     source: str
 
 
-@functools.lru_cache(maxsize=1)
-def _floors() -> tuple[dict[str, Any], ...]:
-    return tuple(tomllib.loads(TOLERANCES.read_text()).get("floor", []))
-
-
 def model_tolerance(config: Any, model_id: str, dtype: str, target: str) -> ModelTolerance:
     """Ledger tolerance for (model_id, "model", dtype, target), widened to the model-level floor
-    of ``tolerances.toml`` (see there for what each bound means)."""
+    of ``data/model_tolerances.toml`` (see there for what each bound means)."""
     import fnmatch
 
     tol = config.ledger.tolerance(model_id, "model", dtype, target)
-    floor: dict[str, Any] = {}
-    for f in _floors():
-        if fnmatch.fnmatchcase(target, f.get("target", "*")) and fnmatch.fnmatchcase(dtype, f.get("dtype", "*")):
+    floor = None
+    for f in datafiles.model_floors():
+        if fnmatch.fnmatchcase(target, f.target) and fnmatch.fnmatchcase(dtype, f.dtype):
             floor = f
-    fwd = max(tol.rtol, floor.get("fwd_rtol", 0.0))
-    grad = max(tol.rtol, floor.get("grad_rtol", 0.0))
-    loss = max(tol.rtol, floor.get("loss_rtol", 0.0))
-    src = tol.source if fwd == tol.rtol else f"{TOLERANCES.name}: {floor.get('reason', '')} (ledger: {tol.source})"
+    fwd = max(tol.rtol, floor.fwd_rtol if floor else 0.0)
+    grad = max(tol.rtol, floor.grad_rtol if floor else 0.0)
+    loss = max(tol.rtol, floor.loss_rtol if floor else 0.0)
+    src = tol.source if floor is None or fwd == tol.rtol else \
+        f"{datafiles.MODEL_TOLERANCES.name}: {floor.reason} (ledger: {tol.source})"
     return ModelTolerance(fwd, grad, loss, tol.atol, tol.rtol, src)
 
 
