@@ -26,7 +26,6 @@ from conformance.inputs.opinfo import infos  # noqa: E402
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     infos()
-    try:
-        import neuron_emu  # noqa: F401  (registers the device; workers choose their build)
-    except Exception:  # noqa: BLE001 - a worker for another target does not need it
-        pass
+    from conformance.targets import preload
+
+    preload()

@@ -16,6 +16,7 @@ from typing import Any
 import click
 
 from opdb import OpdbError, Store
+from opdb.cli import merge_cmd
 
 EXIT_OK = 0
 EXIT_FAILURES = 1
@@ -86,7 +87,9 @@ def ops_cmd(as_json: bool, store: bool, no_cache: bool, coverage_run: str | None
         from conformance import coverage
 
         with Store.open(db_path, create=False) as st:
-            sys.exit(coverage.print_table(st, coverage_run))
+            for line in coverage.table_lines(st, coverage_run):
+                click.echo(line)
+        sys.exit(EXIT_OK)
     ops, summary = catalog.build(use_cache=not no_cache)
     if store:
         with Store.open(db_path) as st:
@@ -106,19 +109,8 @@ def ops_cmd(as_json: bool, store: bool, no_cache: bool, coverage_run: str | None
         click.echo(f"stored {summary.total} overloads in {db_path}")
 
 
-@main.command("merge")
-@click.argument("out", type=click.Path(dir_okay=False))
-@click.argument("inputs", nargs=-1, required=True, type=click.Path(dir_okay=False))
-@handles_errors
-def merge_cmd(out: str, inputs: tuple[str, ...]) -> None:
-    """Merge shard databases of the same run(s) into OUT without duplicating rows.
-
-    Example: conformance merge results/opdb.sqlite shard1.sqlite shard2.sqlite
-    """
-    from opdb import merge_files
-
-    counts = merge_files(out, list(inputs))
-    click.echo("merged " + ", ".join(f"{n} {t}" for t, n in counts.items() if n) + f" into {out}")
+# `conformance merge` is the store's own command (opdb/cli.py), attached here.
+main.add_command(merge_cmd, "merge")
 
 
 # Commands of later pipeline stages live in their own modules and attach to ``main``.

@@ -16,9 +16,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-import click
-
 from opdb import Store
+from opdb.queries import coverage_rows, op_evidence
 
 from . import catalog
 from .verdict import FAILING, Status
@@ -138,9 +137,7 @@ def classify_unreached(o: catalog.Overload, tried: dict[str, str], excluded: dic
 
 def compute(store: Store, run_id: str, excluded: dict[str, str] | None = None) -> dict[str, int]:
     """Write the run's coverage table; returns counts per state."""
-    rows = store.db.query(
-        "select variant, dtype, status, native_ops, fallback_ops, reached_ops, op, error "
-        "from op_results where run_id = ?", [run_id])
+    rows = op_evidence(store, run_id)
     acc, tried = _accumulate(rows)
     run = store.get_run(run_id) or {}
     layouts = json.loads(run.get("config") or "{}").get("layouts")
@@ -173,34 +170,33 @@ def backend_reachable(o: catalog.Overload) -> bool:
     return not (o.has("composite_implicit") or o.has("no_cpu_kernel"))
 
 
-def print_table(store: Store, run_id: str) -> int:
-    """Print the coverage table of a stored run; returns an exit code."""
-    from opdb.queries import coverage_rows
-
+def table_lines(store: Store, run_id: str) -> list[str]:
+    """The coverage table of a stored run, as text lines (computed first if the run has none)."""
     run = store.get_run(run_id)
     if run is None:
-        raise click.UsageError(f"{store.path}: no run with id {run_id!r}")
+        raise ValueError(f"{store.path}: no run with id {run_id!r}")
     rows = coverage_rows(store, run_id)
     if not rows:
         compute(store, run_id)
         rows = coverage_rows(store, run_id)
     by_name = {o.name: o for o in catalog.overloads()}
+    lines: list[str] = []
     state_counts = collections.Counter(r["state"] for r in rows)
-    click.echo(f"coverage of run {run_id} ({run['target']} build {run['build']}): {len(rows)} overloads")
-    click.echo(f"{'state':<22}{'overloads':>10}  meaning")
+    lines.append(f"coverage of run {run_id} ({run['target']} build {run['build']}): {len(rows)} overloads")
+    lines.append(f"{'state':<22}{'overloads':>10}  meaning")
     for state, meaning in STATES.items():
-        click.echo(f"{state:<22}{state_counts.get(state, 0):>10}  {meaning}")
+        lines.append(f"{state:<22}{state_counts.get(state, 0):>10}  {meaning}")
     reach = [r for r in rows if r["state"] not in ("composite_implicit", "no_cpu_kernel")]
     no_layout = [r for r in reach if not any(by_name[r["name"]].has(c) for c in LAYOUTS)]
     ex2 = sum(r["state"] == "exercised" for r in no_layout)
-    click.echo(f"backend-reachable overloads exercised: {reachable_share(dict(state_counts))}; "
+    lines.append(f"backend-reachable overloads exercised: {reachable_share(dict(state_counts))}; "
                f"excluding layout-specific: {ex2}/{len(no_layout)} ({100 * ex2 / max(1, len(no_layout)):.1f}%)")
-    click.echo(f"{'class':<20}{'overloads':>10}{'exercised':>10}{'native':>8}{'fallback':>9}{'failing':>8}")
+    lines.append(f"{'class':<20}{'overloads':>10}{'exercised':>10}{'native':>8}{'fallback':>9}{'failing':>8}")
     for cls in catalog.CLASSES:
         members = [r for r in rows if r["name"] in by_name and by_name[r["name"]].has(cls)]
         exercised = [r for r in members if r["state"] == "exercised"]
-        click.echo(f"{cls:<20}{len(members):>10}{len(exercised):>10}"
+        lines.append(f"{cls:<20}{len(members):>10}{len(exercised):>10}"
                    f"{sum(r['native_samples'] > 0 for r in exercised):>8}"
                    f"{sum(r['fallback_samples'] > 0 for r in exercised):>9}"
                    f"{sum(r['failing_samples'] > 0 for r in exercised):>8}")
-    return 0
+    return lines

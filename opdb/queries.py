@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from .store import OpdbError, Store
@@ -40,6 +41,12 @@ def latest_run(store: Store, *, target: str | None = None, build: str | None = N
     where = " and ".join(clauses) or "1"
     rows = list(store.db.query(f"select * from runs where {where} order by started_at desc, id desc limit 1", params))
     return rows[0] if rows else None
+
+
+def op_evidence(store: Store, run_id: str) -> Iterator[dict[str, Any]]:
+    """What coverage is computed from: each op result's variant, dtype, status and overload lists."""
+    return store.db.query("select variant, dtype, status, native_ops, fallback_ops, reached_ops, op, error "
+                          "from op_results where run_id = ?", [run_id])
 
 
 def coverage_rows(store: Store, run_id: str) -> list[dict[str, Any]]:

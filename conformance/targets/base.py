@@ -117,6 +117,11 @@ class Target:
         """Builds this target can be run with, oldest first (empty: just the installed one)."""
         return ()
 
+    @classmethod
+    def preload(cls) -> None:
+        """Import this target's device package ahead of time, if it is installed (the workers'
+        fork server calls it, so forked workers start with the device registered). Never raises."""
+
     def repro_setup(self) -> tuple[str, str]:
         """Python source a standalone repro script runs first, and how it wraps ``{fn}``."""
         return "", "{fn}"

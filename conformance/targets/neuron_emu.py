@@ -35,6 +35,11 @@ class NeuronEmuTarget(Target):
         self.build = build.name
 
     @classmethod
+    def preload(cls) -> None:
+        with contextlib.suppress(Exception):  # a worker for another target does not need it
+            import neuron_emu  # noqa: F401  (registers the device; workers choose their build)
+
+    @classmethod
     def available_builds(cls) -> tuple[str, ...]:
         import neuron_emu
 
