@@ -96,7 +96,7 @@ EXPECTABLE: tuple[str, ...] = tuple(s.value for s in Status if s in FAILING and 
 #: How bad a status is; higher is worse.
 SEVERITY: dict[str, int] = {s.value: INFO[s].severity for s in Status}
 #: Which status a cell shows when it holds several: the highest rank.
-WORST_RANK: dict[str, int] = {s.value: INFO[s].rank for s in Status}
+WORST_RANK: dict[str, int] = {s.value: INFO[s].rank for s in sorted(Status, key=lambda s: INFO[s].rank)}
 
 _UNKNOWN_SEVERITY = SEVERITY[Status.ERROR]
 
