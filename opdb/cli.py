@@ -10,7 +10,8 @@ import sys
 
 import click
 
-from .store import OpdbError, merge_files
+from .merge import merge_files
+from .store import OpdbError
 
 EXIT_USAGE = 2
 
