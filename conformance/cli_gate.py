@@ -9,8 +9,6 @@ from pathlib import Path
 import click
 
 from opdb import Store
-from opdb.queries import finished_runs, item_outcomes
-from opdb.status import PASSED, Status
 
 from .cli import EXIT_FAILURES, EXIT_OK, EXIT_USAGE, db_option, handles_errors, main
 from .cli_sweep import ledger_group
@@ -78,37 +76,15 @@ def ledger_stale(ledger_path: str | None, n_runs: int, target: str | None, db_pa
 
     Example: conformance ledger stale --runs 5 --target neuron-emu
     """
-    from .ledger import Ledger, _torch_default
+    from .ledger import Ledger
+    from .ledger_review import stale_entries
 
     led = Ledger.load(ledger_path)
     with Store.open(db_path, create=False) as st:
-        runs = finished_runs(st, target=target, limit=n_runs)
-        outcomes = {r["id"]: item_outcomes(st, r["id"]) for r in runs}
-    stale = 0
-    for e in led.entries():
-        if e.kind == "default":
-            continue
-        why = ""
-        if e.expired():
-            why = f"expired on {e.expires}"
-        elif runs:
-            per_run = []
-            for r in runs:
-                hits = [o for o in outcomes[r["id"]] if e.matches(o["op"], o["variant"], o["dtype"], r["target"])]
-                if not hits:
-                    per_run.append(None)
-                elif e.kind == "xfail":
-                    per_run.append(all(o["status"] in PASSED or o["status"] == Status.XPASS for o in hits))
-                else:
-                    per_run.append(all((o["max_abs_err"] or 0) <= _torch_default(o["dtype"]).atol
-                                       or (o["max_rel_err"] or 0) <= _torch_default(o["dtype"]).rtol for o in hits))
-            if per_run and all(p is True for p in per_run):
-                why = (f"passed in each of the last {len(runs)} runs" if e.kind == "xfail"
-                       else f"not needed in each of the last {len(runs)} runs (errors within torch's default tolerance)")
-        if why:
-            stale += 1
-            click.echo(f"{e.where}: op={e.op} dtype={e.dtype} target={e.target}: {why} (reason was: {e.reason})")
-    click.echo(f"{stale} stale entries")
+        stale = stale_entries(st, led, n_runs=n_runs, target=target)
+    for s in stale:
+        click.echo(s.line())
+    click.echo(f"{len(stale)} stale entries")
 
 
 @main.command("nightly")

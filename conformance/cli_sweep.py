@@ -7,7 +7,6 @@ import sys
 import click
 
 from opdb import Store
-from opdb.queries import tolerance_evidence
 
 from .cli import EXIT_FAILURES, EXIT_OK, EXIT_USAGE, UsageProblem, db_option, handles_errors, main
 
@@ -132,19 +131,6 @@ def ledger_check(path: str | None) -> None:
     click.echo(f"ok: {len(led.defaults)} defaults, {len(led.overrides)} overrides, {len(led.xfails)} expected failures")
 
 
-def _nice(x: float) -> float:
-    """Round up to 1, 2 or 5 times a power of ten."""
-    import math
-
-    if x <= 0:
-        return 0.0
-    e = math.floor(math.log10(x))
-    for m in (1, 2, 5, 10):
-        if m * 10**e >= x:
-            return float(f"{m * 10**e:.1g}")
-    return x
-
-
 @ledger_group.command("propose")
 @click.option("--run", "run_id", required=True, metavar="RUN_ID")
 @click.option("--max-rel", default=0.1, show_default=True, help="Propose nothing for errors above this.")
@@ -155,20 +141,10 @@ def ledger_propose(run_id: str, max_rel: float, db_path: str) -> None:
 
     Example: conformance ledger propose --run 20261130T120000-neuron-emu-2.33.0-ab12cd >> my-ledger.toml
     """
+    from .ledger_review import propose_overrides
+
     with Store.open(db_path, create=False) as st:
-        run = st.get_run(run_id)
-        if run is None:
-            raise UsageProblem(f"{db_path}: no run with id {run_id!r}")
-        rows = tolerance_evidence(st, run_id)
-    proposed = skipped = 0
-    for r in rows:
-        if not (r["nan_agree"] and r["dtype_ok"] and r["shape_ok"]) or (r["max_rel"] or 0) > max_rel:
-            skipped += 1
-            continue
-        proposed += 1
-        click.echo(f'[[override]]\nop = "{r["op"]}"\ndtype = "{r["dtype"]}"\ntarget = "{run["target"]}"\n'
-                   f'atol = {_nice(1.5 * (r["max_abs"] or 0)):g}\nrtol = {_nice(1.5 * (r["max_rel"] or 0)):g}\n'
-                   f'reason = "proposed from run {run_id}: {r["n"]} of {r["total"]} samples beyond the default '
-                   f'(max abs {r["max_abs"]:.3g}, max rel {r["max_rel"]:.3g}); review before accepting"\n')
-    click.echo(f"# {proposed} overrides proposed; {skipped} op x dtype pairs left out (NaN/dtype/shape "
-               f"disagreement or relative error above {max_rel:g}: those are bugs, not tolerances)")
+        proposal = propose_overrides(st, run_id, max_rel=max_rel)
+    for block in proposal.overrides:
+        click.echo(block)
+    click.echo(proposal.summary())

@@ -261,11 +261,11 @@ class Ledger:
         for group in (self.overrides, self.defaults):
             for e in reversed(group):
                 if e.matches(op, variant, dtype, target) and not e.expired():
-                    base = _torch_default(dtype)
+                    base = torch_default(dtype)
                     atol = e.atol if e.atol is not None else base.atol
                     rtol = e.rtol if e.rtol is not None else base.rtol
                     return Tolerance(atol, rtol, f"{e.where} ({e.reason})" if e.reason else e.where)
-        return _torch_default(dtype)
+        return torch_default(dtype)
 
     def expected_failure(self, op: str, variant: str, dtype: str, target: str) -> Entry | None:
         for e in reversed(self.xfails):
@@ -277,7 +277,8 @@ class Ledger:
         return self.defaults + self.overrides + self.xfails
 
 
-def _torch_default(dtype: str) -> Tolerance:
+def torch_default(dtype: str) -> Tolerance:
+    """The tolerance every override starts from: torch.testing.assert_close's default, exact for ints."""
     if dtype in _TORCH_DEFAULTS:
         rtol, atol = _TORCH_DEFAULTS[dtype]
         return Tolerance(atol, rtol, f"torch.testing default for {dtype}")
