@@ -937,7 +937,7 @@ def write_html(res: AuditResult, out_dir: str | Path) -> Path:
     """``out_dir/index.html`` in the report's style (its base template and assets)."""
     import datetime as dt
 
-    from reports.site import ASSETS, make_environment, write_asset
+    from reports.html import ASSETS, make_environment, write_asset
 
     out = Path(out_dir)
     (out / "assets").mkdir(parents=True, exist_ok=True)

@@ -1,8 +1,11 @@
 """reports: the static HTML report of an opdb database (``conformance report``).
 
-One jinja2 Environment (autoescape on) renders templates from ``reports/templates``; every
-page's context is a dataclass in :mod:`reports.contexts`; charts are inline SVG drawn by
-:mod:`reports.charts`; large tables are JSON blocks rendered by ``templates/report.js``.
+The pages are a list of page modules (:mod:`reports.pages`: each with its query, its context
+dataclass from :mod:`reports.contexts` and its template); :mod:`reports.site` iterates the list
+and writes the pages. One jinja2 Environment (autoescape on, :mod:`reports.html`) renders
+templates from ``reports/templates``; what several pages share is in :mod:`reports.scope`;
+charts are inline SVG drawn by :mod:`reports.charts`; large tables are JSON blocks rendered by
+``templates/report.js``.
 
 Example::
 

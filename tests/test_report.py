@@ -16,12 +16,16 @@ from click.testing import CliRunner
 from jinja2 import meta
 
 import conformance.cli_report  # noqa: F401  (attaches `report` to the group)
-import reports.site as site
+import reports.html as rhtml
+import reports.pages.diff as diff_page
+import reports.pages.family as family_page
+import reports.pages.op as op_page
 from conformance.cli import main
 from opdb import Store
 from opdb.status import FAILING, SEVERITY, severity, worst
 from reports import charts, render_site
 from reports.contexts import Page
+from reports.pages import PAGES
 
 TV = "2.13.0+cpu"
 SCRIPT = "<script>alert('xss')</script>"
@@ -215,19 +219,20 @@ def _names(env: jinja2.Environment, name: str) -> set[str]:
     return meta.find_undeclared_variables(env.parse(source))
 
 
-@pytest.mark.parametrize("page_cls", list(site.TEMPLATE_OF), ids=lambda c: c.__name__)
-def test_templates_use_only_their_dataclass_fields(page_cls):
-    env = site.make_environment()
+@pytest.mark.parametrize("module", PAGES, ids=lambda m: m.__name__)
+def test_templates_use_only_their_dataclass_fields(module):
+    page_cls = module.CONTEXT
+    env = rhtml.make_environment()
     allowed = {f for f in page_cls.__dataclass_fields__} | set(env.globals) | {"page"}
-    used = _names(env, site.TEMPLATE_OF[page_cls]) | _names(env, "base.html")
+    used = _names(env, module.TEMPLATE) | _names(env, "base.html")
     assert used <= allowed, f"{page_cls.__name__} lacks {sorted(used - allowed)}"
     assert issubclass(page_cls, Page)
     assert page_cls.__doc__, "every page context is documented"
 
 
 def test_partials_use_only_their_parameters():
-    env = site.make_environment()
-    partials = sorted(p.name for p in site.TEMPLATES.glob("_*.html"))
+    env = rhtml.make_environment()
+    partials = sorted(p.name for p in rhtml.TEMPLATES.glob("_*.html"))
     assert set(partials) == set(PARTIAL_PARAMS)
     for name in partials:
         extra = _names(env, name) - PARTIAL_PARAMS[name] - set(env.globals)
@@ -235,7 +240,7 @@ def test_partials_use_only_their_parameters():
 
 
 def test_environment_autoescapes_and_is_strict():
-    env = site.make_environment()
+    env = rhtml.make_environment()
     assert env.from_string("{{ x }}").render(x=SCRIPT) == "&lt;script&gt;alert(&#39;xss&#39;)&lt;/script&gt;"
     with pytest.raises(jinja2.UndefinedError):
         env.from_string("{{ missing.attr }}").render()
@@ -349,7 +354,7 @@ def test_error_text_is_escaped_everywhere(site_dir):
 
 
 def test_script_json_cannot_break_out():
-    out = site.script_json(json.dumps({"e": "</script><script>alert(1)</script>&\u2028"}))
+    out = rhtml.script_json(json.dumps({"e": "</script><script>alert(1)</script>&\u2028"}))
     assert "</" not in out and "&" not in out.replace("\\u0026", "")
     assert json.loads(str(out)) == {"e": "</script><script>alert(1)</script>&\u2028"}
 
@@ -402,8 +407,8 @@ def test_diff_reads_gate_items_when_present(site_dir):
 
 
 def test_pagination_splits_large_ops_and_families(report_db, tmp_path, monkeypatch):
-    monkeypatch.setattr(site, "OP_PART_ROWS", 3)
-    monkeypatch.setattr(site, "FAMILY_PART_GRAPHS", 2)
+    monkeypatch.setattr(op_page, "OP_PART_ROWS", 3)
+    monkeypatch.setattr(family_page, "FAMILY_PART_GRAPHS", 2)
     with Store.open(report_db) as st:
         render_site(st, tmp_path, builds=["2.33.0"])
     ops = tmp_path / "2.33.0/ops"
@@ -418,7 +423,7 @@ def test_pagination_splits_large_ops_and_families(report_db, tmp_path, monkeypat
     # only the requested build is rendered, and the index links only to it
     assert not (tmp_path / "2.31.0").exists()
     assert 'href="2.31.0/' not in (tmp_path / "index.html").read_text()
-    assert data_block(first, "samples-data")["pageSize"] == site.TABLE_PAGE_SIZE
+    assert data_block(first, "samples-data")["pageSize"] == rhtml.TABLE_PAGE_SIZE
 
 
 def test_empty_db_renders_no_data_yet(tmp_path):
@@ -440,7 +445,7 @@ def test_build_without_anything_else(tmp_path):
 
 
 def test_slugs_are_unique_on_case_insensitive_disks():
-    slug = site.Slugger()
+    slug = rhtml.Slugger()
     names = [slug(n) for n in ("T", "t", "a/b", "a_b", "..", "assets")]
     assert len({n.lower() for n in names}) == len(names)
     assert all("/" not in n and not n.startswith(".") for n in names)
@@ -453,7 +458,7 @@ def test_status_order():
     assert worst(["timeout", "crash"]) == "crash"
     assert [severity(s) for s in ("pass", "xfail", "skip", "pass_fallback", "xpass", "unsupported_dtype",
                                   "mismatch", "error", "timeout", "crash")] == [0, 0, 0, 1, 2, 3, 4, 4, 5, 5]
-    assert set(SEVERITY) == set(site.STATUSES)
+    assert set(SEVERITY) == set(rhtml.STATUSES)
 
 
 def test_charts_escape_and_bin():
@@ -519,7 +524,7 @@ def test_parallel_render_writes_the_same_site(report_db, tmp_path):
 
 
 def test_diff_rolls_up_by_op_and_caps_items(report_db, tmp_path, monkeypatch):
-    monkeypatch.setattr(site, "DIFF_ROWS", 2)
+    monkeypatch.setattr(diff_page, "DIFF_ROWS", 2)
     with Store.open(report_db) as st:
         render_site(st, tmp_path, builds=["2.33.0"])
     html = (tmp_path / "2.33.0/diff.html").read_text()
@@ -565,3 +570,31 @@ def test_mixed_run_gate_items_split_by_kind(tmp_path):
     assert [r[0] for r in data_block(html, "diff-ops-data")["rows"]] == ["regression"]
     models = html[html.index('id="diff-models"'):]
     assert "No differences." in models and "diff-models-data" not in models
+
+
+def test_the_page_list_drives_rendering(report_db, tmp_path):
+    """The renderer writes what the page modules of its list make, and nothing else; the build
+    navigation is the list's NAV entries."""
+    from reports.pages import index, summary
+    from reports.site import SiteRenderer
+
+    with Store.open(report_db) as st:
+        result = SiteRenderer(st, tmp_path, db_label="x", pages=[index, summary]).render(["2.33.0"])
+    written = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.html"))
+    assert written == ["2.33.0/index.html", "index.html"] and result.pages == 2
+    assert set(result.timings) == {"index", "summary"}
+    nav = re.search(r'<nav class="top">(.*?)</nav>', (tmp_path / "2.33.0/index.html").read_text(), re.S).group(1)
+    assert re.findall(r">([^<]+)</a>", nav) == ["conformance report", "All builds", "Summary"]
+
+
+def test_a_page_module_must_make_its_own_context(report_db, tmp_path):
+    import types
+
+    from reports.pages import index
+    from reports.site import SiteRenderer
+
+    wrong = types.ModuleType("reports.pages.wrong")
+    wrong.TEMPLATE, wrong.CONTEXT, wrong.PER_BUILD, wrong.NAV = "index.html", type(None), False, None
+    wrong.pages = index.pages
+    with Store.open(report_db) as st, pytest.raises(TypeError, match="made a IndexPage, not its NoneType"):
+        SiteRenderer(st, tmp_path, db_label="x", pages=[wrong]).render(None)

@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 
-import reports.site as site
+import reports.html as html
+import reports.scope as scope
 from conformance import gate, ledger, verdict
 from opdb import status as st
 from opdb.status import FAILING, INFO, PASSED, STATUSES, Status
 
-TEMPLATES = Path(site.__file__).parent / "templates"
+TEMPLATES = Path(html.__file__).parent / "templates"
 
 
 def test_every_status_is_described_once_and_classified_once():
@@ -37,7 +38,7 @@ def test_harness_layers_use_the_vocabulary_not_copies():
     assert verdict.Status is Status and verdict.FAILING is FAILING
     assert gate._SEV is st.SEVERITY and gate._PASSED is PASSED
     assert set(ledger.STATUSES) == {s.value for s in FAILING} - {"xpass"}
-    assert site.FAILING is FAILING and site.STATUSES is STATUSES
+    assert scope.FAILING is FAILING and html.STATUSES is STATUSES
 
 
 def test_decide_and_decide_unrun_choose_statuses():
@@ -54,7 +55,7 @@ def test_decide_and_decide_unrun_choose_statuses():
 def test_generated_css_has_one_rule_per_status(tmp_path):
     source = (TEMPLATES / "report.css").read_text(encoding="utf-8")
     assert not re.search(r"^\.st-", source, re.M), "status colours belong in opdb.status.INFO, not report.css"
-    site.write_asset("report.css", tmp_path / "report.css")
+    html.write_asset("report.css", tmp_path / "report.css")
     rules = re.findall(r"^\.st-([a-z_]+) \{ background: (#[0-9a-f]+); color: (#[0-9a-f]+); \}$",
                        (tmp_path / "report.css").read_text(encoding="utf-8"), re.M)
     assert [r[0] for r in rules] == list(STATUSES)
@@ -65,9 +66,9 @@ def test_generated_css_refuses_a_stylesheet_without_the_marker(tmp_path, monkeyp
     fake = tmp_path / "templates"
     fake.mkdir()
     (fake / "report.css").write_text("body { color: red; }\n")
-    monkeypatch.setattr(site, "TEMPLATES", fake)
+    monkeypatch.setattr(html, "TEMPLATES", fake)
     with pytest.raises(AssertionError, match="marker"):
-        site.write_asset("report.css", tmp_path / "out.css")
+        html.write_asset("report.css", tmp_path / "out.css")
 
 
 @pytest.mark.parametrize("path", sorted(p.name for p in TEMPLATES.iterdir() if p.suffix in (".html", ".js")))

@@ -1,0 +1,18 @@
+"""``index.html``: every rendered build and the trend across all builds in the database."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from ..contexts import IndexPage
+from ..scope import Site
+
+TEMPLATE = "index.html"
+CONTEXT = IndexPage
+PER_BUILD = False  # once per site
+NAV = None  # not in a build's navigation
+
+
+def pages(site: Site) -> Iterator[tuple[str, IndexPage]]:
+    yield "index.html", IndexPage(**site.base("Conformance report: builds", "", []), builds=site.rendered,
+                                  trend_svg=site.trend_svg())

@@ -1,0 +1,95 @@
+"""``<build>/matrix.html``: op × dtype, one row per OpInfo op and per catalog overload (a JS table)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from opdb import queries_report as q
+from opdb.status import WORST_RANK, ordered, worst
+
+from ..contexts import MatrixPage
+from ..html import dumps, table_spec
+from ..scope import BuildScope
+
+TEMPLATE = "matrix.html"
+CONTEXT = MatrixPage
+PER_BUILD = True
+NAV = ("matrix.html", "Op × dtype")
+
+Cells = Iterable[tuple[str, str, str, int]]
+
+
+def _grouped(items: Cells) -> dict[str, dict[str, Counter]]:
+    out: dict[str, dict[str, Counter]] = {}
+    for name, dtype, status, n in items:
+        out.setdefault(name, {}).setdefault(dtype or "-", Counter())[status or "?"] += n
+    return out
+
+
+def _row_cells(by_dtype: dict[str, Counter], col: dict[str, int]) -> tuple[list[Any], list[str], int, str | None]:
+    """One row's dtype cells ([worst, tooltip, samples] or None), its statuses, samples and worst."""
+    cells_out: list[Any] = [None] * len(col)
+    present: set[str] = set()
+    total = 0
+    for d, cnt in by_dtype.items():
+        w = worst(cnt)
+        n = sum(cnt.values())
+        total += n
+        present.update(cnt)
+        tip = f"{d}: " + ", ".join(f"{s} {k}" for s, k in ordered(dict(cnt)))
+        cells_out[col[d]] = [w, tip, n]
+    return cells_out, sorted(present, key=lambda s: WORST_RANK.get(s, 99)), total, worst(present)
+
+
+def _rows(b: BuildScope) -> tuple[list[list[Any]], list[str], int, int]:
+    """Table rows, dtype columns, and the numbers of OpInfo and ATen rows."""
+    rows: list[list[Any]] = []
+    if not b.info.op_run:
+        return rows, [], 0, 0
+    rid = b.info.op_run["id"]
+    op_classes, ov_classes = b.classes("opinfo"), b.classes("overload")
+    cells = q.matrix_cells(b.store, rid)
+    ov_cells = b.reached().cells()
+    dtypes = sorted({c[1] or "-" for c in cells} | {c[1] or "-" for c in ov_cells})
+    col = {d: i for i, d in enumerate(dtypes)}
+    n_op = n_aten = 0
+    for name, by_dtype in sorted(_grouped(cells).items()):
+        c, present, total, w = _row_cells(by_dtype, col)
+        rows.append([[f"ops/{b.op_slug(name)}.html", name], "OpInfo", op_classes.get(name, []),
+                     "sampled", total, w, *c, present])
+        n_op += 1
+    by_overload = _grouped(ov_cells)
+    seen = set()
+    for r in q.coverage_rows(b.store, rid):
+        seen.add(r["name"])
+        c, present, total, w = _row_cells(by_overload.get(r["name"], {}), col)
+        rows.append([[None, r["name"]], "ATen", ov_classes.get(r["name"], []), r["state"] or "",
+                     total or (r["samples"] or 0), w, *c, present])
+        n_aten += 1
+    for name in sorted(set(by_overload) - seen):
+        c, present, total, w = _row_cells(by_overload[name], col)
+        rows.append([[None, name], "ATen", ov_classes.get(name, []), "exercised", total, w, *c, present])
+        n_aten += 1
+    return rows, dtypes, n_op, n_aten
+
+
+def pages(b: BuildScope) -> Iterator[tuple[str, MatrixPage]]:
+    rows, dtypes, n_op, n_aten = _rows(b)
+    columns = [{"key": "op", "label": "op", "kind": "link"},
+               {"key": "kind", "label": "kind", "kind": "text"},
+               {"key": "classes", "label": "classes", "kind": "list"},
+               {"key": "state", "label": "coverage", "kind": "text"},
+               {"key": "samples", "label": "samples", "kind": "int"},
+               {"key": "worst", "label": "worst", "kind": "status"},
+               *({"key": f"dtype:{d}", "label": d, "kind": "cell"} for d in dtypes),
+               {"key": "statuses", "label": "statuses", "kind": "list", "hidden": True}]
+    filters = [{"col": 1, "label": "kind", "mode": "eq"},
+               {"col": len(columns) - 1, "label": "has status", "mode": "has"},
+               {"col": 2, "label": "class", "mode": "has"},
+               {"col": 3, "label": "coverage", "mode": "eq"}]
+    info = b.info
+    yield f"{info.slug}/matrix.html", MatrixPage(
+        **b.base(f"Op × dtype: {info.build}", "../", "matrix.html"), info=info, dtypes=dtypes,
+        n_opinfo=n_op, n_aten=n_aten, table_json=table_spec(columns, dumps(rows), filters=filters, id="matrix"))

@@ -1,0 +1,71 @@
+"""``<build>/ops/<op>.html``: every sample of one OpInfo op, split in parts above OP_PART_ROWS."""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from collections.abc import Iterator
+
+from opdb import queries_report as q
+from opdb.status import FAILING, ordered
+
+from .. import charts
+from ..contexts import Link, OpPage
+from ..html import table_spec
+from ..scope import BuildScope
+
+TEMPLATE = "op.html"
+CONTEXT = OpPage
+PER_BUILD = True
+NAV = None
+OP_PART_ROWS = 2000  # samples per op page part
+REPRO_LIST = 50  # repro commands listed in the page itself (the table has all)
+SAMPLE_KINDS = {"id": "int", "sample": "int", "status": "status", "max_abs_err": "num", "max_rel_err": "num",
+                "ulp_err": "num", "mismatch_frac": "num", "arbiter_err": "num", "cpu_arbiter_err": "num",
+                "atol": "num", "rtol": "num", "native_ops": "list", "fallback_ops": "list", "error": "pre",
+                "duration_s": "num", "seed": "int", "tol_source": "pre"}
+
+
+def pages(b: BuildScope) -> Iterator[tuple[str, OpPage]]:
+    if not b.info.op_run:
+        return
+    op_classes = b.classes("opinfo")
+    for op, group in itertools.groupby(q.op_sample_stream(b.store, b.info.op_run["id"]), key=lambda r: r[0]):
+        yield from _op_pages(b, op, list(group), op_classes.get(op, []))
+
+
+def _op_pages(b: BuildScope, op: str, rows: list[tuple], classes: list[str]) -> Iterator[tuple[str, OpPage]]:
+    info = b.info
+    b.op_pages.add(op)
+    slug = b.op_slug(op)
+    by_dtype: dict[str, Counter] = {}
+    status_counts: Counter = Counter()
+    for _, _, dtype, status, _, _ in rows:
+        by_dtype.setdefault(dtype or "-", Counter())[status] += 1
+        status_counts[status] += 1
+    failing_ids = [r[1] for r in rows if r[3] in FAILING][:REPRO_LIST]
+    n_failing = sum(n for s, n in status_counts.items() if s in FAILING)
+    hist = charts.histogram(charts.log10_bins([r[4] for r in rows]),
+                            title=f"max relative error of {op} (log10 bins, {len(rows)} samples)",
+                            x_label="max_rel_err decade (0: exact, n/a: not measured)")
+    dtype_counts = [(d, ordered(dict(c))) for d, c in sorted(by_dtype.items())]
+    columns = [{"key": k, "label": k, "kind": SAMPLE_KINDS.get(k, "text")} for k in q.SAMPLE_COLUMNS]
+    columns.append({"key": "repro", "label": "repro", "kind": "repro", "ref": 0})
+    filters = [{"col": q.SAMPLE_COLUMNS.index("status"), "label": "status", "mode": "eq"},
+               {"col": q.SAMPLE_COLUMNS.index("dtype"), "label": "dtype", "mode": "eq"},
+               {"col": q.SAMPLE_COLUMNS.index("variant"), "label": "variant", "mode": "eq"}]
+    nparts = max(1, -(-len(rows) // OP_PART_ROWS))
+    names = [f"{slug}.html"] + [f"{slug}.{k}.html" for k in range(2, nparts + 1)]
+    parts = [Link(n, f"part {k + 1}") for k, n in enumerate(names)] if nparts > 1 else []
+    repros = [f"conformance repro {i} --db {b.db_label}" for i in failing_ids]
+    for k in range(nparts):
+        chunk = rows[k * OP_PART_ROWS:(k + 1) * OP_PART_ROWS]
+        rows_json = "[" + ",".join(r[5] for r in chunk) + "]"
+        yield f"{info.slug}/ops/{names[k]}", OpPage(
+            **b.base(f"{op} — {info.build}", "../../"), info=info, op=op,
+            classes=classes, n_samples=len(rows), dtype_counts=dtype_counts,
+            status_counts=ordered(dict(status_counts)), hist_svg=hist, repros=repros,
+            n_failing=n_failing,
+            samples_json=table_spec(columns, rows_json, filters=filters, id="samples-table",
+                                    failing=sorted(FAILING), db=b.db_label),
+            part=k + 1, parts=parts)

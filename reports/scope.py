@@ -1,0 +1,188 @@
+"""What a page module gets to build its contexts: the whole site (:class:`Site`) or one build of
+it (:class:`BuildScope`), with the figures several pages share computed once.
+
+Pages read the database only through :mod:`opdb.queries_report`, via ``scope.store``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from markupsafe import Markup
+
+from opdb import Store
+from opdb import queries_report as q
+from opdb.status import FAILING, PASSED, ordered
+
+from . import charts
+from .contexts import BuildInfo, CountRow, Link
+from .html import Slugger
+
+
+def build_infos(store: Store, slug: Slugger) -> list[BuildInfo]:
+    """Every build of the database, ordered by start time, with its status counts."""
+    all_builds = q.builds(store)
+    op_ids = [b.op_run["id"] for b in all_builds if b.op_run]
+    model_ids = [b.model_run["id"] for b in all_builds if b.model_run]
+    op_counts = q.status_counts_by_run(store, op_ids, "op_results")
+    model_counts = q.status_counts_by_run(store, model_ids, "model_results")
+    infos = []
+    for b in all_builds:
+        oc = op_counts.get(b.op_run["id"], {}) if b.op_run else {}
+        mc = model_counts.get(b.model_run["id"], {}) if b.model_run else {}
+        run = b.op_run or b.model_run or {}
+        infos.append(BuildInfo(
+            build=b.build, slug=slug(b.build), target=run.get("target") or "",
+            torch_version=run.get("torch_version") or "", op_run=b.op_run, model_run=b.model_run,
+            op_counts=ordered(oc), op_total=sum(oc.values()), model_counts=ordered(mc),
+            model_total=sum(mc.values()), failing=sum(n for s, n in oc.items() if s in FAILING),
+            native_pass=oc.get("pass", 0), fallback_pass=oc.get("pass_fallback", 0)))
+    return infos
+
+
+@dataclass
+class Site:
+    """The site being rendered: every build (``infos``, by start time) and the ones it shows."""
+
+    store: Store
+    db_label: str
+    generated_at: str
+    infos: list[BuildInfo]
+    nav_items: list[tuple[str, str]]  # (file, text) of each build's navigation, from the page list
+    _classes: dict[tuple[str, str], dict[str, list[str]]] = field(default_factory=dict)
+
+    @property
+    def rendered(self) -> list[BuildInfo]:
+        return [i for i in self.infos if i.rendered]
+
+    def base(self, title: str, root: str, nav: list[Link]) -> dict[str, Any]:
+        """The fields of :class:`reports.contexts.Page` every page context starts from."""
+        return {"title": title, "root": root, "nav": nav, "generated_at": self.generated_at,
+                "db_label": self.db_label}
+
+    def trend_svg(self, highlight: str | None = None) -> Markup:
+        infos = self.infos
+        labels = [i.build for i in infos]
+
+        def pct(n: int, d: int) -> float | None:
+            return 100.0 * n / d if d else None
+
+        series = [
+            ("native pass %", [pct(i.native_pass, i.op_total) for i in infos]),
+            ("pass via fallback %", [pct(i.fallback_pass, i.op_total) for i in infos]),
+            ("failing %", [pct(i.failing, i.op_total) for i in infos]),
+            ("models passing %", [pct(sum(n for s, n in i.model_counts if s in PASSED), i.model_total)
+                                  for i in infos]),
+        ]
+        hl = labels.index(highlight) if highlight in labels else None
+        return charts.line_chart(series, labels, title="Trend across builds (share of results)",
+                                 y_label="%", y_min=0, y_max=100, highlight=hl, width=720)
+
+    def classes(self, which: str, torch_version: str) -> dict[str, list[str]]:
+        """Op classes by name, of catalog overloads (``"overload"``) or OpInfo ops (``"opinfo"``)."""
+        key = (which, torch_version)
+        if key not in self._classes:
+            fetch = q.overload_classes if which == "overload" else q.opinfo_classes
+            self._classes[key] = fetch(self.store, torch_version)
+        return self._classes[key]
+
+
+class BuildScope:
+    """One build of the site, as its pages see it; what several pages need is computed once."""
+
+    def __init__(self, site: Site, info: BuildInfo) -> None:
+        self.site, self.info = site, info
+        self.store = site.store
+        self.db_label = site.db_label
+        self.op_slug = Slugger()  # file names of the build's op pages, shared by every page linking them
+        self.op_pages: set[str] = set()  # ops whose page was written (the op page module fills it)
+        self._reached: Reached | None = None
+        self._model_rows: list[dict[str, Any]] | None = None
+        self._memo: dict[str, Any] = {}
+
+    def memo(self, key: str, make: Callable[[], Any]) -> Any:
+        """``make()``, computed once per build: what two pages derive alike (e.g. model families)."""
+        if key not in self._memo:
+            self._memo[key] = make()
+        return self._memo[key]
+
+    def nav(self, root: str, here: str) -> list[Link]:
+        b = f"{root}{self.info.slug}/"
+        nav = [Link(f"{root}index.html", "All builds")]
+        nav += [Link(b + f, t, current=f == here) for f, t in self.site.nav_items]
+        return nav
+
+    def base(self, title: str, root: str, here: str = "") -> dict[str, Any]:
+        return self.site.base(title, root, self.nav(root, here))
+
+    def previous(self) -> BuildInfo | None:
+        """The build before this one by start time."""
+        i = self.site.infos.index(self.info)
+        return self.site.infos[i - 1] if i > 0 else None
+
+    def reached(self) -> Reached:
+        """The overloads the build's op results reached (one scan per build)."""
+        if self._reached is None:
+            rid = self.info.op_run["id"] if self.info.op_run else ""
+            self._reached = Reached(q.reached_cells(self.store, rid) if rid else [])
+        return self._reached
+
+    def classes(self, which: str) -> dict[str, list[str]]:
+        return self.site.classes(which, self.info.torch_version)
+
+    def model_rows(self) -> list[dict[str, Any]]:
+        """The build's model results, by family (one query per build)."""
+        if self._model_rows is None:
+            run = self.info.model_run
+            self._model_rows = q.model_rows(self.store, run["id"]) if run else []
+        return self._model_rows
+
+
+class Reached:
+    """Coverage figures derived from :func:`opdb.queries_report.reached_cells` rows."""
+
+    def __init__(self, rows: list[tuple[str, str, str, str, int]]) -> None:
+        self.rows = rows
+
+    def _sets(self, rows: Iterable[tuple[str, str, str, str, int]]) -> tuple[set, set, set, set]:
+        ex, nat, fb, fail = set(), set(), set(), set()
+        for name, _, status, how, _ in rows:
+            ex.add(name)
+            (nat if how == "native" else fb).add(name)
+            if status in FAILING:
+                fail.add(name)
+        return ex, nat, fb, fail
+
+    def totals(self, total: int | None) -> CountRow:
+        ex, nat, fb, fail = self._sets(self.rows)
+        return CountRow("all overloads", len(ex), len(nat), len(fb), len(fail), total)
+
+    def by_dtype(self) -> list[CountRow]:
+        groups: dict[str, list] = {}
+        for r in self.rows:
+            groups.setdefault(r[1] or "-", []).append(r)
+        out = []
+        for dtype in sorted(groups):
+            ex, nat, fb, fail = self._sets(groups[dtype])
+            out.append(CountRow(dtype, len(ex), len(nat), len(fb), len(fail)))
+        return out
+
+    def by_class(self, classes: dict[str, list[str]]) -> list[CountRow]:
+        ex, nat, fb, fail = self._sets(self.rows)
+        counts: dict[str, list[int]] = {}
+        for name, cls_list in classes.items():
+            flags = (1, name in ex, name in nat, name in fb, name in fail)
+            for c in cls_list:
+                acc = counts.setdefault(c, [0, 0, 0, 0, 0])
+                for i, f in enumerate(flags):
+                    acc[i] += f
+        rows = [CountRow(c, v[1], v[2], v[3], v[4], v[0]) for c, v in counts.items()]
+        rows.sort(key=lambda r: (-(r.total or 0), r.label))
+        return rows
+
+    def cells(self) -> list[tuple[str, str, str, int]]:
+        """``(overload, dtype, status, samples)``; a sample reaching an overload both natively and
+        via fallback counts twice (once per way)."""
+        return [(name, dtype, status, n) for name, dtype, status, _, n in self.rows]
