@@ -229,27 +229,6 @@ def gate_items(store: Store, baseline_run: str, candidate_run: str) -> list[dict
            order by category, kind, op, item_key""", [baseline_run, candidate_run]))
 
 
-def status_changes(store: Store, baseline_run: str, candidate_run: str, table: str = "op_results"
-                   ) -> list[tuple[str, str | None, str | None, str | None, str | None, str | None]]:
-    """Items whose status differs between two runs (including new and removed ones):
-    ``(item_key, op, variant, dtype, baseline_status, candidate_status)``."""
-    assert table in ("op_results", "model_results")
-    if table == "op_results":
-        cols = "{t}.op, {t}.variant, {t}.dtype"
-    else:
-        cols = "{t}.model_id, {t}.mode, {t}.dtype"
-    return [tuple(r) for r in store.db.execute(
-        f"""select c.item_key, {cols.format(t='c')}, b.status, c.status
-              from [{table}] c left join [{table}] b on b.run_id = ? and b.item_key = c.item_key
-             where c.run_id = ? and (b.status is null or b.status != c.status)
-            union all
-            select b.item_key, {cols.format(t='b')}, b.status, null
-              from [{table}] b
-             where b.run_id = ? and not exists (
-                   select 1 from [{table}] c where c.run_id = ? and c.item_key = b.item_key)
-            order by 1""", [baseline_run, candidate_run, baseline_run, candidate_run])]
-
-
 def item_counts(store: Store, run_id: str, table: str) -> int:
     assert table in ("op_results", "model_results")
     return store.db.execute(f"select count(*) from [{table}] where run_id = ?", [run_id]).fetchone()[0]

@@ -230,7 +230,7 @@ class DiffSection:
     """Ops or models of the build diff."""
 
     kind: str  # "ops" | "models"
-    source: str  # "gate" | "status diff (gate not run)" | "" (nothing to compare)
+    source: str  # "gate" | "no gate decision" (the gate has not judged the pair) | "" (nothing to compare)
     baseline_run: str
     candidate_run: str
     counts: list[tuple[str, int]]  # (category, count)
@@ -240,6 +240,7 @@ class DiffSection:
     by_op: list[DiffOp] = field(default_factory=list)  # the ops with the most regressions first
     n_ops: int = 0  # ops in the roll-up (by_op holds the first DIFF_OPS)
     n_shown: int = 0
+    gate_command: str = ""  # the command that stores the gate's decisions for the pair (when none are)
 
 
 @dataclass

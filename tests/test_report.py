@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import sqlite3
 from pathlib import Path
 
@@ -22,6 +23,7 @@ import reports.pages.family as family_page
 import reports.pages.op as op_page
 from conformance.cli import main
 from opdb import Store
+from opdb import queries_report as q
 from opdb.status import FAILING, SEVERITY, severity, worst
 from reports import charts, render_site
 from reports.contexts import Page
@@ -379,20 +381,45 @@ def test_models_page(site_dir, report_db):
     assert "No model run for this build yet" in read(site_dir, "2.34.0/models.html")
 
 
-def test_diff_status_diff_when_gate_absent(site_dir):
+def test_diff_without_gate_decisions_says_so_and_how_to_get_them(site_dir, report_db):
+    # the gate never judged 2.31.0 -> 2.33.0: the page decides nothing itself
     html = read(site_dir, "2.33.0/diff.html")
-    assert 'data-source="status diff (gate not run)"' in html
-    spec = data_block(html, "diff-ops-data")
-    cats: dict[str, int] = {}
-    for r in spec["rows"]:
-        cats[r[0]] = cats.get(r[0], 0) + 1
-    assert cats == {"regression": 7, "improvement": 4, "new": 1}
+    assert html.count('data-source="no gate decision"') == 2 and 'data-source="gate"' not in html
+    assert f"<code>conformance gate --db {report_db} --baseline {RUN_A} --candidate {RUN_B}</code>" in html
+    assert f"--baseline {MODEL_A} --candidate {MODEL_B}</code>" in html
+    assert "diff-ops-data" not in html and 'data-category="regression"' not in html
+    assert 'href="../2.31.0/index.html"' in html
+
+
+@pytest.fixture(scope="module")
+def gated_db(report_db, tmp_path_factory) -> Path:
+    """The report DB after the real gate judged 2.31.0 -> 2.33.0 (no re-runs)."""
+    from conformance.gate import run_gate
+
+    db = tmp_path_factory.mktemp("gated") / "rep.sqlite"
+    shutil.copyfile(report_db, db)
+    with Store.open(db) as st:
+        for b, c in ((RUN_A, RUN_B), (MODEL_A, MODEL_B)):
+            assert run_gate(st, b, c, attempts=0).verdict == "fail"
+    return db
+
+
+def test_diff_shows_exactly_what_the_gate_stored(gated_db, tmp_path):
+    with Store.open(gated_db) as st:
+        render_site(st, tmp_path, builds=["2.33.0"])
+        stored = [g for g in q.gate_items(st, RUN_A, RUN_B) if g["kind"] == "op"]
+    html = (tmp_path / "2.33.0/diff.html").read_text()
+    assert html.count('data-source="gate"') == 2
+    rows = data_block(html, "diff-ops-data")["rows"]
+    assert sorted((r[0], r[7], r[5], r[6]) for r in rows) == \
+        sorted((g["category"], g["item_key"], g["baseline"], g["candidate"]) for g in stored)
+    cats = [r[0] for r in rows]
+    assert cats == sorted(cats, key=["regression", "improvement", "new"].index)  # worst first
+    assert {c: cats.count(c) for c in cats} == {"regression": 7, "improvement": 4, "new": 1}
     assert re.search(r'data-category="regression"><span class="cat cat-regression">regression</span> '
                      r'<span class="v">7</span>', html)
-    assert 'href="../2.31.0/index.html"' in html
     models = data_block(html, "diff-models-data")
-    mcats = [r[0] for r in models["rows"]]
-    assert sorted(mcats) == ["new", "new", "new", "regression"]
+    assert sorted(r[0] for r in models["rows"]) == ["new", "new", "new", "regression"]
 
 
 def test_diff_reads_gate_items_when_present(site_dir):
@@ -523,9 +550,9 @@ def test_parallel_render_writes_the_same_site(report_db, tmp_path):
         assert stamp.sub("", f.read_text()) == stamp.sub("", other.read_text()), f
 
 
-def test_diff_rolls_up_by_op_and_caps_items(report_db, tmp_path, monkeypatch):
+def test_diff_rolls_up_by_op_and_caps_items(gated_db, tmp_path, monkeypatch):
     monkeypatch.setattr(diff_page, "DIFF_ROWS", 2)
-    with Store.open(report_db) as st:
+    with Store.open(gated_db) as st:
         render_site(st, tmp_path, builds=["2.33.0"])
     html = (tmp_path / "2.33.0/diff.html").read_text()
     conv = re.search(r'<tr data-op="nn.functional.conv2d">(.*?)</tr>', html).group(1)

@@ -1,4 +1,9 @@
-"""``<build>/diff.html``: regressions and fixes against the previous build."""
+"""``<build>/diff.html``: regressions and fixes against the previous build, as the gate decided them.
+
+The page only reads the gate's stored decisions (``gate_items``): what counts as a regression,
+a flake or drift is the gate's call, made once. For a pair of runs the gate has not judged, the
+page says so and gives the command that judges it.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,6 @@ from collections.abc import Iterator
 from typing import Any
 
 from opdb import queries_report as q
-from opdb.status import severity
 
 from ..contexts import DiffOp, DiffPage, DiffSection, Link
 from ..html import dumps, parse_json, table_spec
@@ -19,6 +23,7 @@ PER_BUILD = True
 NAV = ("diff.html", "Diff")
 DIFF_ROWS = 10_000  # items of one diff section embedded in the page (worst categories first)
 DIFF_OPS = 200  # rows of the per-op roll-up of a diff section
+NO_GATE = "no gate decision"  # a section's source when the gate has not judged the pair of runs
 
 
 def pages(b: BuildScope) -> Iterator[tuple[str, DiffPage]]:
@@ -26,68 +31,55 @@ def pages(b: BuildScope) -> Iterator[tuple[str, DiffPage]]:
     base = b.previous()
     sections = []
     if base:
-        for kind, table, brun, crun in (("ops", "op_results", base.op_run, info.op_run),
-                                        ("models", "model_results", base.model_run, info.model_run)):
+        for kind, brun, crun in (("ops", base.op_run, info.op_run), ("models", base.model_run, info.model_run)):
             if not brun or not crun:
                 sections.append(DiffSection(kind, "", (brun or {}).get("id", ""), (crun or {}).get("id", ""),
                                             [], 0, table_spec([], "[]"),
                                             note=f"no {kind} run in one of the two builds"))
                 continue
-            sections.append(_section(b, kind, table, brun["id"], crun["id"]))
+            sections.append(_section(b, kind, brun["id"], crun["id"]))
     yield f"{info.slug}/diff.html", DiffPage(
         **b.base(f"Diff: {info.build}", "../", "diff.html"), info=info, baseline=base,
         baseline_link=Link(f"../{base.slug}/index.html", base.build) if base and base.rendered else None,
         sections=sections)
 
 
-def _section(b: BuildScope, kind: str, table: str, brun: str, crun: str) -> DiffSection:
+COLUMNS = [{"key": "category", "label": "category", "kind": "text"},
+           {"key": "kind", "label": "kind", "kind": "text"},
+           {"key": "op", "label": "op / model", "kind": "link"},
+           {"key": "variant", "label": "variant / mode", "kind": "text"},
+           {"key": "dtype", "label": "dtype", "kind": "text"},
+           {"key": "baseline", "label": "baseline", "kind": "status"},
+           {"key": "candidate", "label": "candidate", "kind": "status"},
+           {"key": "item_key", "label": "item", "kind": "text"},
+           {"key": "evidence", "label": "evidence", "kind": "pre"}]
+FILTERS = [{"col": 0, "label": "category", "mode": "eq"}, {"col": 4, "label": "dtype", "mode": "eq"}]
+CATEGORIES = ["regression", "improvement", "flaky", "drift", "changed", "new", "removed"]  # display order
+
+
+def _section(b: BuildScope, kind: str, brun: str, crun: str) -> DiffSection:
+    """The gate's stored decisions for the pair of runs; the page never decides a regression itself."""
+    decided = q.gate_items(b.store, brun, crun)
+    if not decided:
+        return DiffSection(kind, NO_GATE, brun, crun, [], 0, table_spec([], "[]"),
+                           gate_command=f"conformance gate --db {b.db_label} --baseline {brun} --candidate {crun}")
     # The gate judged this pair when it stored any decision for it; a mixed run's pair holds op,
     # drift and model decisions together, so each section keeps its own kinds.
-    decided = q.gate_items(b.store, brun, crun)
     kinds = ("model",) if kind == "models" else ("op", "drift")
-    gate = [g for g in decided if (g["kind"] or "op") in kinds]
-    columns = [{"key": "category", "label": "category", "kind": "text"},
-               {"key": "kind", "label": "kind", "kind": "text"},
-               {"key": "op", "label": "op / model", "kind": "link"},
-               {"key": "variant", "label": "variant / mode", "kind": "text"},
-               {"key": "dtype", "label": "dtype", "kind": "text"},
-               {"key": "baseline", "label": "baseline", "kind": "status"},
-               {"key": "candidate", "label": "candidate", "kind": "status"},
-               {"key": "item_key", "label": "item", "kind": "text"},
-               {"key": "evidence", "label": "evidence", "kind": "pre"}]
-    filters = [{"col": 0, "label": "category", "mode": "eq"}, {"col": 4, "label": "dtype", "mode": "eq"}]
 
     def op_link(op: str | None) -> list[Any]:
         if kind == "ops" and op and op in b.op_pages:
             return [f"ops/{b.op_slug(op)}.html", op]
         return [None, op or ""]
 
-    if decided:
-        rows = [[g["category"], g["kind"], op_link(g["op"]), g["variant"], g["dtype"], g["baseline"],
-                 g["candidate"], g["item_key"], _evidence(g["evidence"])] for g in gate]
-        source = "gate"
-    else:
-        rows = []
-        for key, op, variant, dtype, bs, cs in q.status_changes(b.store, brun, crun, table):
-            if bs is None:
-                cat = "new"
-            elif cs is None:
-                cat = "removed"
-            elif severity(cs) > severity(bs):
-                cat = "regression"
-            elif severity(cs) < severity(bs):
-                cat = "improvement"
-            else:
-                cat = "changed"
-            rows.append([cat, kind[:-1], op_link(op), variant, dtype, bs, cs, key,
-                         f"severity {severity(bs)} → {severity(cs)}" if bs and cs else ""])
-        order = {"regression": 0, "improvement": 1, "changed": 2, "new": 3, "removed": 4}
-        rows.sort(key=lambda r: (order.get(r[0], 9), r[2][1] or "", r[7]))
-        source = "status diff (gate not run)"
+    rows = [[g["category"], g["kind"], op_link(g["op"]), g["variant"], g["dtype"], g["baseline"],
+             g["candidate"], g["item_key"], _evidence(g["evidence"])]
+            for g in decided if (g["kind"] or "op") in kinds]
+    rank = {c: i for i, c in enumerate(CATEGORIES)}
+    rows.sort(key=lambda r: rank.get(r[0], len(rank)))  # worst first; the gate's order within a category
     counts = Counter(r[0] for r in rows)
-    cats = ["regression", "improvement", "flaky", "drift", "changed", "new", "removed"]
-    counts_list = [(c, counts[c]) for c in cats if counts.get(c)] + \
-                  sorted((c, n) for c, n in counts.items() if c not in cats)
+    counts_list = [(c, counts[c]) for c in CATEGORIES if counts.get(c)] + \
+                  sorted((c, n) for c, n in counts.items() if c not in CATEGORIES)
     per_op: dict[str, Counter] = {}
     links: dict[str, Any] = {}
     for r in rows:
@@ -99,8 +91,8 @@ def _section(b: BuildScope, kind: str, table: str, brun: str, crun: str) -> Diff
              for name, c in per_op.items()]
     by_op.sort(key=lambda d: (-d.regressions, -d.improvements, d.op))
     shown = rows[:DIFF_ROWS]
-    return DiffSection(kind, source, brun, crun, counts_list, len(rows),
-                       table_spec(columns, dumps(shown), filters=filters, id=f"diff-{kind}-items"),
+    return DiffSection(kind, "gate", brun, crun, counts_list, len(rows),
+                       table_spec(COLUMNS, dumps(shown), filters=FILTERS, id=f"diff-{kind}-items"),
                        by_op=by_op[:DIFF_OPS], n_ops=len(by_op), n_shown=len(shown))
 
 
