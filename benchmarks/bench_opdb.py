@@ -14,7 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from opdb import Store
+from opdb import Store, merge_into
 
 
 def _rows(run: str, start: int, n: int) -> list[dict]:
@@ -48,7 +48,7 @@ def bench_merge(tmp: Path, rows: int) -> float:
         paths.append(p)
     with Store.open(tmp / f"merged-{tag}.sqlite") as out:
         t = time.perf_counter()
-        out.merge(paths)
+        merge_into(out, paths)
         return time.perf_counter() - t
 
 

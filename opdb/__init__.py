@@ -7,8 +7,8 @@ Example::
     []
 """
 
-from .merge import merge_files
+from .merge import merge_files, merge_into
 from .schema import SCHEMA_VERSION
 from .store import OpdbError, Store, Writer, new_run_id
 
-__all__ = ["SCHEMA_VERSION", "OpdbError", "Store", "Writer", "merge_files", "new_run_id"]
+__all__ = ["SCHEMA_VERSION", "OpdbError", "Store", "Writer", "merge_files", "merge_into", "new_run_id"]

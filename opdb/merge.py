@@ -144,7 +144,7 @@ def merge_files(out: str | os.PathLike[str], sources: Sequence[str | os.PathLike
     existed = target.exists()
     try:
         with Store.open(target) as st:
-            return st.merge(sources)
+            return merge_into(st, sources)
     except BaseException:
         if not existed:
             for suffix in ("", "-wal", "-shm", "-journal"):

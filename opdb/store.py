@@ -355,13 +355,6 @@ class Store:
         return self.db.execute(f"select count(*) from [{table}] where {clause}",
                                list(where.values())).fetchone()[0]
 
-    # -- merge (opdb/merge.py) -------------------------------------------------------------
-    def merge(self, sources: Sequence[str | os.PathLike[str]]) -> dict[str, int]:
-        """Merge shard databases of the same run(s) into this one; see :func:`opdb.merge.merge_into`."""
-        from .merge import merge_into  # merge builds on Store; imported when used
-
-        return merge_into(self, sources)
-
 
 class Writer:
     """Buffers result rows and writes them in batches; use as a context manager."""

@@ -7,7 +7,7 @@ import sqlite3
 
 import pytest
 
-from opdb import SCHEMA_VERSION, OpdbError, Store
+from opdb import SCHEMA_VERSION, OpdbError, Store, merge_into
 
 
 def _row(run: str, i: int, status: str = "pass") -> dict:
@@ -114,8 +114,8 @@ def test_merge_shards_without_duplicates(tmp_path):
     _shard(a, "r1", "1/2", range(0, 60))
     _shard(b, "r1", "2/2", range(50, 100))  # overlapping rows must not double
     with Store.open(out) as st:
-        st.merge([a, b])
-        st.merge([a, b])  # merging twice changes nothing
+        merge_into(st, [a, b])
+        merge_into(st, [a, b])  # merging twice changes nothing
         assert st.count("op_results") == 100
         assert st.count("ops") == 1
         assert st.get_run("r1")["status"] == "finished"
@@ -125,7 +125,7 @@ def test_partial_shards_leave_run_unfinished(tmp_path):
     a, out = tmp_path / "a.sqlite", tmp_path / "out.sqlite"
     _shard(a, "r1", "1/2", range(10))
     with Store.open(out) as st:
-        st.merge([a])
+        merge_into(st, [a])
         assert st.get_run("r1")["status"] == "partial"
 
 
@@ -134,7 +134,7 @@ def test_merge_refuses_different_runs(tmp_path):
     _shard(a, "r1", "1/2", range(5))
     _shard(b, "r2", "2/2", range(5))
     with Store.open(out) as st, pytest.raises(OpdbError, match="different runs"):
-        st.merge([a, b])
+        merge_into(st, [a, b])
     with Store.open(out) as st:
         assert st.count("op_results") == 0
 
@@ -144,7 +144,7 @@ def test_merge_refuses_different_torch_versions(tmp_path):
     _shard(a, "r1", "1/2", range(5), torch_version="2.13")
     _shard(b, "r1", "2/2", range(5), torch_version="2.12")
     with Store.open(out) as st, pytest.raises(OpdbError, match="torch_version"):
-        st.merge([a, b])
+        merge_into(st, [a, b])
 
 
 def test_old_schema_is_migrated_in_place(tmp_path):
