@@ -137,3 +137,36 @@ def test_cumsum_int64_with_dtype_inplace_and_out(emu_build):
     f = torch.empty(5, dtype=torch.float64, device=D)
     torch.cumsum(a.to(D), 0, dtype=torch.float64, out=f)
     assert f.dtype == torch.float64 and torch.equal(f.cpu(), want.double())
+
+
+# 8 ------------------------------------------------------------------ SDPA picks the CPU's backend
+def test_sdpa_backend_choice_matches_the_cpu(emu_build):
+    """A PrivateUse1 device without a `_fused_sdp_choice_stub` kernel always got the math path, so
+    bf16 attention differed from the CPU's flash kernel on `ideal`.  A build with the CPU's fused
+    kernel natively picks what the CPU picks (and honours sdpa_kernel); the others keep math."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    import neuron_emu
+
+    F = torch.nn.functional
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 17, 8, dtype=torch.bfloat16, generator=g) for _ in range(3))
+    fused = neuron_emu.active_build().is_native("aten::_scaled_dot_product_flash_attention_for_cpu.default")
+    assert fused == (emu_build == "ideal")
+    with neuron_emu.op_tracking() as ops:
+        qd, kd, vd = (t.to(D).requires_grad_() for t in (q, k, v))
+        got = F.scaled_dot_product_attention(qd, kd, vd, is_causal=True)
+        got.float().sum().backward()
+    assert ("aten::_scaled_dot_product_flash_attention_for_cpu.default" in ops) == fused
+    qc, kc, vc = (t.clone().requires_grad_() for t in (q, k, v))
+    want = F.scaled_dot_product_attention(qc, kc, vc, is_causal=True)
+    want.float().sum().backward()
+    if fused:  # the very kernel the CPU ran: bit-identical, forward and backward
+        assert torch.equal(got.detach().cpu(), want.detach())
+        assert all(torch.equal(a.grad.cpu(), b.grad) for a, b in zip((qd, kd, vd), (qc, kc, vc), strict=True))
+    with sdpa_kernel(SDPBackend.MATH):  # the CPU's choice honours the toggles, so the device's does
+        m_dev = F.scaled_dot_product_attention(q.to(D), k.to(D), v.to(D)).cpu()
+        m_cpu = F.scaled_dot_product_attention(q, k, v)
+    if fused:
+        assert torch.equal(m_dev, m_cpu)
+    assert not torch.equal(m_cpu, F.scaled_dot_product_attention(q, k, v)), "inputs must tell math from flash"

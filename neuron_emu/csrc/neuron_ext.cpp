@@ -11,9 +11,12 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
+#include <ATen/SDPBackend.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <ATen/native/DispatchStub.h>
+#include <ATen/native/transformers/attention.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/impl/alloc_cpu.h>
@@ -673,6 +676,30 @@ static at::Tensor efficient_zerotensor(c10::IntArrayRef size, std::optional<c10:
                                    std::nullopt);
 }
 
+// ------------------------------------------------------------------ SDPA backend choice
+// scaled_dot_product_attention asks `_fused_sdp_choice_stub` for the device's backend; a
+// PrivateUse1 device that registers none gets the math decomposition.  A build that has the CPU's
+// fused (flash) kernel natively picks exactly what the CPU would pick for these inputs (same
+// checks, same torch.backends toggles), so the device runs the kernel the CPU runs; any other
+// build keeps the math path (where its matmul numerics apply).
+static std::atomic<bool> g_sdp_cpu_choice{false};
+
+static int64_t neuron_fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                       const std::optional<at::Tensor>& attn_mask, double dropout_p,
+                                       bool is_causal, std::optional<double> scale, bool enable_gqa) {
+  if (!g_sdp_cpu_choice.load(std::memory_order_relaxed)) return static_cast<int64_t>(at::SDPBackend::math);
+  std::optional<at::Tensor> mask;
+  if (attn_mask.has_value()) mask = view_as_cpu(*attn_mask);
+  // The CPU's own choice, through the dispatcher (aten::_fused_sdp_choice -> the CPU stub).
+  return at::_fused_sdp_choice(view_as_cpu(q), view_as_cpu(k), view_as_cpu(v), mask, dropout_p, is_causal,
+                               scale, enable_gqa);
+}
+}  // namespace neuron_emu
+namespace at::native {
+REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &::neuron_emu::neuron_fused_sdp_choice)
+}  // namespace at::native
+namespace neuron_emu {
+
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
 }
@@ -767,6 +794,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     for (auto& kv : g_counts) kv.second.warned = false;
   });
   m.def("set_strict", [](bool s) { g_strict = s; });
+  m.def("set_sdp_cpu_choice", [](bool on) { g_sdp_cpu_choice = on; });
   m.def("get_strict", []() { return g_strict.load(); });
   m.def("set_tracking", [](bool s) { g_track = s; });
   m.def("set_raw", [](int r) {
