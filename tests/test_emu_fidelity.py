@@ -57,13 +57,40 @@ def test_int64_tensor_with_python_scalar(emu_build, fn):
 
 
 # 3 ------------------------------------------------------------------ sparse through the fallback
-def test_sparse_result_is_a_clean_not_implemented(emu_build):
-    x = torch.randn(3, 3, device=D)
-    with pytest.raises(NotImplementedError, match="strided"):
-        x.to_sparse()
-    s = torch.randn(3, 3).to_sparse()
-    with pytest.raises(NotImplementedError, match="Sparseneuron"):  # the dispatcher's own refusal
-        torch.sparse.mm(s, torch.randn(3, 2, device=D))
+def test_sparse_layouts_follow_the_build(emu_build):
+    """Sparse tensors used to fail inside the CPU fallback ("Cannot access storage of
+    SparseTensorImpl").  A build with sparse layouts (`ideal`) runs the CPU's sparse kernels over
+    the device's memory; the others refuse with a clean NotImplementedError naming the layout."""
+    import neuron_emu
+
+    x = torch.tensor([[0.0, 1.0, 0.0], [2.0, 0.0, 3.0]])
+    if neuron_emu.active_build().dtypes.sparse != "native":
+        with pytest.raises(NotImplementedError, match="strided"):
+            x.to(D).to_sparse()
+        with pytest.raises(NotImplementedError, match="strided"):
+            torch.sparse.mm(x.to_sparse(), torch.randn(3, 2, device=D))
+        return
+    s = x.to(D).to_sparse()
+    assert s.layout == torch.sparse_coo and s.device.type == D and s._indices().device.type == D
+    assert s._nnz() == 3 and s.is_coalesced()
+    assert torch.equal(s.to_dense().cpu(), x) and torch.equal((s + s).to_dense().cpu(), 2 * x)
+    assert torch.equal(torch.sparse.mm(s, torch.ones(3, 2, device=D)).cpu(), x @ torch.ones(3, 2))
+    host = s.cpu()  # a copy to the host owns its memory
+    assert host.layout == torch.sparse_coo and host.device.type == "cpu"
+    host._values().zero_()
+    assert torch.equal(s.to_dense().cpu(), x)
+    s.mul_(2)  # in place: the device tensor's members follow the kernel's
+    assert torch.equal(s.to_dense().cpu(), 2 * x)
+    back = x.to_sparse().to(D)
+    assert back.device.type == D and torch.equal(back.to_dense().cpu(), x)
+    torch.testing.assert_close(back, x.to_sparse(), check_device=False)
+    csr = x.to(D).to_sparse_csr()
+    assert csr.layout == torch.sparse_csr and csr.crow_indices().device.type == D
+    assert torch.equal(csr.to_dense().cpu(), x)
+    m = torch.randn(3, 3)
+    got = torch.sparse.sampled_addmm(torch.eye(2, 3).to(D).to_sparse_csr(), x.to(D), m.to(D))
+    want = torch.sparse.sampled_addmm(torch.eye(2, 3).to_sparse_csr(), x, m)
+    assert got.device.type == D and torch.equal(got.to_dense().cpu(), want.to_dense())
 
 
 # 4 ------------------------------------------------------------------ efficient zero tensors
