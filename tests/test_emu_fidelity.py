@@ -197,3 +197,12 @@ def test_sdpa_backend_choice_matches_the_cpu(emu_build):
     if fused:
         assert torch.equal(m_dev, m_cpu)
     assert not torch.equal(m_cpu, F.scaled_dot_product_attention(q, k, v)), "inputs must tell math from flash"
+    # The CPU's checks read requires_grad: a mask that requires grad rules the fused kernel out.
+    mask = torch.zeros(17, 17, dtype=torch.bfloat16)
+    for mask_grad in (False, True):
+        with neuron_emu.op_tracking() as ops:
+            md = mask.to(D).requires_grad_(mask_grad)
+            F.scaled_dot_product_attention(q.to(D), k.to(D), v.to(D), attn_mask=md)
+        cpu_pick = torch._fused_sdp_choice(q, k, v, mask.clone().requires_grad_(mask_grad))
+        assert cpu_pick == (0 if mask_grad else 1)  # SDPBackend: math, flash_attention
+        assert ("aten::_scaled_dot_product_flash_attention_for_cpu.default" in ops) == (fused and cpu_pick == 1)

@@ -824,11 +824,18 @@ static int64_t neuron_fused_sdp_choice(const at::Tensor& q, const at::Tensor& k,
                                        const std::optional<at::Tensor>& attn_mask, double dropout_p,
                                        bool is_causal, std::optional<double> scale, bool enable_gqa) {
   if (!g_sdp_cpu_choice.load(std::memory_order_relaxed)) return static_cast<int64_t>(at::SDPBackend::math);
+  // The CPU's checks read requires_grad (a fused kernel cannot train with some inputs): keep it.
+  auto cpu_like = [](const at::Tensor& t) {
+    at::Tensor c = view_as_cpu(t);
+    if (t.requires_grad()) c.set_requires_grad(true);
+    return c;
+  };
   std::optional<at::Tensor> mask;
-  if (attn_mask.has_value()) mask = view_as_cpu(*attn_mask);
+  if (attn_mask.has_value() && attn_mask->defined()) mask = cpu_like(*attn_mask);
   // The CPU's own choice, through the dispatcher (aten::_fused_sdp_choice -> the CPU stub).
-  return at::_fused_sdp_choice(view_as_cpu(q), view_as_cpu(k), view_as_cpu(v), mask, dropout_p, is_causal,
-                               scale, enable_gqa);
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return at::_fused_sdp_choice(cpu_like(q), cpu_like(k), cpu_like(v), mask, dropout_p, is_causal, scale,
+                               enable_gqa);
 }
 }  // namespace neuron_emu
 namespace at::native {
