@@ -25,6 +25,11 @@ Prints one line per test kind: passed/failed/skipped, then the failures grouped 
 line.  ``--cpu-too`` runs the same tests on the CPU device as well (kinds and causes marked
 ``[CPU]``): a test that fails there too is no finding about the device.  ``--shard K/N`` takes
 the OpInfos whose op_db index is K mod N.  Exit code: 0 when nothing failed, 1 otherwise, 2 on bad arguments.
+
+On the CPU device ``test_compare_cpu`` compares the CPU with itself, so ``--cpu-too`` cannot clear a
+compare failure; ``benchmarks/testcommon_not_device.py`` re-checks, with a control each, the
+failures on ``ideal`` that are not device bugs (CPU kernels that disagree with themselves, test
+artefacts that upstream's own TestCommon skips or xfails, PyTorch policies chosen by device type).
 """
 
 from __future__ import annotations

@@ -166,6 +166,13 @@ def _direct_kernel_ops() -> list[str]:
     return out + [n for n in _STUB_CALLERS if n not in out]
 
 
+def _sparse_kernel_ops(key: str) -> list[str]:
+    """ATen overloads with a CPU kernel for the sparse dispatch key `key` (SparseCPU, SparseCsrCPU)."""
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    return [n[len("aten::"):] for n in torch._C._dispatch_get_all_op_names()
+            if n.startswith("aten::") and has(n, key)]
+
+
 def register() -> None:
     """Makes ``torch.device("neuron")`` usable.  Idempotent."""
     global _registered
@@ -174,6 +181,7 @@ def register() -> None:
     ext = _ext()
     ext.init_hooks()
     ext.register_kernels(_direct_kernel_ops())
+    ext.register_sparse_kernels(_sparse_kernel_ops("SparseCPU"), _sparse_kernel_ops("SparseCsrCPU"))
     ext.fix_autograd_device_threads()  # a CPU backward may have run before this import
     if torch._C._get_privateuse1_backend_name() != "neuron":
         torch.utils.rename_privateuse1_backend("neuron")

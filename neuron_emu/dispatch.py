@@ -134,6 +134,9 @@ def activate(build: Build) -> None:
     S.plans = {}
     S.defect_state = _defects.DefectState(build.name, build.defects)
     _ext().set_build(build.name, bool(build.numerics.flush_denormals))
+    # SDPA takes the CPU's fused kernel only where the build has that kernel natively (else math).
+    _ext().set_sparse(build.dtypes.sparse == "native")
+    _ext().set_sdp_cpu_choice(build.is_native("aten::_scaled_dot_product_flash_attention_for_cpu.default"))
 
 
 def plan_for(name: str) -> OpPlan:

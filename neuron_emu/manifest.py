@@ -31,6 +31,7 @@ DTYPE_RULES: dict[str, tuple[str, ...]] = {
     "int64": ("native", "narrow", "fallback", "error"),
     "complex": ("native", "fallback", "error"),
     "channels_last": ("native", "fallback", "error"),
+    "sparse": ("native", "error"),  # sparse layouts (COO, CSR/CSC/BSR/BSC) on the device
 }
 _RULE_ALIASES = {"narrow": "downcast", "downcast": "downcast"}
 DEFECT_KINDS = ("wrong_result", "nan", "wrong_dtype", "error", "crash", "hang", "fallback")
@@ -53,6 +54,7 @@ class DtypeRules:
     int64: str = "downcast"       # "narrow" is stored as "downcast"
     complex: str = "fallback"
     channels_last: str = "error"
+    sparse: str = "error"
 
 
 @dataclass(frozen=True)

@@ -57,13 +57,40 @@ def test_int64_tensor_with_python_scalar(emu_build, fn):
 
 
 # 3 ------------------------------------------------------------------ sparse through the fallback
-def test_sparse_result_is_a_clean_not_implemented(emu_build):
-    x = torch.randn(3, 3, device=D)
-    with pytest.raises(NotImplementedError, match="strided"):
-        x.to_sparse()
-    s = torch.randn(3, 3).to_sparse()
-    with pytest.raises(NotImplementedError, match="Sparseneuron"):  # the dispatcher's own refusal
-        torch.sparse.mm(s, torch.randn(3, 2, device=D))
+def test_sparse_layouts_follow_the_build(emu_build):
+    """Sparse tensors used to fail inside the CPU fallback ("Cannot access storage of
+    SparseTensorImpl").  A build with sparse layouts (`ideal`) runs the CPU's sparse kernels over
+    the device's memory; the others refuse with a clean NotImplementedError naming the layout."""
+    import neuron_emu
+
+    x = torch.tensor([[0.0, 1.0, 0.0], [2.0, 0.0, 3.0]])
+    if neuron_emu.active_build().dtypes.sparse != "native":
+        with pytest.raises(NotImplementedError, match="strided"):
+            x.to(D).to_sparse()
+        with pytest.raises(NotImplementedError, match="strided"):
+            torch.sparse.mm(x.to_sparse(), torch.randn(3, 2, device=D))
+        return
+    s = x.to(D).to_sparse()
+    assert s.layout == torch.sparse_coo and s.device.type == D and s._indices().device.type == D
+    assert s._nnz() == 3 and s.is_coalesced()
+    assert torch.equal(s.to_dense().cpu(), x) and torch.equal((s + s).to_dense().cpu(), 2 * x)
+    assert torch.equal(torch.sparse.mm(s, torch.ones(3, 2, device=D)).cpu(), x @ torch.ones(3, 2))
+    host = s.cpu()  # a copy to the host owns its memory
+    assert host.layout == torch.sparse_coo and host.device.type == "cpu"
+    host._values().zero_()
+    assert torch.equal(s.to_dense().cpu(), x)
+    s.mul_(2)  # in place: the device tensor's members follow the kernel's
+    assert torch.equal(s.to_dense().cpu(), 2 * x)
+    back = x.to_sparse().to(D)
+    assert back.device.type == D and torch.equal(back.to_dense().cpu(), x)
+    torch.testing.assert_close(back, x.to_sparse(), check_device=False)
+    csr = x.to(D).to_sparse_csr()
+    assert csr.layout == torch.sparse_csr and csr.crow_indices().device.type == D
+    assert torch.equal(csr.to_dense().cpu(), x)
+    m = torch.randn(3, 3)
+    got = torch.sparse.sampled_addmm(torch.eye(2, 3).to(D).to_sparse_csr(), x.to(D), m.to(D))
+    want = torch.sparse.sampled_addmm(torch.eye(2, 3).to_sparse_csr(), x, m)
+    assert got.device.type == D and torch.equal(got.to_dense().cpu(), want.to_dense())
 
 
 # 4 ------------------------------------------------------------------ efficient zero tensors
@@ -137,3 +164,45 @@ def test_cumsum_int64_with_dtype_inplace_and_out(emu_build):
     f = torch.empty(5, dtype=torch.float64, device=D)
     torch.cumsum(a.to(D), 0, dtype=torch.float64, out=f)
     assert f.dtype == torch.float64 and torch.equal(f.cpu(), want.double())
+
+
+# 8 ------------------------------------------------------------------ SDPA picks the CPU's backend
+def test_sdpa_backend_choice_matches_the_cpu(emu_build):
+    """A PrivateUse1 device without a `_fused_sdp_choice_stub` kernel always got the math path, so
+    bf16 attention differed from the CPU's flash kernel on `ideal`.  A build with the CPU's fused
+    kernel natively picks what the CPU picks (and honours sdpa_kernel); the others keep math."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    import neuron_emu
+
+    F = torch.nn.functional
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 17, 8, dtype=torch.bfloat16, generator=g) for _ in range(3))
+    fused = neuron_emu.active_build().is_native("aten::_scaled_dot_product_flash_attention_for_cpu.default")
+    assert fused == (emu_build == "ideal")
+    with neuron_emu.op_tracking() as ops:
+        qd, kd, vd = (t.to(D).requires_grad_() for t in (q, k, v))
+        got = F.scaled_dot_product_attention(qd, kd, vd, is_causal=True)
+        got.float().sum().backward()
+    assert ("aten::_scaled_dot_product_flash_attention_for_cpu.default" in ops) == fused
+    qc, kc, vc = (t.clone().requires_grad_() for t in (q, k, v))
+    want = F.scaled_dot_product_attention(qc, kc, vc, is_causal=True)
+    want.float().sum().backward()
+    if fused:  # the very kernel the CPU ran: bit-identical, forward and backward
+        assert torch.equal(got.detach().cpu(), want.detach())
+        assert all(torch.equal(a.grad.cpu(), b.grad) for a, b in zip((qd, kd, vd), (qc, kc, vc), strict=True))
+    with sdpa_kernel(SDPBackend.MATH):  # the CPU's choice honours the toggles, so the device's does
+        m_dev = F.scaled_dot_product_attention(q.to(D), k.to(D), v.to(D)).cpu()
+        m_cpu = F.scaled_dot_product_attention(q, k, v)
+    if fused:
+        assert torch.equal(m_dev, m_cpu)
+    assert not torch.equal(m_cpu, F.scaled_dot_product_attention(q, k, v)), "inputs must tell math from flash"
+    # The CPU's checks read requires_grad: a mask that requires grad rules the fused kernel out.
+    mask = torch.zeros(17, 17, dtype=torch.bfloat16)
+    for mask_grad in (False, True):
+        with neuron_emu.op_tracking() as ops:
+            md = mask.to(D).requires_grad_(mask_grad)
+            F.scaled_dot_product_attention(q.to(D), k.to(D), v.to(D), attn_mask=md)
+        cpu_pick = torch._fused_sdp_choice(q, k, v, mask.clone().requires_grad_(mask_grad))
+        assert cpu_pick == (0 if mask_grad else 1)  # SDPBackend: math, flash_attention
+        assert ("aten::_scaled_dot_product_flash_attention_for_cpu.default" in ops) == (fused and cpu_pick == 1)

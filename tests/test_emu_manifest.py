@@ -60,6 +60,7 @@ def test_inherit_cycle(tmp_path):
     ('[build]\nname = "x"\n[ops]\nnative = ["aten::no_such_op.*"]\n', "ops.native[0]", "aten::no_such_op.*"),
     ('[build]\nname = "x"\n[dtypes]\nfloat64 = "maybe"\n', "dtypes.float64", "maybe"),
     ('[build]\nname = "x"\n[dtypes]\nfloat16 = "native"\n', "dtypes.float16", "native"),
+    ('[build]\nname = "x"\n[dtypes]\nsparse = "fallback"\n', "dtypes.sparse", "fallback"),
     ('[build]\nname = "x"\n[numerics]\ntranscendental_bits = "14"\n', "numerics.transcendental_bits", "14"),
     ('[build]\nname = "x"\n[numerics]\nmatmul_inputs = "fp8"\n', "numerics.matmul_inputs", "fp8"),
     ('[build]\nname = "x"\n[numerics]\nflush_denormals = 1\n', "numerics.flush_denormals", "1"),

@@ -11,9 +11,14 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
+#include <ATen/SDPBackend.h>
+#include <ATen/SparseCsrTensorImpl.h>
+#include <ATen/SparseTensorImpl.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <ATen/native/DispatchStub.h>
+#include <ATen/native/transformers/attention.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/impl/alloc_cpu.h>
@@ -167,6 +172,7 @@ static std::unordered_map<std::string, Counts> g_counts;
 static std::atomic<bool> g_strict{false};
 static std::atomic<bool> g_ftz{false};
 static std::atomic<bool> g_track{true};
+static std::atomic<bool> g_sparse{false};  // the build has sparse layouts (COO, CSR/CSC/BSR/BSC)
 static std::string g_build_name = "?";
 static thread_local int g_raw = 0;  // 0: routed, 1: raw native (no tracking), 2: raw CPU (no FTZ)
 static PyObject* g_classifier = nullptr;
@@ -273,9 +279,27 @@ struct Wrapped {
   size_t link;
 };
 
+struct SparseWrapped {
+  at::Tensor orig;  // the neuron sparse tensor
+  at::Tensor cpu;   // a CPU sparse tensor over (zero-copy CPU views of) its member tensors
+};
+
+static bool is_sparse_layout(c10::Layout l) {
+  return l == c10::kSparse || l == c10::kSparseCsr || l == c10::kSparseCsc || l == c10::kSparseBsr ||
+         l == c10::kSparseBsc;
+}
+
+static at::SparseTensorImpl* coo_impl(const at::Tensor& t) {
+  return static_cast<at::SparseTensorImpl*>(t.unsafeGetTensorImpl());
+}
+static at::SparseCsrTensorImpl* compressed_impl(const at::Tensor& t) {
+  return static_cast<at::SparseCsrTensorImpl*>(t.unsafeGetTensorImpl());
+}
+
 struct CallCtx {
   c10::SmallVector<StorageLink, 4> links;
   c10::SmallVector<Wrapped, 6> wrapped;
+  c10::SmallVector<SparseWrapped, 2> sparse_wrapped;
   c10::SmallVector<c10::TensorImpl*, 2> cpu_inputs;
   bool explicit_cpu_device = false;
 
@@ -301,6 +325,7 @@ struct CallCtx {
       cpu_inputs.push_back(t.unsafeGetTensorImpl());
       return t;
     }
+    if (t.layout() != c10::kStrided) return sparse_to_cpu(t);
     for (auto& w : wrapped)
       if (w.orig.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) return w.cpu;
     size_t li = link_for(t.storage().unsafeGetStorageImpl());
@@ -311,6 +336,95 @@ struct CallCtx {
     if (t.is_neg()) cpu._set_neg(true);
     wrapped.push_back(Wrapped{t, cpu, li});
     return cpu;
+  }
+
+  // A neuron sparse tensor as a CPU sparse tensor of the same layout whose member tensors
+  // (indices, values, compressed/plain indices) are zero-copy CPU views of the neuron ones.
+  at::Tensor sparse_to_cpu(const at::Tensor& t) {
+    for (auto& w : sparse_wrapped)
+      if (w.orig.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) return w.cpu;
+    TORCH_CHECK_NOT_IMPLEMENTED(g_sparse.load() && is_sparse_layout(t.layout()), "Could not run '",
+                                op_name ? *op_name : std::string("?"), "' on the neuron device with a ", t.layout(),
+                                " tensor: the neuron device of this build supports only strided tensors");
+    at::Tensor cpu;
+    if (t.layout() == c10::kSparse) {
+      auto* ni = coo_impl(t);
+      at::Tensor idx = to_cpu(ni->indices()), val = to_cpu(ni->values());
+      cpu = at::detail::make_tensor<at::SparseTensorImpl>(c10::DispatchKeySet(c10::DispatchKey::SparseCPU), t.dtype());
+      auto* ci = coo_impl(cpu);
+      ci->raw_resize_(ni->sparse_dim(), ni->dense_dim(), t.sizes());
+      ci->set_indices_and_values_unsafe(idx, val);
+      ci->set_coalesced(ni->coalesced());
+    } else {
+      auto* ni = compressed_impl(t);
+      at::Tensor ci_ = to_cpu(ni->compressed_indices()), pi = to_cpu(ni->plain_indices()), val = to_cpu(ni->values());
+      cpu = at::detail::make_tensor<at::SparseCsrTensorImpl>(c10::DispatchKeySet(c10::DispatchKey::SparseCsrCPU),
+                                                             c10::Device(c10::kCPU), t.layout(), t.dtype());
+      compressed_impl(cpu)->set_member_tensors(ci_, pi, val, t.sizes());
+    }
+    sparse_wrapped.push_back(SparseWrapped{t, cpu});
+    return cpu;
+  }
+
+  // A CPU sparse result as a neuron sparse tensor over the neuron forms of its member tensors.
+  at::Tensor sparse_to_neuron(const at::Tensor& r) {
+    if (r.layout() == c10::kSparse) {
+      auto* ri = coo_impl(r);
+      at::Tensor idx = to_neuron(ri->indices()), val = to_neuron(ri->values());
+      auto out = at::detail::make_tensor<at::SparseTensorImpl>(
+          c10::DispatchKeySet(c10::DispatchKey::SparsePrivateUse1), r.dtype());
+      auto* oi = coo_impl(out);
+      oi->raw_resize_(ri->sparse_dim(), ri->dense_dim(), r.sizes());
+      oi->set_indices_and_values_unsafe(idx, val);
+      oi->set_coalesced(ri->coalesced());
+      return out;
+    }
+    auto* ri = compressed_impl(r);
+    at::Tensor ci_ = to_neuron(ri->compressed_indices()), pi = to_neuron(ri->plain_indices()),
+               val = to_neuron(ri->values());
+    auto out = at::detail::make_tensor<at::SparseCsrTensorImpl>(
+        c10::DispatchKeySet(c10::DispatchKey::SparseCsrPrivateUse1), neuron_device(), r.layout(), r.dtype());
+    compressed_impl(out)->set_member_tensors(ci_, pi, val, r.sizes());
+    return out;
+  }
+
+  // Whether a CPU sparse tensor's member tensors live in (borrow) a neuron storage.
+  bool sparse_members_linked(const at::Tensor& r) {
+    std::vector<at::Tensor> ms;
+    if (r.layout() == c10::kSparse) ms = {coo_impl(r)->indices(), coo_impl(r)->values()};
+    else ms = {compressed_impl(r)->compressed_indices(), compressed_impl(r)->plain_indices(), compressed_impl(r)->values()};
+    for (const auto& m : ms)
+      for (auto& l : links)
+        if (m.defined() && m.storage().unsafeGetStorageImpl() == l.cpu.unsafeGetStorageImpl()) return true;
+    return false;
+  }
+
+  // An in-place kernel may have given a sparse argument new member tensors, sizes or flags.
+  void sparse_sync_back(SparseWrapped& w) {
+    if (w.orig.layout() == c10::kSparse) {
+      auto* ci = coo_impl(w.cpu);
+      auto* ni = coo_impl(w.orig);
+      at::Tensor idx = to_neuron(ci->indices()), val = to_neuron(ci->values());
+      bool same = idx.unsafeGetTensorImpl() == ni->indices().unsafeGetTensorImpl() &&
+                  val.unsafeGetTensorImpl() == ni->values().unsafeGetTensorImpl() &&
+                  ci->sparse_dim() == ni->sparse_dim() && ci->dense_dim() == ni->dense_dim() &&
+                  w.cpu.sizes() == w.orig.sizes();
+      if (!same) {
+        ni->raw_resize_(ci->sparse_dim(), ci->dense_dim(), w.cpu.sizes());
+        ni->set_indices_and_values_unsafe(idx, val);
+      }
+      ni->set_coalesced(ci->coalesced());
+      return;
+    }
+    auto* ci = compressed_impl(w.cpu);
+    auto* ni = compressed_impl(w.orig);
+    at::Tensor c = to_neuron(ci->compressed_indices()), p = to_neuron(ci->plain_indices()),
+               val = to_neuron(ci->values());
+    if (c.unsafeGetTensorImpl() != ni->compressed_indices().unsafeGetTensorImpl() ||
+        p.unsafeGetTensorImpl() != ni->plain_indices().unsafeGetTensorImpl() ||
+        val.unsafeGetTensorImpl() != ni->values().unsafeGetTensorImpl() || w.cpu.sizes() != w.orig.sizes()) {
+      ni->set_member_tensors(c, p, val, w.cpu.sizes());
+    }
   }
 
   // The neuron storage that now backs CPU storage `c` (after the kernel ran).
@@ -348,6 +462,12 @@ struct CallCtx {
     auto* ri = r.unsafeGetTensorImpl();
     for (auto* c : cpu_inputs)
       if (c == ri) return r;
+    for (auto& w : sparse_wrapped)
+      if (w.cpu.unsafeGetTensorImpl() == ri) return w.orig;
+    if (g_sparse.load() && is_sparse_layout(r.layout())) {
+      if (explicit_cpu_device) return sparse_members_linked(r) ? r.clone() : r;  // a copy to the host owns its memory
+      return sparse_to_neuron(r);
+    }
     TORCH_CHECK_NOT_IMPLEMENTED(r.layout() == c10::kStrided, "Could not run '",
                                 op_name ? *op_name : std::string("?"), "' on the neuron device: it produces a ",
                                 r.layout(), " tensor and the neuron device supports only strided tensors");
@@ -440,7 +560,8 @@ static c10::OperatorHandle find_op(const char* name, const char* overload) {
 }
 
 // Runs `op` on CPU kernels over zero-copy CPU views of its neuron arguments.
-static void run_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool ftz) {
+static void run_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool ftz,
+                    c10::DispatchKeySet ks = c10::DispatchKeySet(c10::DispatchKey::PrivateUse1)) {
   static const c10::OperatorHandle conv_ov = find_op("aten::convolution_overrideable", "");
   static const c10::OperatorHandle conv_bw_ov = find_op("aten::convolution_backward_overrideable", "");
   static const c10::OperatorHandle conv = find_op("aten::convolution", "");
@@ -488,6 +609,11 @@ static void run_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack, boo
       }
     }
   }
+  // The CPU keys matching the device keys this call was dispatched on (sparse layouts included).
+  c10::DispatchKeySet cpu_ks(c10::DispatchKey::CPU);
+  if (ks.has(c10::DispatchKey::SparsePrivateUse1)) cpu_ks = cpu_ks | c10::DispatchKeySet(c10::DispatchKey::SparseCPU);
+  if (ks.has(c10::DispatchKey::SparseCsrPrivateUse1))
+    cpu_ks = cpu_ks | c10::DispatchKeySet(c10::DispatchKey::SparseCsrCPU);
   {
     FtzGuard fg(ftz);
     if (op == conv_ov) {
@@ -501,10 +627,11 @@ static void run_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack, boo
       stack->insert(stack->begin() + base + 3, c10::IValue(std::vector<int64_t>{oc}));
       conv_bw.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
     } else {
-      op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+      op.redispatchBoxed(cpu_ks, stack);
     }
   }
   for (auto& w : ctx.wrapped) ctx.sync_back(w);
+  for (auto& w : ctx.sparse_wrapped) ctx.sparse_sync_back(w);
   const size_t nret = schema.returns().size();
   const size_t rbase = stack->size() - nret;
   for (size_t i = 0; i < nret; ++i) {
@@ -599,10 +726,10 @@ static bool scan_args(const c10::OperatorHandle& op, const OpEntry* e, const tor
   return route;
 }
 
-static void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+static void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
   int raw = g_raw;
   if (raw) {
-    run_cpu(op, stack, raw == 1 && g_ftz.load(std::memory_order_relaxed));
+    run_cpu(op, stack, raw == 1 && g_ftz.load(std::memory_order_relaxed), ks);
     return;
   }
   OpEntry* e = lookup(op);
@@ -612,11 +739,23 @@ static void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, 
     call_python(op, e, stack);
   } else if (e->action == kFallback) {
     fallback_gate(e);
-    run_cpu(op, stack, false);
+    run_cpu(op, stack, false, ks);
   } else {
     record(e->counts, false);
-    run_cpu(op, stack, g_ftz.load(std::memory_order_relaxed));
+    run_cpu(op, stack, g_ftz.load(std::memory_order_relaxed), ks);
   }
+}
+
+// Sparse layouts on the device (SparsePrivateUse1, SparseCsrPrivateUse1): the same zero-copy CPU
+// fallback, over CPU sparse tensors whose member tensors view the device's memory.  Builds
+// without sparse layouts refuse here, naming the op and the layout.
+static void neuron_sparse_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  if (!g_sparse.load()) {
+    TORCH_CHECK_NOT_IMPLEMENTED(false, "Could not run '", op_name(op), "' on the neuron device with sparse ",
+                                "tensors: the neuron device of Neuron SDK build ", g_build_name,
+                                " supports only strided tensors");
+  }
+  neuron_fallback(op, ks, stack);
 }
 
 // ------------------------------------------------------------------ explicit kernels
@@ -673,8 +812,45 @@ static at::Tensor efficient_zerotensor(c10::IntArrayRef size, std::optional<c10:
                                    std::nullopt);
 }
 
+// ------------------------------------------------------------------ SDPA backend choice
+// scaled_dot_product_attention asks `_fused_sdp_choice_stub` for the device's backend; a
+// PrivateUse1 device that registers none gets the math decomposition.  A build that has the CPU's
+// fused (flash) kernel natively picks exactly what the CPU would pick for these inputs (same
+// checks, same torch.backends toggles), so the device runs the kernel the CPU runs; any other
+// build keeps the math path (where its matmul numerics apply).
+static std::atomic<bool> g_sdp_cpu_choice{false};
+
+static int64_t neuron_fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                       const std::optional<at::Tensor>& attn_mask, double dropout_p,
+                                       bool is_causal, std::optional<double> scale, bool enable_gqa) {
+  if (!g_sdp_cpu_choice.load(std::memory_order_relaxed)) return static_cast<int64_t>(at::SDPBackend::math);
+  // The CPU's checks read requires_grad (a fused kernel cannot train with some inputs): keep it.
+  auto cpu_like = [](const at::Tensor& t) {
+    at::Tensor c = view_as_cpu(t);
+    if (t.requires_grad()) c.set_requires_grad(true);
+    return c;
+  };
+  std::optional<at::Tensor> mask;
+  if (attn_mask.has_value() && attn_mask->defined()) mask = cpu_like(*attn_mask);
+  // The CPU's own choice, through the dispatcher (aten::_fused_sdp_choice -> the CPU stub).
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return at::_fused_sdp_choice(cpu_like(q), cpu_like(k), cpu_like(v), mask, dropout_p, is_causal, scale,
+                               enable_gqa);
+}
+}  // namespace neuron_emu
+namespace at::native {
+REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &::neuron_emu::neuron_fused_sdp_choice)
+}  // namespace at::native
+namespace neuron_emu {
+
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
+}
+TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&neuron_sparse_fallback>());
+}
+TORCH_LIBRARY_IMPL(_, SparseCsrPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&neuron_sparse_fallback>());
 }
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
@@ -715,6 +891,20 @@ static void register_kernels(const std::vector<std::string>& names) {
   for (const auto& n : names) lib->impl(n.c_str(), torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
 }
 
+// The same for the sparse layouts: a direct SparsePrivateUse1 / SparseCsrPrivateUse1 kernel for
+// every op the CPU has a SparseCPU / SparseCsrCPU kernel for, so that the device runs the CPU's
+// sparse kernel where a CompositeExplicitAutograd default (is_coalesced, ...) would otherwise win
+// over the sparse fallback.
+static void register_sparse_kernels(const std::vector<std::string>& coo, const std::vector<std::string>& compressed) {
+  static torch::Library* lib_coo = new torch::Library(torch::Library::IMPL, "aten",
+                                                      c10::DispatchKey::SparsePrivateUse1, __FILE__, __LINE__);
+  static torch::Library* lib_csr = new torch::Library(torch::Library::IMPL, "aten",
+                                                      c10::DispatchKey::SparseCsrPrivateUse1, __FILE__, __LINE__);
+  for (const auto& n : coo) lib_coo->impl(n.c_str(), torch::CppFunction::makeFromBoxedFunction<&neuron_sparse_fallback>());
+  for (const auto& n : compressed)
+    lib_csr->impl(n.c_str(), torch::CppFunction::makeFromBoxedFunction<&neuron_sparse_fallback>());
+}
+
 static void init_hooks() {
   static bool done = false;
   if (done) return;
@@ -753,6 +943,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("init_hooks", &init_hooks);
   m.def("fix_autograd_device_threads", &fix_autograd_device_threads);
   m.def("register_kernels", &register_kernels);
+  m.def("register_sparse_kernels", &register_sparse_kernels);
   m.def("set_router", [](py::object classifier, py::object handler) {
     Py_XINCREF(classifier.ptr());
     Py_XINCREF(handler.ptr());
@@ -767,6 +958,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     for (auto& kv : g_counts) kv.second.warned = false;
   });
   m.def("set_strict", [](bool s) { g_strict = s; });
+  m.def("set_sdp_cpu_choice", [](bool on) { g_sdp_cpu_choice = on; });
+  m.def("set_sparse", [](bool on) { g_sparse = on; });
   m.def("get_strict", []() { return g_strict.load(); });
   m.def("set_tracking", [](bool s) { g_track = s; });
   m.def("set_raw", [](int r) {
