@@ -41,7 +41,8 @@ def gate_cmd(baseline: str, candidate: str, reruns: int, budget_s: float, max_re
 
     Example: conformance gate --db results/opdb.sqlite --baseline 2.32.0 --candidate 2.33.0 --json gate.json
     """
-    from .gate import GateError, check_limits, junit, markdown, run_gate, summary_lines
+    from .gate import GateError, check_limits, run_gate
+    from .gate_report import junit, markdown, summary_lines
 
     check_limits(reruns, budget_s, max_reruns)  # bad options: one line, exit 2, nothing written
     with Store.open(db_path, create=False) as st:
@@ -113,14 +114,16 @@ def nightly_cmd(target: str, builds: tuple[str, ...], ops: tuple[str, ...], dtyp
     """
     from .nightly import NightlyResult, NightlySpec, finish_stages, run_nightly
     from .run import stderr_progress
+    from .spec import RunSpec
 
     Path(db_path).parent.mkdir(parents=True, exist_ok=True)
-    spec = NightlySpec(target=target, builds=builds, ops=ops, dtypes=dtypes, models=() if no_models else models,
-                       model_limit=model_limit or None, schema=not no_schema and not ops, workers=workers, shard=shard,
-                       run_id_prefix=run_id_prefix, site=site)
+    run = RunSpec(target=target, ops=ops, dtypes=dtypes, models=() if no_models else models,
+                  model_limit=model_limit or None, schema=not no_schema and not ops, workers=workers, shard=shard)
+    spec = NightlySpec(run=run, builds=builds, run_id_prefix=run_id_prefix, site=site)
     if finish:
         result = NightlyResult()
-        finish_stages(db_path, spec, result, click.echo)
+        with Store.open(db_path) as store:
+            finish_stages(store, spec, result, click.echo, db_label=db_path)
     else:
         result = run_nightly(spec, db_path, progress=stderr_progress, echo=click.echo)
     if any(s.infra for s in result.summaries.values()):

@@ -1,6 +1,10 @@
 """The nightly pipeline: for each build (oldest first) run the op sweep, the schema-driven
 coverage pass and the model corpus into one opdb; compute coverage; render the site; gate each
-build against the previous one. Each stage is a plain function over the store.
+build against the previous one.
+
+Each stage is a plain function over one open store, run in order (like nox's workflow); the
+nightly opens the store once. Shards of a nightly run in separate processes into separate
+databases; after the merge, ``--finish`` runs the stages after the sweeps on the merged one.
 """
 
 from __future__ import annotations
@@ -12,25 +16,28 @@ from pathlib import Path
 
 from opdb import Store
 
-from .run import RunSpec, Summary, execute_run
+from .run import Summary, check, run_into
+from .spec import RunSpec
+from .targets import BuildRef
+
+Echo = Callable[[str], None]
 
 
 @dataclass(frozen=True)
 class NightlySpec:
-    target: str = "neuron-emu"
-    builds: tuple[str, ...] = ()  # default: every build the target ships, oldest first
-    ops: tuple[str, ...] = ()
-    dtypes: tuple[str, ...] = ()
-    models: tuple[str, ...] = ("all",)
-    model_limit: int | None = None
-    schema: bool = True
-    workers: int = 2
-    shard: str = "1/1"
+    """A nightly: the run spec every build's sweep starts from, plus what only a nightly has."""
+
+    run: RunSpec = RunSpec(models=("all",), schema=True)  # its build and run id are set per build
+    builds: tuple[BuildRef, ...] = ()  # default: every build the target ships, oldest first
     run_id_prefix: str | None = None  # shards of one nightly share run ids
-    timeout_s: float = 60.0
-    max_samples: int | None = None
     site: str | None = "results/site"
     gate: bool = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "builds", tuple(BuildRef.parse(b) for b in self.builds))
+
+    def run_for(self, build: BuildRef) -> RunSpec:
+        return self.run.replace(build=build, run_id=f"{self.run_id_prefix}-{build}" if self.run_id_prefix else None)
 
 
 @dataclass
@@ -41,38 +48,92 @@ class NightlyResult:
     site: Path | None = None
 
 
-def default_builds(target: str) -> tuple[str, ...]:
+def default_builds(target: str) -> tuple[BuildRef, ...]:
     from .targets import REGISTRY, get_target
 
     get_target("cpu")  # loads the registry
     cls = REGISTRY.get(target)
     builds = cls.available_builds() if cls is not None else ()
-    return tuple(builds) or ("-",)
+    return tuple(BuildRef(b) for b in builds) or (BuildRef(),)
 
 
-def run_nightly(spec: NightlySpec, db_path: str | os.PathLike[str],
-                progress: Callable[[str], None] | None = None,
-                echo: Callable[[str], None] = print) -> NightlyResult:
+def run_nightly(spec: NightlySpec, db_path: str | os.PathLike[str], progress: Callable[[str], None] | None = None,
+                echo: Echo = print) -> NightlyResult:
     result = NightlyResult()
-    builds = spec.builds or default_builds(spec.target)
-    for build in builds:
-        run_id = f"{spec.run_id_prefix}-{build}" if spec.run_id_prefix else None
-        rs = RunSpec(target=spec.target, build=None if build == "-" else build, ops=spec.ops, dtypes=spec.dtypes,
-                     workers=spec.workers, shard=spec.shard, timeout_s=spec.timeout_s, max_samples=spec.max_samples,
-                     schema=spec.schema, models=spec.models, model_limit=spec.model_limit, run_id=run_id)
-        echo(f"== {spec.target} build {build}: sweep ==")
-        summary = execute_run(rs, db_path, progress=progress)
+    check(spec.run)  # a bad selection is refused before the database is created
+    with Store.open(db_path) as store:
+        sweep_stage(spec, store, result, progress, echo)
+        if spec.run.shard != "1/1":
+            echo(f"shard {spec.run.shard} done; merge the shard databases (conformance merge OUT IN...), then run "
+                 f"`conformance nightly --finish` on the merged one")
+            return result
+        finish_stages(store, spec, result, echo, run_ids=list(result.runs.values()), db_label=str(db_path))
+    return result
+
+
+def finish_stages(store: Store, spec: NightlySpec, result: NightlyResult, echo: Echo = print,
+                  run_ids: Sequence[str] | None = None, db_label: str | None = None) -> None:
+    """The stages after the sweeps: coverage, gate, report (of the given runs; after a merge, of
+    the latest run of each build)."""
+    ids = list(run_ids) if run_ids is not None else _runs_to_finish(store, spec)
+    coverage_stage(store, ids, echo)
+    if spec.gate and len(ids) > 1:
+        result.gate_exit = gate_stage(store, ids, echo)
+    if spec.site:
+        result.site = report_stage(store, Path(spec.site), db_label or str(store.path), echo)
+
+
+# -- the stages ----------------------------------------------------------------------------
+def sweep_stage(spec: NightlySpec, store: Store, result: NightlyResult, progress: Callable[[str], None] | None,
+                echo: Echo) -> None:
+    for build in spec.builds or default_builds(spec.run.target):
+        echo(f"== {spec.run.target} build {build}: sweep ==")
+        summary = run_into(spec.run_for(build), store, progress=progress)
         if progress is not None:
             echo("")
         echo(summary.render())
-        result.runs[build] = summary.run_id
-        result.summaries[build] = summary
-    if spec.shard != "1/1":
-        echo(f"shard {spec.shard} done; merge the shard databases (conformance merge OUT IN...), then run "
-             f"`conformance nightly --finish` on the merged one")
-        return result
-    finish_stages(db_path, spec, result, echo, run_ids=list(result.runs.values()))
-    return result
+        result.runs[str(build)] = summary.run_id
+        result.summaries[str(build)] = summary
+
+
+def coverage_stage(store: Store, run_ids: Sequence[str], echo: Echo) -> None:
+    import torch
+
+    from . import catalog, coverage
+
+    if not store.count("ops", torch_version=torch.__version__):
+        store.store_catalog([o.row(torch.__version__) for o in catalog.overloads(with_opinfos=True)])
+    for rid in run_ids:
+        counts = coverage.compute(store, rid)
+        echo(f"coverage of {rid}: backend-reachable overloads exercised {coverage.reachable_share(counts)}; "
+             + ", ".join(f"{k}={v}" for k, v in sorted(counts.items())))
+
+
+def gate_stage(store: Store, run_ids: Sequence[str], echo: Echo) -> int:
+    """Gate each run against the previous one; returns the worst exit code."""
+    from .gate import GateError, run_gate
+    from .gate_report import summary_lines
+
+    worst = 0
+    for base, cand in zip(run_ids, run_ids[1:], strict=False):
+        try:
+            result = run_gate(store, base, cand)
+        except GateError as exc:
+            echo(f"gate {base} -> {cand}: INFRA: {exc}")
+            worst = 2
+            continue
+        for line in summary_lines(result):
+            echo(line)
+        worst = max(worst, 1 if result.verdict == "fail" else 0)
+    return worst
+
+
+def report_stage(store: Store, site: Path, db_label: str, echo: Echo) -> Path:
+    from reports import render_site
+
+    out = render_site(store, site, builds=[], db_label=db_label)
+    echo(f"report: {out.pages} pages for {len(out.builds)} build(s): {site / 'index.html'}")
+    return site
 
 
 def _runs_to_finish(store: Store, spec: NightlySpec) -> list[str]:
@@ -80,35 +141,8 @@ def _runs_to_finish(store: Store, spec: NightlySpec) -> list[str]:
     from opdb.queries import latest_run
 
     ids = []
-    for build in spec.builds or default_builds(spec.target):
-        run = latest_run(store, target=spec.target, build=build)
+    for build in spec.builds or default_builds(spec.run.target):
+        run = latest_run(store, target=spec.run.target, build=str(build))
         if run is not None:
             ids.append(run["id"])
     return ids
-
-
-def finish_stages(db_path: str | os.PathLike[str], spec: NightlySpec, result: NightlyResult,
-                  echo: Callable[[str], None] = print, run_ids: Sequence[str] | None = None) -> None:
-    """The stages after the sweeps: coverage, report, gate."""
-    import torch
-
-    from reports import render_site
-
-    from . import catalog, coverage
-    from .gate import nightly_gate
-
-    with Store.open(db_path) as store:
-        if not store.count("ops", torch_version=torch.__version__):
-            store.store_catalog([o.row(torch.__version__) for o in catalog.overloads(with_opinfos=True)])
-        ids = list(run_ids) if run_ids is not None else _runs_to_finish(store, spec)
-        for rid in ids:
-            counts = coverage.compute(store, rid)
-            echo(f"coverage of {rid}: backend-reachable overloads exercised {coverage.reachable_share(counts)}; "
-                 + ", ".join(f"{k}={v}" for k, v in sorted(counts.items())))
-    if spec.gate and len(ids) > 1:
-        result.gate_exit = nightly_gate(str(db_path), ids, echo)
-    if spec.site:
-        with Store.open(db_path) as store:
-            site = render_site(store, Path(spec.site), builds=[], db_label=str(db_path))
-        result.site = Path(spec.site)
-        echo(f"report: {site.pages} pages for {len(site.builds)} build(s): {Path(spec.site) / 'index.html'}")

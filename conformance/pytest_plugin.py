@@ -111,7 +111,7 @@ class _Session:
 
     def collect(self, session: pytest.Session) -> list[pytest.Item]:
         from conformance.inputs.opinfo import by_name
-        from conformance.select import select_groups
+        from conformance.kinds import select_groups
         from conformance.sweep import plan
 
         dtypes = self.pytest_config.getoption("--conformance-dtypes")

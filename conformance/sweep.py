@@ -1,11 +1,11 @@
 """One group of the op sweep: generate a group's samples, execute each variant, compare, and
 decide — yielding one plain result row per item. The runner (:mod:`conformance.run`) handles
-processes, isolation, resume and recording.
+processes, isolation, resume and recording; :data:`OPINFO` is this work kind.
 
 Example::
 
     >>> from conformance.sweep import SweepConfig, run_group
-    >>> from conformance.select import Group
+    >>> from conformance.work import Group
     >>> from conformance.targets import get_target
     >>> rows = list(run_group(get_target("cpu"), Group("abs", "float32"), SweepConfig()))
     >>> {r["status"] for r in rows}
@@ -24,11 +24,12 @@ import torch
 from . import comparators
 from .compare import arbitrate, compare
 from .execute import run_backward, run_item, signature
-from .inputs.opinfo import DEFAULT_SEED, by_name, samples, variant_fn
+from .inputs.opinfo import DEFAULT_SEED, by_name, cpu_dtypes, samples, variant_fn
 from .ledger import Ledger
-from .select import VARIANTS, Group, item_key
+from .select import VARIANTS, parse_dtypes, select_ops
 from .targets import Target
 from .verdict import Status, decide, decide_unrun
+from .work import NOTHING, Group, ItemKey, Selection
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ def evaluate(target: Target, info: Any, op: str, variant: str, dtype: str, index
     start = time.perf_counter()
     out = run_backward(target, info, sample) if variant == "backward" else run_item(target, info, variant, sample)
     row: dict[str, Any] = {
-        "item_key": item_key(op, variant, dtype, index), "op": op, "variant": variant, "dtype": dtype,
+        "item_key": str(ItemKey(op, variant, dtype, index)), "op": op, "variant": variant, "dtype": dtype,
         "sample": index, "atol": tol.atol, "rtol": tol.rtol, "tol_source": tol.source, "comparator": kind,
         "native_ops": list(out.native), "fallback_ops": list(out.fallback), "reached_ops": list(out.reached),
         "signature": signature(sample),
@@ -99,7 +100,7 @@ def wants_backward(info: Any, config: SweepConfig, dtype: str) -> bool:
     return getattr(torch, dtype) in info.supported_backward_dtypes("cpu")
 
 
-def run_group(target: Target, group: Group, config: SweepConfig, *, skip: Container[str] = frozenset(),
+def run_group(target: Target, group: Group, config: SweepConfig, *, skip: Container[str] = NOTHING,
               on_start: Callable[[str], None] | None = None) -> Iterator[dict[str, Any]]:
     """Yield a row per item of ``group``; items whose key is in ``skip`` are not run.
 
@@ -115,7 +116,7 @@ def run_group(target: Target, group: Group, config: SweepConfig, *, skip: Contai
             if config.max_samples is not None and index >= config.max_samples:
                 break
             for variant in variants:
-                key = item_key(group.op, variant, group.dtype, index)
+                key = str(group.item(variant, index))
                 if key in skip:
                     continue
                 if on_start:
@@ -126,15 +127,46 @@ def run_group(target: Target, group: Group, config: SweepConfig, *, skip: Contai
             for index, sample in enumerate(gen):
                 if config.max_samples is not None and index >= config.max_samples:
                     break
-                key = item_key(group.op, "backward", group.dtype, index)
+                key = str(group.item("backward", index))
                 if key in skip:
                     continue
                 if on_start:
                     on_start(key)
                 yield evaluate(target, info, group.op, "backward", group.dtype, index, sample, config)
     except Exception as exc:  # noqa: BLE001 - the sample generator itself failed
-        key = item_key(group.op, "function", group.dtype, -1)
+        key = str(group.item("function", -1))
         if key not in skip:
             yield {"item_key": key, "op": group.op, "variant": "function", "dtype": group.dtype, "sample": -1,
                    "status": decide_unrun("cpu").value, "error": f"sample generation failed: {type(exc).__name__}: {exc}"[:2000],
                    "duration_s": 0.0, "seed": config.seed}
+
+
+class OpInfoSweep:
+    """The work kind: one group per (OpInfo, dtype) the CPU supports, for the selection's
+    OpInfo globs (all OpInfos unless only ``aten::`` globs were given) and dtypes."""
+
+    name = "opinfo"
+    table = "op_results"
+    variants = (*VARIANTS, "canary")
+    crash_safe_factor = 0  # no crash-safe mode: a death is the item's crash or the reference's
+
+    def groups(self, selection: Selection) -> list[Group]:
+        if not selection.opinfo or (selection.aten_globs and not selection.info_globs):
+            return []
+        infos = by_name()
+        wanted = parse_dtypes(selection.dtypes)
+        out = []
+        for name in select_ops(selection.info_globs):
+            supported = {str(d).removeprefix("torch.") for d in cpu_dtypes(infos[name])}
+            out.extend(Group(name, d) for d in wanted if d in supported)
+        return out
+
+    def run(self, target: Target, group: Group, config: SweepConfig, *, skip: Container[str] = NOTHING,
+            on_start: Callable[[str], None] | None = None) -> Iterator[dict[str, Any]]:
+        return run_group(target, group, config, skip=skip, on_start=on_start)
+
+    def synthetic_row(self, key: ItemKey) -> dict[str, Any]:
+        return {"op": key.name, "variant": key.variant, "dtype": key.dtype, "sample": int(key.sample)}
+
+
+OPINFO = OpInfoSweep()

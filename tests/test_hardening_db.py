@@ -12,7 +12,8 @@ import sqlite_utils
 from click.testing import CliRunner
 
 from conformance.cli import main
-from conformance.gate import Finding, GateResult, markdown
+from conformance.gate import Finding, GateResult
+from conformance.gate_report import markdown
 from opdb import Store, schema
 
 

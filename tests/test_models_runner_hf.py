@@ -6,10 +6,12 @@ import pytest
 
 import neuron_emu  # noqa: F401  register the device before autograd first runs
 from conformance.models import hf
-from conformance.models.runner import model_groups, run_model_group
-from conformance.select import Group, SelectionError
+from conformance.models.runner import run_model_group
+from conformance.models.selection import model_groups
+from conformance.select import SelectionError
 from conformance.sweep import SweepConfig
 from conformance.targets import get_target
+from conformance.work import Group
 
 needs_hf = pytest.mark.skipif(not hf.available(), reason=f"transformers not installed ({hf.INSTALL_HINT})")
 pytestmark = pytest.mark.filterwarnings("ignore:neuron. operator", "ignore::UserWarning")

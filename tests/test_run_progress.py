@@ -5,7 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from conformance.run import RunSpec, Supervisor
-from conformance.select import Group
+from conformance.work import Group
 
 
 def test_eta_weights_remaining_groups_by_kind():

@@ -115,10 +115,10 @@ def test_repro_of_backward_and_schema_results(tmp_path):
         kind = "wrong_result"
         magnitude = 0.5
     """))
-    from conformance.inputs.schema import run_schema_group
-    from conformance.select import Group
+    from conformance.search import run_schema_group
     from conformance.sweep import SweepConfig
     from conformance.targets import get_target
+    from conformance.work import Group
 
     db = tmp_path / "r.sqlite"
     execute_run(RunSpec(target="neuron-emu", build=str(manifest), ops=("nn.functional.relu",), dtypes=("float32",),

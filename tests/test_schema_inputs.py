@@ -11,20 +11,12 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 
-from conformance.inputs.schema import (
-    DEVICE,
-    Call,
-    CrashSafe,
-    Hints,
-    TensorSpec,
-    call_strategy,
-    cpu_preflight,
-    hints_from_errors,
-    run_schema_group,
-)
-from conformance.select import Group
+from conformance.inputs.hints import Hints, hints_from_errors
+from conformance.inputs.schema import DEVICE, Call, TensorSpec, call_strategy
+from conformance.search import cpu_preflight, run_schema_group
 from conformance.sweep import SweepConfig
 from conformance.targets import get_target
+from conformance.work import Group, Skip
 from opdb.blobs import load_inputs
 
 
@@ -192,11 +184,11 @@ def test_cpu_preflight_turns_a_crash_into_a_rejection():
 
 
 def test_crash_safe_search_survives_a_crashing_reference(monkeypatch):
-    """After a crash the supervisor re-sends the group with a CrashSafe skip set: each input's CPU
+    """After a crash the supervisor re-sends the group with a crash-safe skip: each input's CPU
     run is pre-flighted in a forked child, crashing inputs are rejected, the search goes on."""
-    import conformance.inputs.schema as schema
+    import conformance.search as search
 
-    real = schema._Info
+    real = search._Info
 
     class Crashy(real):
         def __init__(self, name):
@@ -205,15 +197,16 @@ def test_crash_safe_search_survives_a_crashing_reference(monkeypatch):
             self.op = lambda *a, **k: _crashes_on_big_inputs(a[0]) if a and isinstance(a[0], torch.Tensor) \
                 and a[0].numel() > 2 else inner(*a, **k)
 
-    monkeypatch.setattr(schema, "_Info", Crashy)
+    monkeypatch.setattr(search, "_Info", Crashy)
     target = get_target("cpu")
     rows = list(run_schema_group(target, Group("aten::abs.default", "any", "schema"), SweepConfig(),
-                                 skip=CrashSafe()))
+                                 skip=Skip(crash_safe=True)))
     assert rows[0]["status"] == "pass"
 
 
 def test_aten_globs_select_schema_driven_overloads():
-    from conformance.select import SelectionError, select_groups
+    from conformance.kinds import select_groups
+    from conformance.select import SelectionError
 
     groups = select_groups(["aten::_amp_update_scale*"])
     assert groups and all(g.kind == "schema" for g in groups)
@@ -246,7 +239,7 @@ class _CrashingTarget:
 def test_target_preflight_owns_only_the_targets_crash():
     from torch.testing._internal.opinfo.core import SampleInput
 
-    from conformance.inputs.schema import _Info, target_preflight
+    from conformance.search import _Info, target_preflight
 
     info, target = _Info("aten::abs.default"), _CrashingTarget()
     assert target_preflight(target, info, SampleInput(torch.ones(2))) is None
@@ -257,7 +250,7 @@ def test_crash_safe_search_records_a_target_crash_with_its_minimal_input():
     """In crash-safe mode each input also runs on the target alone in a forked child: a crash
     there is the target's, recorded as `crash` with the shrunk input, and the worker lives."""
     rows = list(run_schema_group(_CrashingTarget(), Group("aten::abs.default", "any", "schema"), SweepConfig(),
-                                 skip=CrashSafe()))
+                                 skip=Skip(crash_safe=True)))
     row = rows[0]
     assert row["status"] == "crash" and "alone in a forked process" in row["error"]
     saved = load_inputs(row["inputs"])

@@ -17,11 +17,13 @@ against eager CPU from identical weights and data:
 * a failing item is localized (:mod:`conformance.models.localize`) to its first divergent op.
 
 A spec that cannot be looked up, built or traced yields ``error`` rows for its items; nothing
-raises out of :func:`run_model_group`.
+raises out of :func:`run_model_group`. :data:`MODEL` is this work kind; which graphs a run
+selects is :mod:`conformance.models.selection`.
 
 Example::
 
-    >>> from conformance.models.runner import model_groups, run_model_group
+    >>> from conformance.models.runner import run_model_group
+    >>> from conformance.models.selection import model_groups
     >>> from conformance.sweep import SweepConfig
     >>> from conformance.targets import get_target
     >>> g = model_groups(["mlp"], ["float32"], limit=1)[0]
@@ -48,94 +50,16 @@ from torch.utils._pytree import tree_map
 
 from .. import datafiles
 from ..compare import Evidence, compare, leaves
-from ..select import Group, SelectionError, parse_dtypes
 from ..verdict import Status, decide, decide_unrun
+from ..work import NOTHING, Group, ItemKey, Selection
 from .localize import rel_l2
+from .selection import model_groups, model_key, resolve_spec
 
 MODES = ("eager", "compile")
-MODEL_DTYPES = ("float32", "bfloat16")
 TRAIN_STEPS = 3
 LR = 0.01
 WARMUP = 1
 TIMED_ITERS = 5
-
-
-# -- selection -----------------------------------------------------------------------------
-def _known() -> list[str]:
-    from .registry import FAMILIES
-
-    return ["all", *sorted(FAMILIES), "hf"]
-
-
-def _specs_for(name: str, limit: int | None) -> list[Any]:
-    from .registry import FAMILIES, enumerate_graphs
-
-    if name == "all":
-        return [s for fam in FAMILIES for s in enumerate_graphs([fam], limit=limit)]
-    if name in FAMILIES:
-        return list(enumerate_graphs([name], limit=limit))
-    if name == "hf" or name.startswith("hf."):
-        from . import hf
-
-        if not hf.available():
-            raise SelectionError(f"model selection {name!r} needs Hugging Face transformers: {hf.unavailable_reason()}")
-        specs = hf.enumerate_specs(limit=limit)
-        if name == "hf":
-            return specs
-        hit = [s for s in specs if s.model_id == name]
-        if not hit:
-            raise SelectionError(f"unknown hf model {name!r}; known: {', '.join(s.model_id for s in specs)}")
-        return hit
-    if "." in name:  # an exact model id
-        try:
-            return [resolve_spec(name)]
-        except (KeyError, ValueError):
-            pass
-    raise SelectionError(f"unknown model family {name!r}; known: {', '.join(_known())} "
-                         "(or an exact model id such as mlp.d1w16.relu.none.bias)")
-
-
-def model_groups(models: Sequence[str], dtypes: Sequence[str] | None = None,
-                 limit: int | None = None) -> list[Group]:
-    """One group per graph x dtype: float32 always, bfloat16 where the family supports it.
-
-    ``models``: ``all``, family names, ``hf`` (Hugging Face architectures) or exact model ids.
-    ``dtypes`` restricts the dtypes (names as in ``--dtypes``; others are ignored).
-    ``limit``: at most this many graphs per family (deterministic grid order).
-    """
-    if isinstance(models, str):
-        models = [models]
-    wanted = [d for d in parse_dtypes(dtypes) if d in MODEL_DTYPES] if dtypes else list(MODEL_DTYPES)
-    groups: list[Group] = []
-    seen: set[str] = set()
-    for name in models:
-        for spec in _specs_for(name, limit):
-            if spec.model_id in seen:
-                continue
-            seen.add(spec.model_id)
-            for d in wanted:
-                if d == "bfloat16" and not spec.supports_bf16:
-                    continue
-                groups.append(Group(spec.model_id, d, "model"))
-    return groups
-
-
-def resolve_spec(model_id: str) -> Any:
-    """The spec of a model id (registry families and ``hf.*``); KeyError when unknown."""
-    family = model_id.split(".", 1)[0]
-    if family == "hf":
-        from . import hf
-
-        return hf.spec_by_id(model_id)
-    from .registry import FAMILIES, spec_by_id
-
-    if family not in FAMILIES:
-        raise KeyError(f"unknown model family {family!r}; known: {', '.join(_known())}")
-    return spec_by_id(model_id)
-
-
-def model_key(model_id: str, mode: str, dtype: str) -> str:
-    return f"{model_id}|{mode}|{dtype}|0"
 
 
 # -- tolerances ----------------------------------------------------------------------------
@@ -361,7 +285,7 @@ def _prepare(model_id: str) -> _Prepared:
     return _Prepared(spec, model, inputs, hash_graph(gm), histogram(gm))
 
 
-def run_model_group(target: Any, group: Group, config: Any, *, skip: Container[str] = frozenset(),
+def run_model_group(target: Any, group: Group, config: Any, *, skip: Container[str] = NOTHING,
                     on_start: Callable[[str], None] | None = None, modes: Sequence[str] | None = None,
                     train_steps: int = TRAIN_STEPS, timed_iters: int = TIMED_ITERS,
                     localize_failures: bool = True) -> Iterator[dict[str, Any]]:
@@ -523,3 +447,28 @@ def _shape_sweep(spec: Any, fn: Callable[..., Any], dtype: torch.dtype, target: 
                        "p50_ms": _percentile(times, 0.5), "p99_ms": _percentile(times, 0.99)})
     return {"recompiles": recompiles, "compile_s": first_s, "shapes": shapes,
             "p50_ms": shapes[0]["p50_ms"], "p99_ms": shapes[0]["p99_ms"]}
+
+
+class ModelRunner:
+    """The work kind: one group per graph x dtype of the selected families; two items per
+    group, one per mode (``{model_id}|eager|{dtype}|0``, ``...|compile|...``)."""
+
+    name = "model"
+    table = "model_results"
+    variants = MODES
+    crash_safe_factor = 0  # no crash-safe mode: a death is the item's crash or the reference's
+
+    def groups(self, selection: Selection) -> list[Group]:
+        if not selection.models:
+            return []
+        return model_groups(selection.models, selection.dtypes, limit=selection.model_limit)
+
+    def run(self, target: Any, group: Group, config: Any, *, skip: Container[str] = NOTHING,
+            on_start: Callable[[str], None] | None = None) -> Iterator[dict[str, Any]]:
+        return run_model_group(target, group, config, skip=skip, on_start=on_start)
+
+    def synthetic_row(self, key: ItemKey) -> dict[str, Any]:
+        return {"model_id": key.name, "mode": key.variant, "dtype": key.dtype, "family": key.name.split(".")[0]}
+
+
+MODEL = ModelRunner()

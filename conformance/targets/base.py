@@ -55,6 +55,42 @@ class Dispatched(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+@dataclass(frozen=True)
+class BuildRef:
+    """Which build of a target is asked for: a build name (``2.33.0``), a manifest path
+    (``builds/x.toml``), or the target's default (``spec`` None). Where a label is stored for
+    the default (``runs.build``, a nightly's build list) it reads ``-``.
+
+    >>> BuildRef.parse("-").is_default, str(BuildRef()), str(BuildRef.parse("2.33.0"))
+    (True, '-', '2.33.0')
+    """
+
+    spec: str | None = None
+
+    DEFAULT_LABEL: ClassVar[str] = "-"
+
+    @classmethod
+    def parse(cls, text: str | BuildRef | None) -> BuildRef:
+        if isinstance(text, BuildRef):
+            return text
+        return cls(None if text in (None, "", cls.DEFAULT_LABEL) else text)
+
+    @property
+    def is_default(self) -> bool:
+        return self.spec is None
+
+    def resolved(self) -> BuildRef:
+        """A manifest path made absolute (a resumed run or a worker elsewhere finds it)."""
+        if self.spec is not None and self.spec.endswith(".toml"):
+            from pathlib import Path
+
+            return BuildRef(str(Path(self.spec).resolve()))
+        return self
+
+    def __str__(self) -> str:
+        return self.spec or self.DEFAULT_LABEL
+
+
 class Target:
     """Base class: places inputs, runs callables, synchronizes, and traces dispatch."""
 
@@ -62,8 +98,9 @@ class Target:
     description: ClassVar[str] = ""
     device: str = "cpu"
 
-    def __init__(self, build: str | None = None) -> None:
-        self.build = build or "-"
+    def __init__(self, build: str | BuildRef | None = None) -> None:
+        self.ref = BuildRef.parse(build)  # what was asked for
+        self.build = str(self.ref)  # its name once set up (a target resolves its default's name)
 
     # -- life cycle ------------------------------------------------------------------
     def setup(self) -> None:
@@ -157,7 +194,7 @@ def register(cls: type[Target]) -> type[Target]:
     return cls
 
 
-def get_target(name: str, build: str | None = None) -> Target:
+def get_target(name: str, build: str | BuildRef | None = None) -> Target:
     """Instantiate and set up the target ``name`` (``neuron-emu``, ``inductor``, ``cuda``, ``cpu``)."""
     _load_builtin()
     if name not in REGISTRY:

@@ -16,7 +16,7 @@ class CudaTarget(Target):
     def setup(self) -> None:
         if not torch.cuda.is_available():
             raise TargetError("target 'cuda' needs a CUDA device; torch.cuda.is_available() is False here")
-        if self.build == "-":
+        if self.ref.is_default:
             self.build = f"cuda-{torch.version.cuda}-{torch.cuda.get_device_name(0)}".replace(" ", "_")
 
     def synchronize(self) -> None:

@@ -20,7 +20,7 @@ class InductorTarget(Target):
         import torch._dynamo
 
         torch._dynamo.config.cache_size_limit = 64
-        if self.build == "-":
+        if self.ref.is_default:
             self.build = f"inductor-{torch.__version__}"
 
     def repro_setup(self) -> tuple[str, str]:

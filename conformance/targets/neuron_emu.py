@@ -26,10 +26,10 @@ class NeuronEmuTarget(Target):
         except ImportError as exc:  # the extension build failed or the package is absent
             raise TargetError(f"target 'neuron-emu' cannot load the emulator: {exc}") from exc
         self._emu = neuron_emu
-        self.build_spec = None if self.build == "-" else self.build  # a name or a manifest path
+        self.build_spec = self.ref.spec  # a name or a manifest path
         try:
-            build = (neuron_emu.active_build() if self.build == "-"
-                     else neuron_emu.use_build(self.build))
+            build = (neuron_emu.active_build() if self.ref.is_default
+                     else neuron_emu.use_build(self.ref.spec))
         except (ValueError, FileNotFoundError) as exc:
             raise TargetError(str(exc)) from exc
         self.build = build.name

@@ -1,0 +1,310 @@
+"""The schema search, a work kind: for each ATen overload no OpInfo reaches, a derandomized,
+bounded Hypothesis search over calls drawn from its schema (:mod:`conformance.inputs.schema`).
+
+Examples the CPU reference rejects are discarded; accepted ones run on the target through the
+same execute/compare/decide path as OpInfo samples (:func:`conformance.sweep.evaluate`); on a
+mismatch Hypothesis shrinks to a minimal failing input, and that input is stored (``inputs``
+blob) so ``conformance repro`` reproduces it. One group is one overload; it has one item,
+``{overload}|schema|any|0``.
+
+When a search finds no input the CPU accepts, the CPU's own error messages are read for what
+it wanted (:func:`~conformance.inputs.hints.hints_from_errors`) and up to ``STEERED_PASSES``
+more searches are steered by them. An input that crashes the reference kernel kills its worker;
+the supervisor then re-sends the overload with a crash-safe :class:`~conformance.work.Skip`
+and every input's CPU run is first tried in a forked child (:func:`cpu_preflight`).
+
+Example::
+
+    >>> from conformance.search import SCHEMA
+    >>> [g.key for g in SCHEMA.groups(Selection(ops=("aten::_foreach_abs.default",)))]
+    ['aten::_foreach_abs.default|any']
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import time
+from collections.abc import Callable, Container, Iterator
+from functools import cache
+from typing import Any
+
+import torch
+from hypothesis import HealthCheck, Phase, given, reject, settings
+from hypothesis import strategies as st
+
+from opdb.blobs import dump_inputs
+
+from . import catalog
+from .catalog import packet_of
+from .compare import leaves
+from .execute import _clone, signature
+from .inputs.hints import Hints, hints_from_errors
+from .inputs.opinfo import by_name, cpu_dtypes
+from .inputs.schema import NOARG, Call, DeviceArg, call_strategy
+from .select import DEFAULT_DTYPES, matching
+from .sweep import evaluate
+from .verdict import Status, decide, decide_unrun
+from .work import NOTHING, Group, ItemKey, Selection
+
+MAX_EXAMPLES = 12
+REJECT_CAP = 120  # calls rejected by the CPU in one search before it is given up
+STEERED_PASSES = 2  # further searches steered by the rejections' hints
+
+
+class SchemaSearch:
+    """The work kind: one group per candidate overload (``aten::`` globs in ``--ops`` choose
+    among them and, alone, select nothing else)."""
+
+    name = "schema"
+    table = "op_results"
+    variants = ("schema",)
+    crash_safe_factor = 3  # a crash-safe search forks twice per input
+
+    def groups(self, selection: Selection) -> list[Group]:
+        if not (selection.schema or selection.aten_globs):
+            return []
+        return [Group(name, "any", self.name) for name in select_overloads(selection.aten_globs)]
+
+    def run(self, target: Any, group: Group, config: Any, *, skip: Container[str] = NOTHING,
+            on_start: Callable[[str], None] | None = None) -> Iterator[dict[str, Any]]:
+        return run_schema_group(target, group, config, skip=skip, on_start=on_start)
+
+    def synthetic_row(self, key: ItemKey) -> dict[str, Any]:
+        return {"op": key.name, "variant": key.variant, "dtype": key.dtype, "sample": int(key.sample)}
+
+
+SCHEMA = SchemaSearch()
+
+
+def select_overloads(globs: list[str]) -> list[str]:
+    """Schema-driven candidates (overloads no OpInfo reaches) matching ``aten::`` globs (all
+    candidates when there are none)."""
+    return matching(schema_candidates(), globs, "overload", "matches no schema-driven candidate (an overload no "
+                    "OpInfo reaches, e.g. 'aten::_foreach_*'; see `conformance ops --json`)")
+
+
+@cache
+def schema_candidates() -> tuple[str, ...]:
+    """Overloads a backend can see that no OpInfo the sweep runs reaches (the map is measured
+    from each OpInfo's first sample; an OpInfo with no default dtype on the CPU runs nothing).
+    Layout-specific overloads are candidates too: most take strided inputs, and those that do
+    not are told apart by the CPU's own rejections."""
+    infos = by_name()
+
+    def runs(name: str) -> bool:
+        info = infos.get(name)
+        return info is not None and any(str(d).removeprefix("torch.") in DEFAULT_DTYPES for d in cpu_dtypes(info))
+
+    skip = ("composite_implicit", "no_cpu_kernel")
+    return tuple(o.name for o in catalog.overloads(with_opinfos=True)
+                 if not any(runs(i) for i in o.opinfos) and not any(o.has(c) for c in skip))
+
+
+PREFLIGHT_TIMEOUT_S = 30.0
+CRASH_SAFE_SHRINK_STEPS = 60
+
+
+def _in_child(run: Callable[[], None]) -> str | None:
+    """Run ``run`` in a forked child; how it died ("crashed (signal X)", "hung"), or None."""
+    pid = os.fork()
+    if pid == 0:  # child: run, then leave without cleanup (exceptions are reported by the real run)
+        import faulthandler
+        import gc
+
+        faulthandler.disable()  # an expected crash, reported by the parent; no traceback dump
+        try:
+            run()
+            gc.collect()  # free now: heap corruption often only shows when memory is freed
+        except BaseException:  # noqa: BLE001, S110
+            pass
+        os._exit(0)
+    deadline = time.monotonic() + PREFLIGHT_TIMEOUT_S
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return f"hung (over {PREFLIGHT_TIMEOUT_S:g} s)"
+        time.sleep(0.002)
+    if os.WIFSIGNALED(status):
+        return f"crashed (signal {signal.Signals(os.WTERMSIG(status)).name})"
+    return None
+
+
+def cpu_preflight(info: Any, sample: Any) -> str | None:
+    """Run the CPU reference on ``sample`` in a forked child first; the reason when the child
+    died (a crashing reference kernel is a rejected input, not the end of the search)."""
+    cpu = _clone(sample, lambda t: t.clone())
+    died = _in_child(lambda: info.op(cpu.input, *cpu.args, **cpu.kwargs))
+    return None if died is None else f"CPU reference {died}"
+
+
+def target_preflight(target: Any, info: Any, sample: Any) -> str | None:
+    """Run ``sample`` on the target alone in a forked child (no CPU reference ran in that
+    process, so nothing the reference corrupted can fail there); how the target died, or None."""
+
+    def run() -> None:
+        dev = _clone(sample, lambda t: t.to(target.device, copy=True), target.device)
+        target.wrap(info.op)(dev.input, *dev.args, **dev.kwargs)
+        target.synchronize()
+
+    return _in_child(run)
+
+
+class _Info:
+    """The slice of an OpInfo that the executor uses, for a bare ATen overload."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.variant_test_name = ""
+        self.packet = packet = packet_of(name)
+        self.op = lambda *a, **k: packet(*(x for x in a if x is not NOARG), **k)
+        self.mutates = packet._schema.is_mutable  # the CPU run must not mutate the target's inputs
+        self.inplace_variant = None
+        self.supports_out = False
+
+
+def _sample(call: Call) -> Any:
+    from torch.testing._internal.opinfo.core import SampleInput  # heavy: only when a search runs
+
+    args, kwargs = call.materialize()
+    if args:
+        return SampleInput(args[0], args=args[1:], kwargs=kwargs)
+    return SampleInput(NOARG, args=(), kwargs=kwargs)
+
+
+def run_schema_group(target: Any, group: Group, config: Any, *, skip: Container[str] = NOTHING,
+                     on_start: Callable[[str], None] | None = None) -> Iterator[dict[str, Any]]:
+    """Search inputs for one overload and yield its single result row. ``skip`` may ask for a
+    crash-safe search (:attr:`conformance.work.Skip.crash_safe`)."""
+    key = str(group.item("schema"))
+    if key in skip:
+        return
+    if on_start:
+        on_start(key)
+    info = _Info(group.op)
+    base_row = {"item_key": key, "op": group.op, "variant": "schema", "dtype": "any", "sample": 0,
+                "seed": config.seed}
+    try:
+        call_strategy(info.packet)
+    except ValueError as exc:
+        yield {**base_row, "status": decide_unrun("cpu").value, "error": f"no valid input: {exc}", "duration_s": 0.0}
+        return
+    rejected: collections.Counter[str] = collections.Counter()
+    accepted: list[dict[str, Any]] = []
+    failing: dict[str, Any] = {}
+    crash_safe = bool(getattr(skip, "crash_safe", False))
+
+    def search(strategy: st.SearchStrategy[Call]) -> None:
+        # [rejections left, crash-safe shrink steps left]: each crash-safe call costs two forks
+        budget = [REJECT_CAP // 3 if crash_safe else REJECT_CAP, CRASH_SAFE_SHRINK_STEPS]
+
+        @settings(max_examples=MAX_EXAMPLES, derandomize=True, database=None, deadline=None, print_blob=False,
+                  phases=(Phase.generate, Phase.shrink), suppress_health_check=list(HealthCheck))
+        @given(strategy)
+        def prop(call: Call) -> None:
+            if not accepted and budget[0] <= 0:
+                return  # given up: let Hypothesis run out its remaining examples at no cost
+            if failing and crash_safe:  # shrinking, two forks a step: bounded
+                if budget[1] <= 0:
+                    return  # counts as passing: Hypothesis keeps the smallest failure found so far
+                budget[1] -= 1
+            sample = _sample(call)
+            dtype = _first_dtype(sample)
+            if crash_safe:
+                why = cpu_preflight(info, sample)
+                if why is not None:
+                    rejected[why] += 1
+                    budget[0] -= 1
+                    reject()
+                died = target_preflight(target, info, sample)
+                if died is not None:  # the target's own crash, with no reference run before it
+                    row = {"status": decide_unrun("target").value, "dtype": str(dtype).removeprefix("torch.") if dtype else "none",
+                           "error": f"the target {died} running this input alone in a forked process "
+                                    "(no CPU reference ran there)", "duration_s": 0.0, "signature": signature(sample),
+                           "reached_ops": [group.op], "native_ops": [], "fallback_ops": []}
+                    accepted.append(row)
+                    failing.clear()
+                    failing.update(row=row, call=call)
+                    raise AssertionError(row["error"])
+            row = evaluate(target, info, group.op, "function",
+                           str(dtype).removeprefix("torch.") if dtype else "none", 0, sample, config)
+            if row["status"] == Status.SKIP.value:
+                rejected[(row.get("error") or "")[:200]] += 1
+                budget[0] -= 1
+                reject()
+            accepted.append(row)
+            if Status(row["status"]).failed:
+                failing.clear()
+                failing.update(row=row, call=call)
+                raise AssertionError(row.get("error") or row["status"])
+
+        try:
+            prop()
+        except AssertionError:
+            pass
+        except Exception as exc:  # noqa: BLE001 - Hypothesis gave up (e.g. Unsatisfiable)
+            rejected[f"{type(exc).__name__}: {exc}"[:120]] += 0
+
+    # First an unsteered search; while it finds nothing, the CPU's own rejections (the ranks and
+    # dtypes it asked for) steer up to STEERED_PASSES more.
+    search(call_strategy(info.packet))
+    hints = Hints()
+    for _ in range(1 if crash_safe else STEERED_PASSES):
+        if accepted:
+            break
+        more = hints.merge(hints_from_errors(rejected))
+        if more == hints:
+            break
+        hints = more
+        search(call_strategy(info.packet, hints))
+    steered = f" (steered by the CPU's errors: {hints.describe()})" if hints else ""
+    if failing:
+        row = dict(failing["row"])
+        row.update(base_row, dtype=row["dtype"], inputs=_blob(failing["call"]))
+        row["error"] = f"minimal failing input after shrinking{steered}: {row.get('signature')}; {row.get('error') or ''}"
+        yield row
+    elif accepted:
+        row = dict(accepted[0])
+        row.update(base_row, dtype=row["dtype"])
+        row["reached_ops"] = sorted({o for r in accepted for o in (r.get("reached_ops") or [])})
+        row["native_ops"] = sorted({o for r in accepted for o in (r.get("native_ops") or [])})
+        row["fallback_ops"] = sorted({o for r in accepted for o in (r.get("fallback_ops") or [])})
+        row["error"] = None
+        if Status(row["status"]).passed:  # a fallback seen in any accepted call marks the whole search
+            row["status"] = decide(cpu_error=None, target_error=None, close=True, fallback=row["fallback_ops"]).value
+        yield row
+    else:
+        top = "; ".join(f"{n}x {msg}" for msg, n in rejected.most_common(2))
+        yield {**base_row, "status": decide_unrun("cpu").value, "duration_s": 0.0,
+               "error": f"no valid input: {sum(rejected.values())} generated calls rejected by the CPU{steered} ({top})"}
+
+
+def _first_dtype(sample: Any) -> torch.dtype | None:
+    for x in leaves((sample.input, sample.args, sample.kwargs)):
+        if isinstance(x, torch.Tensor):
+            return x.dtype
+    return None
+
+
+DEVICE_MARK = "<device>"  # how a stored input spells the device argument (standalone scripts map it)
+
+
+def _blob(call: Call) -> bytes:
+    def plain(v: Any) -> Any:
+        if isinstance(v, DeviceArg):
+            return DEVICE_MARK
+        if isinstance(v, torch.memory_format):  # memory formats do not pickle
+            return f"<{str(v).removeprefix('torch.')}>"
+        if isinstance(v, list):
+            return [plain(x) for x in v]
+        return v
+
+    args, kwargs = call.materialize()
+    return dump_inputs({"args": [plain(a) for a in args], "kwargs": {k: plain(v) for k, v in kwargs.items()}})
+
+
