@@ -242,7 +242,7 @@ def _drift(base: dict[str, dict[str, Any]], cand: dict[str, dict[str, Any]]) -> 
         greater = sum(r > 1 for r in changed)
         p = sign_test_p(greater, len(changed))
         if med >= MIN_EFFECT and p < DRIFT_P:
-            out.append(Finding("drift", "drift", f"{op}|{variant}|{dtype}|*", op, variant, dtype, "pass", "pass",
+            out.append(Finding("drift", "drift", str(ItemKey(op, variant, dtype, "*")), op, variant, dtype, "pass", "pass",
                                {"median_error_ratio": med, "p_value": p, "samples": len(ratios),
                                 "worse_samples": greater}))
     return out

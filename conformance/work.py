@@ -5,7 +5,7 @@ its schema, one model graph x dtype); an *item* is one result row inside it, nam
 :class:`ItemKey` that is stable across runs and processes (resume, merge and the gate rely on it).
 A :class:`WorkKind` says which table its rows go to, which item variants it produces, how a run's
 selection expands into its groups and how a worker runs one group. The kinds live next to their
-code (:mod:`conformance.sweep`, :mod:`conformance.search`, :mod:`conformance.models.work`); the
+code (:mod:`conformance.sweep`, :mod:`conformance.search`, :mod:`conformance.models.runner`); the
 list of them is :data:`conformance.kinds.KINDS`.
 
 This module is a leaf: it imports nothing of the harness, so every layer may use it.
