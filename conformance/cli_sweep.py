@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import click
 
@@ -40,11 +41,8 @@ from .cli import EXIT_FAILURES, EXIT_OK, EXIT_USAGE, UsageProblem, db_option, ha
 @click.option("--quiet", is_flag=True, help="No progress line.")
 @db_option(default="results/opdb.sqlite")
 @handles_errors
-def run_cmd(target: str, build: str | None, ops: tuple[str, ...], dtypes: tuple[str, ...], thorough: bool,
-            variants: str, schema: bool | None, models: tuple[str, ...], model_limit: int | None, model_modes: str,
-            workers: int, shard: str, resume: str | None, run_id: str | None, timeout_s: float,
-            max_samples: int | None, ledger: str | None, seed: int | None, exit_zero: bool, quiet: bool,
-            db_path: str) -> None:
+def run_cmd(variants: str, schema: bool | None, model_modes: str, resume: str | None, exit_zero: bool, quiet: bool,
+            db_path: str, **spec_fields: Any) -> None:
     """Sweep every OpInfo x dtype x variant x sample on a target against the CPU.
 
     The summary and the exit code are about the whole run (a resumed run's earlier sessions
@@ -55,13 +53,14 @@ def run_cmd(target: str, build: str | None, ops: tuple[str, ...], dtypes: tuple[
     """
     from .run import RunSpec, execute_run, stderr_progress
 
+    # the options named like a RunSpec field go to it as they are (a new run option is a field
+    # and an option of the same name); these are derived from several options or parsed
+    ops, models = spec_fields["ops"], spec_fields["models"]
     opinfo = bool(ops) or not models
     if schema is None:
         schema = opinfo and not ops  # the full default sweep covers every overload it can
-    spec = RunSpec(target=target, build=build, ops=ops, dtypes=dtypes, thorough=thorough, workers=workers,
-                   shard=shard, timeout_s=timeout_s, seed=seed, max_samples=max_samples, ledger=ledger,
-                   run_id=run_id, opinfo=opinfo, schema=schema, models=models, model_limit=model_limit,
-                   variants=_variants(variants), model_modes=_modes(model_modes))
+    spec = RunSpec(**spec_fields, opinfo=opinfo, schema=schema, variants=_variants(variants),
+                   model_modes=_modes(model_modes))
     summary = execute_run(spec, db_path, resume=resume, progress=None if quiet else stderr_progress)
     if not quiet:
         click.echo("", err=True)

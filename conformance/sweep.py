@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Container, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
@@ -42,8 +42,9 @@ class SweepConfig:
     model_modes: tuple[str, ...] = ("eager", "compile")  # model items per graph
 
     def describe(self) -> dict[str, Any]:
-        return {"thorough": self.thorough, "seed": self.seed, "variants": list(self.variants),
-                "max_samples": self.max_samples, "model_modes": list(self.model_modes)}
+        """The settings as JSON values (the ledger, a loaded file, aside)."""
+        return {f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v
+                for f in fields(self) if f.name != "ledger"}
 
 
 def evaluate(target: Target, info: Any, op: str, variant: str, dtype: str, index: int, sample: Any,
