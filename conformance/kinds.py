@@ -23,6 +23,7 @@ from .sweep import OPINFO
 from .work import Group, ItemKey, Selection, WorkKind
 
 KINDS: tuple[WorkKind, ...] = (OPINFO, SCHEMA, MODEL)
+TABLES = tuple(dict.fromkeys(k.table for k in KINDS))  # the result tables a run writes
 _BY_NAME = {k.name: k for k in KINDS}
 _BY_VARIANT = {v: k for k in KINDS for v in k.variants}
 

@@ -14,22 +14,23 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from opdb import Store
 
 from . import datafiles
-from .kinds import groups_of, kind_of_item
+from .kinds import TABLES, groups_of, kind_of_item
 from .select import SelectionError, parse_shard, shard_of
 from .spec import RunSpec
 from .supervisor import Summary, Supervisor, _start_worker_server
+from .targets import Target
 from .verdict import Status
 from .work import Group, ItemKey
 
-__all__ = ["EmptyRun", "RunSpec", "Summary", "Supervisor", "check", "execute_run", "prepare", "rerun_items", "run_canaries", "run_into",
-           "stderr_progress"]
+__all__ = ["EmptyRun", "Prepared", "RunSpec", "Summary", "Supervisor", "check", "execute_run", "prepare", "rerun_items",
+           "run_canaries", "run_into", "stderr_progress"]
 
 
 def _done_by_group(keys: set[str]) -> dict[str, set[str]]:
@@ -131,7 +132,7 @@ def _check_run_id(store: Store, spec: RunSpec, config: dict[str, Any], where: st
                              f"run has {key}={mine.get(key)!r}; use a new --run-id (or --resume {spec.run_id})")
     from opdb.queries import results_by_key
 
-    recorded = sum(1 for table in ("op_results", "model_results")
+    recorded = sum(1 for table in TABLES
                    for r in results_by_key(store, spec.run_id, table, ("shard",)).values()
                    if r["shard"] == spec.shard)
     if recorded or existing.get("status") == "finished":
@@ -158,15 +159,27 @@ class EmptyRun(SelectionError):
     """A run that recorded no item: there is nothing to check, which is never a pass."""
 
 
+class Prepared(NamedTuple):
+    """A run checked before anything is written: its spec (a resumed run's as it was started),
+    its groups and, for a new run, its set-up target."""
+
+    spec: RunSpec
+    groups: list[Group]
+    target: Target | None
+
+
 def execute_run(spec: RunSpec, db_path: str | os.PathLike[str], *, resume: str | None = None,
                 progress: Callable[[str], None] | None = None) -> Summary:
-    """Run (or resume) a sweep into the database at ``db_path`` (:func:`run_into`)."""
+    """Run (or resume) a sweep into the database at ``db_path`` (:func:`run_into`); a bad spec
+    or selection is refused before the database is created or written."""
     _start_worker_server()  # its imports overlap with the selection's
+    run = None
     if resume:
-        with Store.open(db_path, create=False) as store:
-            if store.get_run(resume) is None:
-                raise SelectionError(f"{db_path}: no run with id {resume!r} to resume")
-    prepared = prepare(spec, resume=resume, where=str(db_path)) if not resume else None
+        with Store.open(db_path, create=False) as store:  # a missing database is not created
+            run = store.get_run(resume)
+        if run is None:
+            raise SelectionError(f"{db_path}: no run with id {resume!r} to resume")
+    prepared = prepare(spec, resumed=run)
     with Store.open(db_path) as store:
         return run_into(spec, store, resume=resume, progress=progress, prepared=prepared)
 
@@ -177,38 +190,36 @@ def check(spec: RunSpec) -> list[Group]:
     return _select(spec)
 
 
-def prepare(spec: RunSpec, *, resume: str | None = None, store: Store | None = None,
-            where: str = "") -> tuple[RunSpec, list[Group], Any]:
-    """Validate a run before the database is written: the spec a resumed run was started with,
-    the groups (a bad selection raises), and the set-up target of a new run."""
+def prepare(spec: RunSpec, resumed: dict[str, Any] | None = None) -> Prepared:
+    """Check a run (the stored run ``resumed`` continues, when given) and set up its target."""
     from .targets import get_target
 
-    if resume:
-        assert store is not None
-        run = store.get_run(resume)
-        if run is None:
-            raise SelectionError(f"{where or store.path}: no run with id {resume!r} to resume")
-        spec = RunSpec.from_run(run, workers=spec.workers)
+    if resumed is not None:
+        spec = RunSpec.from_run(resumed, workers=spec.workers)
+        return Prepared(spec, check(spec), None)
     groups = check(spec)
-    if resume:
-        return spec, groups, None
     target = get_target(spec.target, spec.build)
-    return spec.replace(build=spec.build.resolved()), groups, target
+    return Prepared(spec.replace(build=spec.build.resolved()), groups, target)
 
 
 def run_into(spec: RunSpec, store: Store, *, resume: str | None = None,
-             progress: Callable[[str], None] | None = None, prepared: tuple[RunSpec, list[Group], Any] | None = None
-             ) -> Summary:
+             progress: Callable[[str], None] | None = None, prepared: Prepared | None = None) -> Summary:
     """Run (or resume) a sweep into an open store; returns the summary of the whole run (this
     shard), earlier sessions of a resumed run included. A run that ends with no item raises
     :class:`EmptyRun` (after recording it). Nothing is written when the spec or selection is bad."""
     where = str(store.path or ":memory:")
     _start_worker_server()
-    spec, groups, target = prepared or prepare(spec, resume=resume, store=store, where=where)
+    if prepared is None:
+        run = store.get_run(resume) if resume else None
+        if resume and run is None:
+            raise SelectionError(f"{where}: no run with id {resume!r} to resume")
+        prepared = prepare(spec, resumed=run)
+    spec, groups, target = prepared
     if resume:
         store.resume_run(resume, shard=spec.shard)
         run_id = resume
     else:
+        assert target is not None
         config = {**spec.to_config(), "layouts": target.probe_layouts()}
         if spec.run_id:
             _check_run_id(store, spec, config, where)
@@ -221,7 +232,7 @@ def run_into(spec: RunSpec, store: Store, *, resume: str | None = None,
         store.set_run_status(run_id, "infra")
         store.finish_run(run_id, shard=spec.shard, status="infra")
         return Summary(run_id, infra=infra)
-    done = _done_by_group(store.done_keys("op_results", run_id) | store.done_keys("model_results", run_id))
+    done = _done_by_group(set().union(*(store.done_keys(table, run_id) for table in TABLES)))
     sup = Supervisor(spec, store, run_id, groups, done, progress)
     previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:

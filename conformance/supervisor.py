@@ -29,7 +29,7 @@ from opdb import Store
 from opdb.store import now
 
 from .isolation import read_output
-from .kinds import kind_of
+from .kinds import TABLES, kind_of
 from .select import SelectionError
 from .spec import RunSpec
 from .verdict import FAILING, Status, decide_unrun
@@ -171,7 +171,7 @@ class Supervisor:
         self.progress = progress
         _start_worker_server()  # (again: re-runs and canaries come here directly) ties it to us
         self.ctx = worker_context()
-        self.writers = {t: store.writer(t) for t in ("op_results", "model_results")} if store else {}
+        self.writers = {t: store.writer(t) for t in TABLES} if store else {}
         self.sink = sink or (lambda row, table: self.writers[table].add(row))
         self.slots: list[_Slot] = []
         self.crash_safe: set[str] = set()  # schema groups whose CPU reference killed a worker
