@@ -70,9 +70,19 @@ class _AotEager(CompilerTarget):
         self.setup()
 
 
+class BrokenBackend(CompilerTarget):
+    """A compiler that fails on every graph."""
+
+    name = "test-broken-backend"
+    backend_name = "broken"
+
+    def compile_graph(self, gm, example_inputs, record: Compiled):
+        raise RuntimeError("the backend broke")
+
+
 @pytest.fixture
 def registered(monkeypatch):
-    for cls in (PerturbSin, SilentEager):
+    for cls in (PerturbSin, SilentEager, BrokenBackend):
         monkeypatch.setitem(REGISTRY, cls.name, cls)
 
 
@@ -115,6 +125,12 @@ def test_a_target_that_silently_runs_eager_never_passes(registered):
     for r in rows:
         assert r["status"] == Status.ERROR.value and r["proof"]["graphs"] == 0, r
         assert r["error"].startswith(NOT_COMPILED)
+
+
+def test_a_compile_failure_is_an_error_not_an_eager_run(registered):
+    (row,) = _sweep(get_target("test-broken-backend"), ["sin"])
+    assert row["status"] == "error" and "the backend broke" in row["error"], row["error"]
+    assert row["proof"]["graphs"] == 1  # handed a graph, which failed; nothing ran eager instead
 
 
 def test_a_compiled_call_under_a_dispatch_mode_is_refused():

@@ -85,8 +85,16 @@ class CompilerTarget(Target):
         compiled = torch.compile(fn, backend=backend, dynamic=False, fullgraph=False)
 
         def run(*args: Any, **kwargs: Any) -> Any:
+            from torch._dynamo.exc import BackendCompilerFailed
+
             check_can_compile()
-            return compiled(*args, **kwargs)
+            try:
+                return compiled(*args, **kwargs)
+            except BackendCompilerFailed as exc:  # its first line does not say why
+                inner = exc.inner_exception
+                why = str(inner).strip().splitlines()[0] if str(inner).strip() else ""
+                raise TargetError(f"backend {self.backend_name!r} failed to compile a graph: "
+                                  f"{type(inner).__name__}: {why}") from exc
 
         return run
 
