@@ -186,6 +186,12 @@ def test_inductor_workers_compile_and_the_proof_is_stored(tmp_path):
     for op, variant, status, proof in rows:  # canaries included
         p = json.loads(proof)
         assert status == "pass" and p["backend"] == "inductor" and p["graphs"] >= 1, (op, variant, p)
+    from opdb import Store
+    from opdb.queries_report import SAMPLE_COLUMNS, op_sample_stream
+
+    with Store.open(db, create=False) as st:  # the report's sample table shows it
+        shown = {json.loads(r[5])[SAMPLE_COLUMNS.index("proof")] for r in op_sample_stream(st, summary.run_id)}
+    assert shown == {"inductor: 1 graphs on cpu"}
 
 
 def test_a_v3_database_gains_the_proof_column(tmp_path):
