@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+ERROR_CHARS = 240  # of a group's first error message
 #: Display order of the categories (worst first).
 CATEGORIES = ("regression", "drift", "flaky", "improvement", "new", "removed")
 
@@ -55,6 +56,7 @@ class FindingGroup:
     unconfirmed: int = 0  # items the flake confirmation could not afford
     reruns: dict[str, list[str]] = field(default_factory=dict)  # flaky: representative -> re-run statuses
     drift: dict[str, Any] = field(default_factory=dict)  # drift: median_error_ratio, p_value, samples, ...
+    recompiles: list[Any] = field(default_factory=list)  # a model's recompiles, baseline and candidate
 
     @property
     def size(self) -> int:
@@ -67,11 +69,15 @@ class FindingGroup:
             ratio = self.drift.get("median_error_ratio")
             return f"error grew {ratio:.3g}x while passing" if isinstance(ratio, (int, float)) else "error grew"
         if self.category == "flaky":
-            return f"flaky ({self.baseline} -> {self.candidate}, not reproduced every re-run)"
+            return f"{self.baseline} -> {self.candidate}, not reproduced on every re-run"
         if self.category == "new":
             return f"new: {self.candidate}"
         if self.category == "removed":
             return f"removed (was {self.baseline})"
+        if self.baseline == self.candidate:  # worse at the same status: a model that recompiles more
+            if len(self.recompiles) == 2:
+                return f"recompiles {self.recompiles[0]} -> {self.recompiles[1]} (still {self.candidate})"
+            return f"worse at the same status ({self.candidate})"
         return f"{self.baseline} -> {self.candidate}"
 
     @property
@@ -97,13 +103,16 @@ def group_findings(findings: Iterable[Mapping[str, Any]]) -> list[FindingGroup]:
         g.max_rel_err = _max(g.max_rel_err, _num(ev.get("max_rel_err")))
         g.max_abs_err = _max(g.max_abs_err, _num(ev.get("max_abs_err")))
         if not g.error and ev.get("error"):
-            g.error = " ".join(str(ev["error"]).split())[:200]
+            text = " ".join(str(ev["error"]).split())
+            g.error = text if len(text) <= ERROR_CHARS else text[:ERROR_CHARS - 1] + "…"
         if (ev.get("confirmation") or {}).get("verdict") == "unconfirmed":
             g.unconfirmed += 1
         if "reruns" in ev:
             g.reruns[f.get("item_key") or ""] = list(ev["reruns"])
         if g.category == "drift":
             g.drift = dict(ev)
+        if isinstance(ev.get("recompiles"), list) and not g.recompiles:
+            g.recompiles = list(ev["recompiles"])
     rank = {c: i for i, c in enumerate(CATEGORIES)}
     return sorted(groups.values(), key=lambda g: (rank.get(g.category, len(rank)), -g.size, g.name, g.variant,
                                                   g.dtype, g.baseline, g.candidate))
