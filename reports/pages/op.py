@@ -23,7 +23,7 @@ REPRO_LIST = 50  # repro commands listed in the page itself (the table has all)
 SAMPLE_KINDS = {"id": "int", "sample": "int", "status": "status", "max_abs_err": "num", "max_rel_err": "num",
                 "ulp_err": "num", "mismatch_frac": "num", "arbiter_err": "num", "cpu_arbiter_err": "num",
                 "atol": "num", "rtol": "num", "native_ops": "list", "fallback_ops": "list", "error": "pre",
-                "duration_s": "num", "seed": "int", "tol_source": "pre"}
+                "duration_s": "num", "seed": "text", "tol_source": "pre"}  # a seed is an id: no digit grouping
 
 
 def pages(b: BuildScope) -> Iterator[tuple[str, OpPage]]:
