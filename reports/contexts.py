@@ -272,6 +272,8 @@ class DiffPage(Page):
     baseline: BuildInfo | None
     baseline_link: Link | None
     sections: list[DiffSection] = field(default_factory=list)
+    totals: list[tuple[str, int]] = field(default_factory=list)  # (category, items) over every section: the console's
+
 
 
 @dataclass

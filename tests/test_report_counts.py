@@ -147,6 +147,10 @@ def test_gate_counts_agree_with_the_console_gate(counted, build):
     in_diff = sum(int(n.replace(",", "")) for n in re.findall(
         r'<li data-category="regression">.*?<span class="v">([\d,]+)</span>', diff))
     assert in_diff == console["regression"]
+    totals = diff[diff.index('id="diff-totals"'):]
+    totals = {m[1]: int(m[2].replace(",", "")) for m in re.finditer(
+        r'<span data-category="(\w+)">\w+ <span class="v">([\d,]+)</span>', totals[:totals.index("</p>")])}
+    assert totals == {k: v for k, v in console.items() if v}
 
 
 def test_counting_the_canary_would_disagree(counted, tmp_path):
