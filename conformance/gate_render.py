@@ -95,6 +95,17 @@ def _header(g: FindingGroup) -> str:
     return f"  {label} {g.name} [{g.variant}, {g.dtype}] {g.transition} ({size} {unit}{mark})"
 
 
+def _explained(result: GateResult, grouped: list[FindingGroup]) -> str:
+    """Why two gates of the same data can count differently: what the re-runs moved."""
+    flaky = [g for g in grouped if g.category == "flaky"]
+    unconfirmed = sum(g.unconfirmed for g in grouped if g.category == "regression")
+    before = len(result.of("regression")) + len(result.of("flaky"))
+    return (f"  {before} regression(s) before confirmation: the re-runs judged "
+            f"{sum(g.size for g in flaky)} item(s) in {len(flaky)} group(s) flaky; "
+            f"{unconfirmed} item(s) stay regressions unconfirmed (re-runs decide these counts, so two gates of "
+            f"the same data can differ by them)")
+
+
 def summary_lines(result: GateResult, links: Links | None = None, top: int = CONSOLE_GROUPS) -> list[str]:
     """The console summary: counts, the confirmation, then the largest groups with their evidence."""
     links = links or Links()
@@ -110,6 +121,7 @@ def summary_lines(result: GateResult, links: Links | None = None, top: int = CON
                      f"{result.common['only_candidate']} only in the candidate")
     if result.confirmation is not None:
         lines.append(result.confirmation.line())
+        lines.append(_explained(result, grouped))
     for cats in (("regression", "drift"), ("flaky",)):
         shown = [g for g in grouped if g.category in cats]
         for g in shown[:top]:
@@ -153,7 +165,7 @@ def markdown(result: GateResult, links: Links | None = None, top: int = MD_GROUP
     for cat in CATEGORIES:
         out.append(f"| {cat} | {len(result.of(cat))} | {sum(1 for g in grouped if g.category == cat)} |")
     if result.confirmation is not None:
-        out += ["", _md(result.confirmation.line().strip())]
+        out += ["", _md(result.confirmation.line().strip()), "", _md(_explained(result, grouped).strip())]
     if links.report:
         out += ["", f"Report: {_md_code(links.report)}" if "://" not in links.report
                 else f"Report: <{links.report.replace('>', '%3E').replace(' ', '%20')}>"]

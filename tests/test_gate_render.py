@@ -51,6 +51,9 @@ def test_console_groups_largest_first_with_evidence_and_and_more():
     more = next(line for line in lines if line.startswith("  and "))
     assert more == "  and 19 more regression/drift groups (19 items): site/2.33.0/regressions.html"
     assert "  regression      231   (33 groups)" in lines
+    # what the re-runs moved, so two gates of the same data that count differently say why
+    assert any(line.startswith("  237 regression(s) before confirmation: the re-runs judged 6 item(s) in 1 group(s) "
+                               "flaky; 0 item(s) stay regressions unconfirmed") for line in lines)
 
 
 def test_drift_and_flaky_and_recompiles_are_said_as_what_they_are():
