@@ -45,6 +45,14 @@ class Outcome:
     reached: tuple[str, ...] = ()
     duration_s: float = 0.0
     arbiter: Callable[[], Any] | None = None
+    # Proof the target ran the item: "device" (of the outputs) and, on a compiler target,
+    # what its backend compiled (Compiled.evidence()); stored as op_results.proof.
+    proof: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def graphs(self) -> int | None:
+        """Graphs the compiler target compiled for this item (None: not a compiler target)."""
+        return self.proof.get("graphs")
 
 
 _PHASE_HOOK: Callable[[str], None] | None = None
@@ -110,17 +118,25 @@ def _map_sample(sample: Any, one: Callable[[Any], Any]) -> Any:
                         kwargs={k: walk(v) for k, v in sample.kwargs.items()})
 
 
-def _out_like(value: Any, device: str | torch.device) -> Any:
+def _out_like(value: Any, device: str | torch.device, sized: bool = False) -> Any:
+    """Empty ``out=`` tensors for the result ``value`` (the kernel resizes them), or with its
+    shapes when ``sized``."""
+    def one(v: torch.Tensor) -> torch.Tensor:
+        return torch.empty(v.shape if sized else 0, dtype=v.dtype, device=device)
+
     if isinstance(value, torch.Tensor):
-        return torch.empty(0, dtype=value.dtype, device=device)
+        return one(value)
     if isinstance(value, (tuple, list)) and all(isinstance(v, torch.Tensor) for v in value):
-        return tuple(torch.empty(0, dtype=v.dtype, device=device) for v in value)
+        return tuple(one(v) for v in value)
     raise TypeError(f"cannot build out= tensors for {type(value).__name__}")
 
 
-def _invoke(fn: Callable[..., Any], variant: str, s: Any, device: str | torch.device, cpu_result: Any) -> Any:
+def _invoke(fn: Callable[..., Any], variant: str, s: Any, device: str | torch.device, cpu_result: Any,
+            sized_out: bool = False) -> Any:
+    """Call ``fn`` on sample ``s``. ``sized_out``: ``out=`` tensors come with the result's shapes,
+    for a compiler (dynamo breaks the graph on an ``out=`` it must resize, and runs it eager)."""
     if variant == "out":
-        out = _out_like(cpu_result, device)
+        out = _out_like(cpu_result, device, sized_out)
         ret = fn(s.input, *s.args, **s.kwargs, out=out)
         return out if ret is None else ret
     return fn(s.input, *s.args, **s.kwargs)
@@ -149,24 +165,56 @@ def run_item(target: Target, info: Any, variant: str, sample: Any, *, want_arbit
             return out
         dev = target.device
         _phase("target")
+        trace = None
         try:
             s_dev = _clone(sample, lambda t: t.to(dev, copy=True), dev)
             wrapped = target.wrap(fn)
-            with target.trace() as trace:
+            if target.compiler:  # compiled with no dispatch mode active; ops traced on an eager run
                 t0 = time.perf_counter()
-                result = _invoke(wrapped, variant, s_dev, dev, out.cpu)
+                result = _invoke(wrapped, variant, s_dev, dev, out.cpu, sized_out=True)
                 target.synchronize()
                 out.duration_s = time.perf_counter() - t0
+                out.proof = _proof(target, result)
+                trace = _eager_trace(target, lambda: _invoke(
+                    fn, variant, _clone(sample, lambda t: t.to(dev, copy=True), dev), dev, out.cpu, sized_out=True))
+            else:
+                with target.trace() as trace:
+                    t0 = time.perf_counter()
+                    result = _invoke(wrapped, variant, s_dev, dev, out.cpu)
+                    target.synchronize()
+                    out.duration_s = time.perf_counter() - t0
+                out.proof = _proof(target, result)
             out.device_meta = [Meta.of(x) for x in leaves(result) if isinstance(x, torch.Tensor)]
             out.target = _to_cpu(result)
             out.native, out.fallback, out.reached = _trace_of(trace)
         except Exception as exc:  # noqa: BLE001 - any target failure is evidence
             out.target_error = _err(exc)
-            out.native, out.fallback, out.reached = _trace_of(locals().get("trace"))
+            out.proof = out.proof or _proof(target, None)
+            out.native, out.fallback, out.reached = _trace_of(trace)
             return out
     if want_arbiter and sample_dtype(sample) in _FLOAT_LOW:
         out.arbiter = lambda: _arbiter(fn, variant, info, sample)
     return out
+
+
+def _eager_trace(target: Target, call: Callable[[], Any]) -> Any:
+    """The overloads an eager run of the item reaches on ``target`` (how a compiler target's
+    item names its ops). It only names ops: a failure here is not the compiled result's."""
+    trace = None
+    try:
+        with target.trace() as trace:
+            call()
+    except Exception:  # noqa: BLE001 - the ops reached until the failure are still named
+        pass
+    return trace
+
+
+def _proof(target: Target, result: Any) -> dict[str, Any]:
+    """Evidence that ``target`` ran the item: the devices of its outputs and, for a compiler
+    target, what its backend compiled."""
+    devices = sorted({str(x.device) for x in leaves(result) if isinstance(x, torch.Tensor)})
+    compiled = target.compiled()
+    return {"device": devices, **(compiled.evidence() if compiled is not None else {})}
 
 
 def _trace_of(trace: Any) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
@@ -268,15 +316,25 @@ def run_backward(target: Target, info: Any, sample: Any) -> Outcome:
         try:
             s_dev = _leafify(sample, dev)
             wrapped = target.wrap(info.op)
-            with target.trace() as trace:
+            if target.compiler:  # see run_item: compiled untraced, ops traced on an eager run
                 t0 = time.perf_counter()
                 grads_dev, _ = _backward(wrapped, s_dev, upstream, dev)
                 target.synchronize()
                 out.duration_s = time.perf_counter() - t0
+                out.proof = _proof(target, grads_dev)
+                trace = _eager_trace(target, lambda: _backward(info.op, _leafify(sample, dev), upstream, dev))
+            else:
+                with target.trace() as trace:
+                    t0 = time.perf_counter()
+                    grads_dev, _ = _backward(wrapped, s_dev, upstream, dev)
+                    target.synchronize()
+                    out.duration_s = time.perf_counter() - t0
+                out.proof = _proof(target, grads_dev)
             out.device_meta = [Meta.of(g) for g in grads_dev if isinstance(g, torch.Tensor)]
             out.target = _to_cpu(grads_dev)
             out.native, out.fallback, out.reached = _trace_of(trace)
         except Exception as exc:  # noqa: BLE001
             out.target_error = _err(exc)
+            out.proof = out.proof or _proof(target, None)
             out.native, out.fallback, out.reached = _trace_of(trace)
     return out

@@ -85,7 +85,7 @@ def to_cpu(x):
     return move(x, "cpu")
 
 
-def call(f, device, out_like=None):
+def call(f, device, out_like=None, sized_out=False):
     grad = VARIANT == "backward"
     inp, args, kwargs = (move(data["input"], device, grad), move(data["args"], device, grad),
                          move(data["kwargs"], device, grad))
@@ -98,7 +98,8 @@ def call(f, device, out_like=None):
     if data["input"] is None:
         return f(*args, **kwargs)
     if VARIANT == "out":
-        outs = tuple(torch.empty(0, dtype=t.dtype, device=device) for t in (out_like if isinstance(out_like, tuple) else (out_like,)))
+        outs = tuple(torch.empty(t.shape if sized_out else 0, dtype=t.dtype, device=device)
+                     for t in (out_like if isinstance(out_like, tuple) else (out_like,)))
         ret = f(inp, *args, **kwargs, out=outs if isinstance(out_like, tuple) else outs[0])
         return ret if ret is not None else outs
     return f(inp, *args, **kwargs)
@@ -110,7 +111,7 @@ if VARIANT == "out" and data["input"] is not None:
 cpu = call(fn, "cpu", ref)
 print("CPU result:", cpu)
 try:
-    dev = to_cpu(call({wrapped}, DEVICE, ref))
+    dev = to_cpu(call({wrapped}, DEVICE, ref, RECORD["sized_out"]))
 except Exception as exc:
     print("target raised:", type(exc).__name__, exc)
     raise SystemExit(1)
@@ -172,7 +173,9 @@ def write_repro(store: Store, result_id: int, out_dir: str | Path) -> Path:
     target = get_target(run.get("target", "cpu"), config.get("build_spec") or run.get("build"))
     setup, wrapped = target.repro_setup()
     script = out / f"repro_{int(result_id)}.py"
+    # A compiler target gets out= tensors of the result's shapes, as in the sweep (execute._invoke).
     record = {"result": int(result_id), "op": op, "variant": variant, "device": str(target.device),
+              "sized_out": bool(target.compiler),
               "inputs": inputs, "atol": _tol(row.get("atol"), where, "atol"), "rtol": _tol(row.get("rtol"), where, "rtol")}
     doc = _doc_text(
         f"Reproduces opdb result {int(result_id)}: {op} ({variant}, {row.get('dtype')}, sample {row.get('sample')}) "

@@ -93,6 +93,9 @@ class Summary:
     items: int = 0  # the whole run (this shard), earlier sessions of a resumed run included
     session_items: int = 0  # of which run in this session
     interrupted: bool = False
+    graphs: int = 0  # graphs a compiler target compiled (this session)
+    uncompiled: int = 0  # items of a compiler target that compiled none (this session)
+    compiler: bool = False  # some item carried a compiler's proof
 
     @property
     def failures(self) -> int:
@@ -108,6 +111,8 @@ class Summary:
         for status in Status:
             if self.counts.get(status.value):
                 lines.append(f"  {status.value:<18}{self.counts[status.value]:>8}")
+        if self.compiler:
+            lines.append(f"compiled graphs: {self.graphs} ({self.uncompiled} items compiled none)")
         if self.op_time:
             lines.append("slowest ops (target time, s):")
             lines += [f"  {op:<40}{t:>8.3f}" for op, t in self.op_time.most_common(top)]
@@ -309,6 +314,11 @@ class Supervisor:
         self.summary.items += 1
         self.summary.session_items += 1
         self.summary.op_time[row.get("op") or row.get("model_id") or "?"] += row.get("duration_s") or 0.0
+        graphs = (row.get("proof") or {}).get("graphs")
+        if graphs is not None:
+            self.summary.compiler = True
+            self.summary.graphs += graphs
+            self.summary.uncompiled += graphs == 0
 
     def _synthetic(self, group: Group, key: str, status: Status, error: str, duration: float,
                    output: str | None = None) -> None:

@@ -28,7 +28,7 @@ from .inputs.opinfo import DEFAULT_SEED, by_name, samples, variant_fn
 from .ledger import Ledger
 from .select import VARIANTS, Group, item_key
 from .targets import Target
-from .verdict import Status, decide, decide_unrun
+from .verdict import NOT_COMPILED, Status, decide, decide_unrun
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,7 @@ def evaluate(target: Target, info: Any, op: str, variant: str, dtype: str, index
         "item_key": item_key(op, variant, dtype, index), "op": op, "variant": variant, "dtype": dtype,
         "sample": index, "atol": tol.atol, "rtol": tol.rtol, "tol_source": tol.source, "comparator": kind,
         "native_ops": list(out.native), "fallback_ops": list(out.fallback), "reached_ops": list(out.reached),
+        "proof": out.proof,
         "signature": signature(sample),
         "seed": config.seed,
     }
@@ -76,13 +77,26 @@ def evaluate(target: Target, info: Any, op: str, variant: str, dtype: str, index
     elif out.target_error is not None:
         error = out.target_error
     status = decide(cpu_error=out.cpu_error, target_error=out.target_error, close=close,
-                    fallback=out.fallback, expected_failure=xfail.statuses if xfail else None)
+                    fallback=out.fallback, expected_failure=xfail.statuses if xfail else None,
+                    graphs=out.graphs)
+    if status is Status.ERROR and out.target_error is None and out.graphs == 0:
+        error = f"{NOT_COMPILED} ({_eager_why(out.proof)})"
     if status in (Status.XFAIL, Status.XPASS) and xfail is not None:
         error = f"{error or 'passed'} [expected failure: {xfail.where}: {xfail.reason}]"
     row["status"] = status.value
     row["error"] = error
     row["duration_s"] = out.duration_s or (time.perf_counter() - start)
     return row
+
+
+def _eager_why(proof: dict[str, Any]) -> str:
+    return (f"backend {proof.get('backend')!r}: {proof.get('frames', 0)} frames converted, "
+            f"{proof.get('graph_breaks', 0)} graph breaks{_reasons(proof)}, outputs on {proof.get('device') or 'no device'}")
+
+
+def _reasons(proof: dict[str, Any]) -> str:
+    reasons = proof.get("break_reasons") or []
+    return f" ({'; '.join(reasons)})" if reasons else ""
 
 
 BACKWARD_DTYPES = ("float32", "bfloat16")

@@ -31,15 +31,29 @@ def is_unsupported_dtype(message: str) -> bool:
     return any(p.search(message) for p in _UNSUPPORTED)
 
 
+NOT_COMPILED = ("infra: the compiler target compiled no graph for this item, so it ran eager; "
+                "its result says nothing about the compiler")
+
+
 def decide(*, cpu_error: str | None, target_error: str | None, close: bool,
-           fallback: Sequence[str] = (), expected_failure: Sequence[str] | None = None) -> Status:
+           fallback: Sequence[str] = (), expected_failure: Sequence[str] | None = None,
+           graphs: int | None = None) -> Status:
     """The verdict for one executed item.
 
     ``expected_failure`` is the list of failing statuses a ledger xfail entry accepts (None
     when no entry matches): a failure it names becomes ``xfail``, a pass becomes ``xpass``.
+    ``graphs`` is how many graphs a compiler target compiled for the item (None for an eager
+    target): a compiler target that compiled none ran eager, and that is an ``error`` of the
+    infrastructure (:data:`NOT_COMPILED`) whatever the comparison said, never a pass and
+    never an expected failure.
+
+        >>> decide(cpu_error=None, target_error=None, close=True, graphs=0).value
+        'error'
     """
     if cpu_error is not None:
         return Status.SKIP
+    if target_error is None and graphs == 0:
+        return Status.ERROR
     if target_error is not None:
         status = Status.UNSUPPORTED_DTYPE if is_unsupported_dtype(target_error) else Status.ERROR
     elif not close:

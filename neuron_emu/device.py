@@ -139,8 +139,20 @@ def _make_module() -> types.ModuleType:
         "is_autocast_enabled set_autocast_enabled get_autocast_dtype set_autocast_dtype "
         "is_bf16_supported"
     ).split():
-        setattr(mod, name, globals()[name])
+        fn = globals()[name]
+        setattr(mod, name, torch.compiler.disable(fn, recursive=True) if name in _RNG_STATE else fn)
     return mod
+
+
+# Generator-state plumbing, which dynamo must never trace. A real device module's are C++ or in
+# torch/ (dynamo skips both); these are Python. torch.testing's freeze_rng_state (around every
+# random OpInfo, e.g. dropout) calls torch.<accelerator>.get/set_rng_state inside no_dispatch():
+# traced there, the resume after the graph break at default_generator() made fake tensors with
+# the Python dispatch key excluded, and torch.compile of dropout failed with "you set
+# no_dispatch() before calling into this function" in any process that had imported the emulator.
+_RNG_STATE = frozenset(
+    "default_generator manual_seed manual_seed_all seed seed_all initial_seed get_rng_state "
+    "set_rng_state get_rng_state_all set_rng_state_all".split())
 
 
 _EXPLICIT = {

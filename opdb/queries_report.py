@@ -175,7 +175,7 @@ def run_ops(store: Store, run_id: str) -> list[str]:
 SAMPLE_COLUMNS = ("id", "variant", "dtype", "sample", "status", "max_abs_err", "max_rel_err", "ulp_err",
                   "mismatch_frac", "arbiter_err", "cpu_arbiter_err", "atol", "rtol", "tol_source",
                   "comparator", "checks", "native_ops", "fallback_ops", "signature", "error",
-                  "duration_s", "seed")
+                  "duration_s", "seed", "proof")
 
 
 def op_sample_stream(store: Store, run_id: str) -> Iterator[tuple[str, int, str, str, float | None, str]]:
@@ -183,7 +183,8 @@ def op_sample_stream(store: Store, run_id: str) -> Iterator[tuple[str, int, str,
     op, each op's failing samples first.
 
     ``row_json`` is a JSON array in :data:`SAMPLE_COLUMNS` order; ``checks`` is a string of the
-    failed structural checks (nan/dtype/shape/stride) or ''.
+    failed structural checks (nan/dtype/shape/stride) or ''; ``proof`` says what ran the item
+    (``inductor: 1 graphs on cpu`` for a compiler target, else the outputs' device).
     """
     failing = sorted(FAILING)
     yield from store.db.execute(
@@ -196,7 +197,11 @@ def op_sample_stream(store: Store, run_id: str) -> Iterator[tuple[str, int, str,
                        case when stride_ok = 0 then 'stride' else '' end),
                   case when json_valid(native_ops) then json(native_ops) else native_ops end,
                   case when json_valid(fallback_ops) then json(fallback_ops) else fallback_ops end,
-                  signature, error, duration_s, seed)
+                  signature, error, duration_s, seed,
+                  case when json_valid(proof) then coalesce(
+                      json_extract(proof, '$.backend') || ': ' || json_extract(proof, '$.graphs') || ' graphs on '
+                          || coalesce(json_extract(proof, '$.device[0]'), 'no output'),
+                      json_extract(proof, '$.device[0]')) end)
            from op_results where run_id = ?
            order by op, status not in ({marks}), variant, dtype, sample, id""".replace(
             "{marks}", ", ".join("?" for _ in failing)), [run_id, *failing])

@@ -90,6 +90,10 @@ OP_RESULTS = {
     "fallback_ops": str,  # JSON list
     "reached_ops": str,  # JSON list: every overload dispatched on the target (schema v2)
     "inputs": bytes,  # torch.save'd minimal failing input of schema-driven items (schema v2)
+    # JSON: proof that the target ran the item (schema v4): "device" (devices of the outputs) and,
+    # for a compiler target, "backend", "graphs" (graphs its backend compiled), "frames",
+    # "graph_breaks", "graph_ops" (ATen overloads in the compiled graphs), "fallback_kernels"
+    "proof": str,
     "signature": str,
     "seed": int,
 }
@@ -205,7 +209,12 @@ def _v3(db: sqlite_utils.Database) -> None:
             db[table].add_column("output", str)
 
 
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3]
+def _v4(db: sqlite_utils.Database) -> None:
+    if "proof" not in db["op_results"].columns_dict:
+        db["op_results"].add_column("proof", str)
+
+
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3, _v4]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -437,7 +437,9 @@ def run_item(target: Any, prep: _Prepared, dtype_name: str, mode: str, config: A
                 counter = CountingBackend(target.compile_backend())
                 fn = torch.compile(tgt_model, backend=counter, dynamic=False)
             else:
-                fn = target.wrap(tgt_model)
+                # eager on the target; a compiler target's own mode is "compile" (its wrap
+                # refuses the dispatch-mode trace of the first step, which would run it eager)
+                fn = tgt_model if target.compiler else target.wrap(tgt_model)
             tgt = _train(spec, tgt_model, fn, tgt_inputs, target, train_steps, seed, compiled=mode == "compile")
         except Exception as exc:  # noqa: BLE001
             tgt = SideResult(error=_err(exc))

@@ -1,9 +1,9 @@
 """Targets: the devices the harness runs against. The rest of the harness sees only
 :class:`~conformance.targets.base.Target`; only this package imports device packages."""
 
-from .base import REGISTRY, OpTrace, Target, TargetError, _load_builtin, get_target, register
+from .base import REGISTRY, Compiled, OpTrace, Target, TargetError, _load_builtin, get_target, register
 
-__all__ = ["REGISTRY", "OpTrace", "Target", "TargetError", "get_target", "preload", "register"]
+__all__ = ["REGISTRY", "Compiled", "OpTrace", "Target", "TargetError", "get_target", "preload", "register"]
 
 
 def preload() -> None:

@@ -42,6 +42,34 @@ class OpTrace:
         return self.native | self.fallback | self.dispatched
 
 
+@dataclass
+class Compiled:
+    """What a compiler target's backend compiled for one item: the proof that it did not run eager.
+
+    ``graphs`` counts the graphs handed to the backend, ``frames`` the frames dynamo converted,
+    ``graph_ops`` the ATen overloads in the compiled graphs and ``fallback_kernels`` those of
+    them the backend did not lower (it calls the ATen kernel)."""
+
+    backend: str
+    graphs: int = 0
+    frames: int = 0
+    graph_breaks: int = 0
+    break_reasons: list[str] = field(default_factory=list)  # first line of each graph-break reason
+    graph_ops: set[str] = field(default_factory=set)
+    fallback_kernels: set[str] = field(default_factory=set)
+    compile_s: float = 0.0
+
+    def evidence(self) -> dict[str, Any]:
+        return {"backend": self.backend, "graphs": self.graphs, "frames": self.frames,
+                "graph_breaks": self.graph_breaks, "break_reasons": self.break_reasons[:5], "graph_ops": sorted(self.graph_ops),
+                "fallback_kernels": sorted(self.fallback_kernels), "compile_s": round(self.compile_s, 4)}
+
+
+def overload_name(op: torch._ops.OpOverload) -> str:
+    """``aten::sin.default`` for ``torch.ops.aten.sin.default`` (the form traces record)."""
+    return f"{op.namespace}::{op._schema.name.split('::', 1)[1]}.{op._overloadname}"
+
+
 class Dispatched(TorchDispatchMode):
     """Records every aten overload dispatched below autograd into ``trace.dispatched``."""
 
@@ -51,7 +79,7 @@ class Dispatched(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         if func.namespace == "aten":
-            self.trace.dispatched.add(f"aten::{func._schema.name.split('::', 1)[1]}.{func._overloadname}")
+            self.trace.dispatched.add(overload_name(func))
         return func(*args, **(kwargs or {}))
 
 
@@ -61,6 +89,10 @@ class Target:
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
     device: str = "cpu"
+    # A compiler target: ``wrap`` compiles, and every item must prove a compiled graph
+    # (:meth:`compiled`). Its op trace is taken on a separate eager run, because under an
+    # active dispatch mode ``torch.compile`` silently runs eager.
+    compiler: ClassVar[bool] = False
 
     def __init__(self, build: str | None = None) -> None:
         self.build = build or "-"
@@ -80,6 +112,10 @@ class Target:
     def wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """The callable as the target runs it (eager by default; compiled for inductor)."""
         return fn
+
+    def compiled(self) -> Compiled | None:
+        """What the backend compiled since the last :meth:`wrap` (None: not a compiler target)."""
+        return None
 
     def synchronize(self) -> None:
         """Wait for queued device work (no-op for synchronous devices)."""

@@ -1,35 +1,157 @@
-"""``inductor``: ``torch.compile`` (inductor) on the CPU against eager CPU."""
+"""``inductor``: ``torch.compile`` (inductor) on the CPU against eager CPU.
+
+:class:`CompilerTarget` is the device-generic part: every :meth:`~CompilerTarget.wrap` starts
+dynamo afresh and compiles through a counting backend, so each item records how many graphs
+its backend compiled (:class:`~conformance.targets.base.Compiled`), and a call that would run
+eager (an active dispatch mode, a leaked ``no_dispatch``) fails instead of passing silently.
+"""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from .base import Target, register
+from .base import Compiled, Target, TargetError, overload_name, register
+
+
+def configure_dynamo() -> None:
+    """Dynamo settings under which a compile failure is an error, never a silent eager run."""
+    import torch._dynamo
+
+    cfg = torch._dynamo.config
+    cfg.suppress_errors = False  # a backend failure raises instead of running the frame eager
+    # Each item starts from torch._dynamo.reset(), so no limit is reached by a healthy sweep;
+    # one that is (a sample that recompiles in a loop) fails rather than drifting to eager.
+    cfg.fail_on_recompile_limit_hit = True
+
+
+def _python_dispatch_excluded() -> bool:
+    return torch._C._dispatch_tls_local_exclude_set().has(torch._C.DispatchKey.Python)
+
+
+def check_can_compile() -> None:
+    """Raise :class:`TargetError` when ``torch.compile`` would not compile in this thread now."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    mode = _get_current_dispatch_mode()
+    if mode is not None:
+        raise TargetError(f"compiled call under an active dispatch mode ({type(mode).__name__}): "
+                          "torch.compile would run it eager")
+    if _python_dispatch_excluded():
+        raise TargetError("the Python dispatch key is excluded in this thread (a no_dispatch() "
+                          "or _DisableTorchDispatch left active): dynamo cannot make fake tensors")
+
+
+class CompilerTarget(Target):
+    """A ``torch.compile`` backend on the CPU, compared with eager CPU."""
+
+    compiler = True
+    device = "cpu"
+    backend_name = ""
+
+    def setup(self) -> None:
+        configure_dynamo()
+        self._record: Compiled | None = None
+
+    def compile_graph(self, gm: torch.fx.GraphModule, example_inputs: list[Any], record: Compiled) -> Callable[..., Any]:
+        """Compile one dynamo graph (default: the registered backend ``backend_name``)."""
+        import torch._dynamo
+
+        return torch._dynamo.lookup_backend(self.backend_name)(gm, example_inputs)
+
+    def wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        import torch._dynamo
+        from torch._dynamo.utils import counters
+
+        # A fresh dynamo for every item. Without it, builtin ops (torch.add, torch.sin, ...)
+        # share dynamo's one wrapper frame, whose recompile limit a worker soon reaches; from
+        # then on every op of that worker ran eager, silently.
+        torch._dynamo.reset()
+        counters.clear()
+        record = Compiled(backend=self.backend_name)
+        self._record = record
+
+        def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+            record.graphs += 1
+            t0 = time.perf_counter()
+            try:
+                return self.compile_graph(gm, example_inputs, record)
+            finally:
+                record.compile_s += time.perf_counter() - t0
+
+        compiled = torch.compile(fn, backend=backend, dynamic=False, fullgraph=False)
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            from torch._dynamo.exc import BackendCompilerFailed
+
+            check_can_compile()
+            try:
+                return compiled(*args, **kwargs)
+            except BackendCompilerFailed as exc:  # its first line does not say why
+                inner = exc.inner_exception
+                why = str(inner).strip().splitlines()[0] if str(inner).strip() else ""
+                raise TargetError(f"backend {self.backend_name!r} failed to compile a graph: "
+                                  f"{type(inner).__name__}: {why}") from exc
+
+        return run
+
+    def compiled(self) -> Compiled | None:
+        from torch._dynamo.utils import counters
+
+        record = self._record or Compiled(backend=self.backend_name)
+        record.frames = int(counters["frames"].get("ok", 0))
+        record.graph_breaks = int(sum(counters["graph_break"].values()))
+        record.break_reasons = sorted({str(k).strip().splitlines()[0][:200] for k in counters["graph_break"]})
+        return record
+
+    def compile_backend(self) -> str | Callable[..., Any]:
+        return self.backend_name
 
 
 @register
-class InductorTarget(Target):
+class InductorTarget(CompilerTarget):
     name = "inductor"
     description = "torch.compile(backend='inductor') on CPU vs eager CPU"
-    device = "cpu"
+    backend_name = "inductor"
 
     def setup(self) -> None:
-        import torch._dynamo
-
-        torch._dynamo.config.cache_size_limit = 64
+        super().setup()
         if self.build == "-":
             self.build = f"inductor-{torch.__version__}"
 
     def repro_setup(self) -> tuple[str, str]:
         return "", "torch.compile({fn}, backend='inductor', dynamic=False)"
 
-    def wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        compiled = torch.compile(fn, backend="inductor", dynamic=False, fullgraph=False)
+    def compile_graph(self, gm: torch.fx.GraphModule, example_inputs: list[Any], record: Compiled) -> Callable[..., Any]:
+        from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
-        def run(*args: Any, **kwargs: Any) -> Any:
-            return compiled(*args, **kwargs)
+        def inner(graph: torch.fx.GraphModule, inputs: list[Any], **kwargs: Any) -> Any:
+            record.graph_ops |= aten_ops(graph)
+            record.fallback_kernels |= {overload_name(op) for op in _ops(graph) if not _lowered(op)}
+            return compile_fx_inner(graph, inputs, **kwargs)
 
-        return run
+        # An AOTAutograd cache hit skips inner_compile, and with it the graph's evidence; the
+        # FX graph cache (inside compile_fx_inner) still spares most of the work.
+        with torch._functorch.config.patch(enable_autograd_cache=False):
+            return compile_fx(gm, example_inputs, inner_compile=inner)
+
+
+def _ops(graph: torch.fx.GraphModule) -> list[torch._ops.OpOverload]:
+    return [n.target for n in graph.graph.nodes
+            if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)]
+
+
+def aten_ops(graph: torch.fx.GraphModule) -> set[str]:
+    """The overloads an ATen-level FX graph calls."""
+    return {overload_name(op) for op in _ops(graph)}
+
+
+def _lowered(op: torch._ops.OpOverload) -> bool:
+    """Does inductor generate code for ``op`` (rather than call its ATen kernel)? An op without a
+    lowering becomes an implicit fallback; decided from the tables, so a cache hit says the same."""
+    from torch._inductor import lowering
+
+    return op in lowering.lowerings and op not in lowering.fallbacks
