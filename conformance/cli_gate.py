@@ -29,11 +29,16 @@ from .gate import CONFIRM_BUDGET_S, MAX_RERUNS
               help="Compare only the items both runs hold, even when their selections differ (says how many).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the decision as JSON.")
 @click.option("--junit", "junit_path", type=click.Path(dir_okay=False), help="Write JUnit XML.")
-@click.option("--markdown", "md_path", type=click.Path(dir_okay=False), help="Write a Markdown summary.")
+@click.option("--markdown", "md_path", type=click.Path(dir_okay=False),
+              help="Write a Markdown summary short enough for a PR comment (the largest groups; details collapsed).")
+@click.option("--report", "report", default=None, metavar="SITE",
+              help="The report site (folder or URL) of these runs: the output links the candidate build's "
+                   "regressions page in it.")
 @db_option(default="results/opdb.sqlite")
 @handles_errors
 def gate_cmd(baseline: str, candidate: str, reruns: int, budget_s: float, max_reruns: int, common_only: bool,
-             json_path: str | None, junit_path: str | None, md_path: str | None, db_path: str) -> None:
+             json_path: str | None, junit_path: str | None, md_path: str | None, report: str | None,
+             db_path: str) -> None:
     """Compare a candidate build (or run) with a baseline; exit 1 on regressions, 2 on infra.
 
     Refuses (exit 2) an infra, unfinished or empty run, and runs whose selections differ unless
@@ -42,7 +47,7 @@ def gate_cmd(baseline: str, candidate: str, reruns: int, budget_s: float, max_re
     Example: conformance gate --db results/opdb.sqlite --baseline 2.32.0 --candidate 2.33.0 --json gate.json
     """
     from .gate import GateError, check_limits, run_gate
-    from .gate_report import junit, markdown, summary_lines
+    from .gate_render import gate_links, junit, markdown, summary_lines
 
     check_limits(reruns, budget_s, max_reruns)  # bad options: one line, exit 2, nothing written
     with Store.open(db_path, create=False) as st:
@@ -55,15 +60,25 @@ def gate_cmd(baseline: str, candidate: str, reruns: int, budget_s: float, max_re
                                                        "error": str(exc)}, indent=1))
             click.echo(f"error: {exc}", err=True)
             sys.exit(EXIT_USAGE)
-    for line in summary_lines(result):
+        links = gate_links(st, result, db_path, _report_page(report, result.candidate["build"]))
+    for line in summary_lines(result, links):
         click.echo(line)
     if json_path:
         Path(json_path).write_text(json.dumps(result.as_json(), indent=1, default=str))
     if junit_path:
-        Path(junit_path).write_text(junit(result))
+        Path(junit_path).write_text(junit(result, links))
     if md_path:
-        Path(md_path).write_text(markdown(result))
+        Path(md_path).write_text(markdown(result, links))
     sys.exit(EXIT_FAILURES if result.verdict == "fail" else EXIT_OK)
+
+
+def _report_page(site: str | None, build: str) -> str:
+    """The candidate build's regressions page in a report site (a folder or a URL)."""
+    if not site:
+        return ""
+    from reports.html import Slugger
+
+    return f"{site.rstrip('/')}/{Slugger()(build)}/regressions.html"
 
 
 @ledger_group.command("stale")

@@ -452,5 +452,6 @@ def _store(store: Store, result: GateResult) -> None:
                              "recorded_at": now()} for f in rerun], replace=True)
 
 
-__all__ = ["GateError", "GateResult", "Finding", "Confirmation", "run_gate", "resolve", "gate_pairs", "sign_test_p", "selection", "check_limits", "CONFIRM_BUDGET_S", "MAX_RERUNS",
+__all__ = ["GateError", "GateResult", "Finding", "Confirmation", "run_gate", "resolve", "gate_pairs", "sign_test_p",
+           "selection", "check_limits", "CONFIRM_BUDGET_S", "MAX_RERUNS",
            "PER_GROUP"]

@@ -112,7 +112,7 @@ def coverage_stage(store: Store, run_ids: Sequence[str], echo: Echo) -> None:
 def gate_stage(store: Store, run_ids: Sequence[str], echo: Echo) -> int:
     """Gate each run against the previous one; returns the worst exit code."""
     from .gate import GateError, run_gate
-    from .gate_report import summary_lines
+    from .gate_render import gate_links, summary_lines
 
     worst = 0
     for base, cand in zip(run_ids, run_ids[1:], strict=False):
@@ -122,7 +122,7 @@ def gate_stage(store: Store, run_ids: Sequence[str], echo: Echo) -> int:
             echo(f"gate {base} -> {cand}: INFRA: {exc}")
             worst = 2
             continue
-        for line in summary_lines(result):
+        for line in summary_lines(result, gate_links(store, result, str(store.path))):
             echo(line)
         worst = max(worst, 1 if result.verdict == "fail" else 0)
     return worst

@@ -87,3 +87,14 @@ def item_outcomes(store: Store, run_id: str) -> list[dict[str, Any]]:
     """(op, variant, dtype, status, errors) of every op result of a run."""
     return list(store.db.query(
         "select op, variant, dtype, status, max_abs_err, max_rel_err from op_results where run_id = ?", [run_id]))
+
+
+def result_ids(store: Store, run_id: str, item_keys: list[str]) -> dict[str, int]:
+    """Op result ids (what ``conformance repro`` takes) of some item keys of a run."""
+    out: dict[str, int] = {}
+    for i in range(0, len(item_keys), 500):
+        chunk = item_keys[i:i + 500]
+        marks = ", ".join("?" for _ in chunk)
+        out.update(store.db.execute(f"select item_key, id from op_results where run_id = ? and item_key in ({marks})",
+                                    [run_id, *chunk]).fetchall())
+    return out

@@ -15,10 +15,11 @@ Example::
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from .queries_counts import NOT_OPINFO
 from .status import FAILING
 from .store import Store
 
@@ -60,21 +61,6 @@ def builds(store: Store) -> list[BuildRuns]:
             continue
         out.append(BuildRuns(build, op, model))
     out.sort(key=lambda b: (b.started_at, b.build))
-    return out
-
-
-def status_counts_by_run(store: Store, run_ids: Sequence[str], table: str = "op_results"
-                         ) -> dict[str, dict[str, int]]:
-    """``{run_id: {status: count}}`` for ``table`` (op_results or model_results)."""
-    assert table in ("op_results", "model_results")
-    out: dict[str, dict[str, int]] = {r: {} for r in run_ids}
-    if not run_ids:
-        return out
-    marks = ", ".join("?" for _ in run_ids)
-    for row in store.db.execute(
-            f"select run_id, status, count(*) from [{table}] where run_id in ({marks}) "
-            f"group by run_id, status", list(run_ids)):
-        out[row[0]][row[1] or "?"] = row[2]
     return out
 
 
@@ -171,10 +157,18 @@ def slowest_ops(store: Store, run_id: str, limit: int = 15) -> list[dict[str, An
 
 
 def matrix_cells(store: Store, run_id: str) -> list[tuple[str, str, str, int]]:
-    """``(op, dtype, status, samples)`` for the op × dtype matrix."""
+    """``(op, dtype, status, samples)`` of the OpInfo ops for the op × dtype matrix (schema-driven
+    items and canaries are no OpInfo op's samples: they count on the ATen rows they reach)."""
+    marks = ", ".join("?" for _ in NOT_OPINFO)
     return [tuple(r) for r in store.db.execute(
-        "select op, dtype, status, count(*) from op_results where run_id = ? group by op, dtype, status",
-        [run_id])]
+        f"select op, dtype, status, count(*) from op_results where run_id = ? and coalesce(variant, '') "
+        f"not in ({marks}) group by op, dtype, status", [run_id, *NOT_OPINFO])]
+
+
+def run_ops(store: Store, run_id: str) -> list[str]:
+    """Every op name of a run's op results (one op page each), sorted."""
+    return [r[0] for r in store.db.execute("select distinct op from op_results where run_id = ? order by op",
+                                           [run_id])]
 
 
 #: Columns of one op sample row as :func:`op_sample_stream` encodes it (a JSON array).
@@ -185,12 +179,14 @@ SAMPLE_COLUMNS = ("id", "variant", "dtype", "sample", "status", "max_abs_err", "
 
 
 def op_sample_stream(store: Store, run_id: str) -> Iterator[tuple[str, int, str, str, float | None, str]]:
-    """``(op, id, dtype, status, max_rel_err, row_json)`` for every op result of a run, ordered by op.
+    """``(op, id, dtype, status, max_rel_err, row_json)`` for every op result of a run, ordered by
+    op, each op's failing samples first.
 
     ``row_json`` is a JSON array in :data:`SAMPLE_COLUMNS` order; ``checks`` is a string of the
     failed structural checks (nan/dtype/shape/stride) or ''; ``proof`` says what ran the item
     (``inductor: 1 graphs on cpu`` for a compiler target, else the outputs' device).
     """
+    failing = sorted(FAILING)
     yield from store.db.execute(
         """select op, id, dtype, status, max_rel_err, json_array(
                   id, variant, dtype, sample, status, max_abs_err, max_rel_err, ulp_err,
@@ -206,7 +202,9 @@ def op_sample_stream(store: Store, run_id: str) -> Iterator[tuple[str, int, str,
                       json_extract(proof, '$.backend') || ': ' || json_extract(proof, '$.graphs') || ' graphs on '
                           || coalesce(json_extract(proof, '$.device[0]'), 'no output'),
                       json_extract(proof, '$.device[0]')) end)
-           from op_results where run_id = ? order by op, variant, dtype, sample, id""", [run_id])
+           from op_results where run_id = ?
+           order by op, status not in ({marks}), variant, dtype, sample, id""".replace(
+            "{marks}", ", ".join("?" for _ in failing)), [run_id, *failing])
 
 
 def model_rows(store: Store, run_id: str) -> list[dict[str, Any]]:

@@ -12,6 +12,8 @@ from typing import Any
 
 from markupsafe import Markup
 
+from opdb.queries_counts import GateCounts
+
 
 @dataclass
 class Link:
@@ -52,6 +54,20 @@ class BuildInfo:
     native_pass: int  # op results with status pass
     fallback_pass: int  # op results with status pass_fallback
     rendered: bool = True  # False for builds the site does not include (see --build)
+    previous: str = ""  # the build before this one (by start time), "" for the first
+    gates: list[GateCounts] = field(default_factory=list)  # the gate's decisions against `previous`
+    ungated: list[tuple[str, str]] = field(default_factory=list)  # run pairs the gate has not judged
+
+    @property
+    def gate_verdict(self) -> str:
+        """fail / pass as the gate decided against the previous build; "" when it has not judged it."""
+        verdicts = [g.verdict for g in self.gates]
+        if "fail" in verdicts:
+            return "fail"
+        return "pass" if verdicts and all(v == "pass" for v in verdicts) and not self.ungated else ""
+
+    def gate_count(self, category: str) -> int:
+        return sum(g.of(category) for g in self.gates)
 
     @property
     def failing_pct(self) -> float | None:
@@ -74,6 +90,7 @@ class IndexPage(Page):
     """``index.html``: every rendered build and the trend across all builds in the DB."""
 
     builds: list[BuildInfo]
+    overloads: dict[str, dict[str, int]]  # build -> {"fallback": overloads, "failing": overloads}
     trend_svg: Markup
 
 
@@ -94,6 +111,7 @@ class SummaryPage(Page):
     coverage_source: str  # "coverage" (table), "op_results" (native/fallback lists) or "" (no data)
     coverage_all: CountRow | None
     catalog_total: int  # overloads in the catalog for the run's torch version (0: no catalog)
+    reachable: int  # backend-reachable overloads of the coverage table (0: none), the console's denominator
     by_class: list[CountRow]
     by_dtype: list[CountRow]
     states: list[tuple[str, int]]  # coverage states (exercised, composite_implicit, ...) and counts
@@ -111,6 +129,8 @@ class MatrixPage(Page):
     dtypes: list[str]
     n_opinfo: int  # rows for OpInfo ops
     n_aten: int  # rows for catalog overloads
+    n_fallback: int  # ATen rows in the fallback list (the summary's count; filter "overload: fallback")
+    n_failing: int  # ATen rows in the failing list
     table_json: Markup  # data-table spec (columns, rows, filters), escaped for <script>
 
 
@@ -130,6 +150,7 @@ class OpPage(Page):
     samples_json: Markup  # data-table spec of this part's samples
     part: int  # 1-based
     parts: list[Link]  # one link per part (empty when there is one part)
+    other_builds: list[Link]  # the same op's page in the other rendered builds, by start time
 
 
 @dataclass
@@ -251,3 +272,49 @@ class DiffPage(Page):
     baseline: BuildInfo | None
     baseline_link: Link | None
     sections: list[DiffSection] = field(default_factory=list)
+    totals: list[tuple[str, int]] = field(default_factory=list)  # (category, items) over every section: the console's
+
+
+
+@dataclass
+class OverloadsPage(Page):
+    """``<build>/fallbacks.html`` / ``<build>/failing.html``: the overloads that fall back to the CPU
+    (or that failing samples reach), the most reached first (a JS table)."""
+
+    info: BuildInfo
+    how: str  # "fallback" | "failing"
+    source: str  # "coverage" (the run's coverage table) or "op_results" (the samples' overload lists)
+    n: int  # overloads listed: the count the index, summary and matrix show
+    samples: int  # samples counted over all of them
+    graphs: int  # model graphs naming one of them
+    table_json: Markup
+
+
+@dataclass
+class RegressionGroup:
+    """One op × variant × dtype × transition of the gate's findings, for the regressions page."""
+
+    category: str
+    kind: str
+    name: str
+    href: str | None  # the op's page in this build
+    variant: str
+    dtype: str
+    transition: str
+    items: int
+    max_rel_err: float | None
+    error: str
+    repro: str  # `conformance repro` of the group's first item ('' for models and drift)
+
+
+@dataclass
+class RegressionsPage(Page):
+    """``<build>/regressions.html``: what the gate found worse than the previous build, grouped."""
+
+    info: BuildInfo
+    baseline: str  # the previous build ('' for the first)
+    judged: bool  # the gate judged every pair of runs of the two builds
+    gate_commands: list[str]  # how to judge the pairs it has not
+    counts: list[tuple[str, int]]  # (category, items) as the console gate prints them
+    groups: list[RegressionGroup]  # regressions and drift, the largest group first
+    flaky: list[RegressionGroup]

@@ -13,7 +13,9 @@ from typing import Any
 from markupsafe import Markup
 
 from opdb import Store
+from opdb import queries_counts as qc
 from opdb import queries_report as q
+from opdb.queries_counts import OverloadRow
 from opdb.status import FAILING, PASSED, ordered
 
 from . import charts
@@ -26,8 +28,8 @@ def build_infos(store: Store, slug: Slugger) -> list[BuildInfo]:
     all_builds = q.builds(store)
     op_ids = [b.op_run["id"] for b in all_builds if b.op_run]
     model_ids = [b.model_run["id"] for b in all_builds if b.model_run]
-    op_counts = q.status_counts_by_run(store, op_ids, "op_results")
-    model_counts = q.status_counts_by_run(store, model_ids, "model_results")
+    op_counts = qc.result_counts(store, op_ids, "op_results")
+    model_counts = qc.result_counts(store, model_ids, "model_results")
     infos = []
     for b in all_builds:
         oc = op_counts.get(b.op_run["id"], {}) if b.op_run else {}
@@ -37,8 +39,19 @@ def build_infos(store: Store, slug: Slugger) -> list[BuildInfo]:
             build=b.build, slug=slug(b.build), target=run.get("target") or "",
             torch_version=run.get("torch_version") or "", op_run=b.op_run, model_run=b.model_run,
             op_counts=ordered(oc), op_total=sum(oc.values()), model_counts=ordered(mc),
-            model_total=sum(mc.values()), failing=sum(n for s, n in oc.items() if s in FAILING),
+            model_total=sum(mc.values()), failing=qc.failing_total(oc),
             native_pass=oc.get("pass", 0), fallback_pass=oc.get("pass_fallback", 0)))
+    for prev, info in zip(infos, infos[1:], strict=False):
+        info.previous = prev.build
+        for kind in ("op_run", "model_run"):
+            b, c = getattr(prev, kind), getattr(info, kind)
+            if not b or not c or any((g.baseline_run, g.candidate_run) == (b["id"], c["id"]) for g in info.gates):
+                continue
+            decided = qc.gate_counts(store, b["id"], c["id"])
+            if decided:
+                info.gates.append(decided)
+            elif (b["id"], c["id"]) not in info.ungated:
+                info.ungated.append((b["id"], c["id"]))
     return infos
 
 
@@ -52,6 +65,7 @@ class Site:
     infos: list[BuildInfo]
     nav_items: list[tuple[str, str]]  # (file, text) of each build's navigation, from the page list
     _classes: dict[tuple[str, str], dict[str, list[str]]] = field(default_factory=dict)
+    _memo: dict[tuple[str, ...], Any] = field(default_factory=dict)
 
     @property
     def rendered(self) -> list[BuildInfo]:
@@ -80,6 +94,27 @@ class Site:
         return charts.line_chart(series, labels, title="Trend across builds (share of results)",
                                  y_label="%", y_min=0, y_max=100, highlight=hl, width=720)
 
+    def overloads(self, info: BuildInfo, how: str) -> list[OverloadRow]:
+        """The build's fallback (``how="fallback"``) or failing overloads: the one source of the
+        index's, the summary's, the matrix's and the lists' counts (computed once per build)."""
+        key = ("overloads", info.build, how)
+        if key not in self._memo:
+            run = info.op_run["id"] if info.op_run else ""
+            model = info.model_run["id"] if info.model_run else None
+            fetch = qc.fallback_overloads if how == "fallback" else qc.failing_overloads
+            self._memo[key] = fetch(self.store, run, model) if run else []
+        return self._memo[key]
+
+    def op_slugs(self, info: BuildInfo) -> dict[str, str]:
+        """File names of the build's op pages: made from the build's whole sorted op list, so a
+        page of any build can link to an op page of any other."""
+        key = ("op_slugs", info.build)
+        if key not in self._memo:
+            slug = Slugger()
+            self._memo[key] = {op: slug(op) for op in (q.run_ops(self.store, info.op_run["id"])
+                                                      if info.op_run else [])}
+        return self._memo[key]
+
     def classes(self, which: str, torch_version: str) -> dict[str, list[str]]:
         """Op classes by name, of catalog overloads (``"overload"``) or OpInfo ops (``"opinfo"``)."""
         key = (which, torch_version)
@@ -96,11 +131,19 @@ class BuildScope:
         self.site, self.info = site, info
         self.store = site.store
         self.db_label = site.db_label
-        self.op_slug = Slugger()  # file names of the build's op pages, shared by every page linking them
+        self._slugs = site.op_slugs(info)
+        self._extra_slug = Slugger()  # names outside the run's op list (none expected)
         self.op_pages: set[str] = set()  # ops whose page was written (the op page module fills it)
         self._reached: Reached | None = None
         self._model_rows: list[dict[str, Any]] | None = None
         self._memo: dict[str, Any] = {}
+
+    def op_slug(self, op: str) -> str:
+        """The file name (without .html) of an op's page in this build."""
+        return self._slugs.get(op) or self._extra_slug(op)
+
+    def overloads(self, how: str) -> list[OverloadRow]:
+        return self.site.overloads(self.info, how)
 
     def memo(self, key: str, make: Callable[[], Any]) -> Any:
         """``make()``, computed once per build: what two pages derive alike (e.g. model families)."""

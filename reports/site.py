@@ -7,6 +7,9 @@ Layout of the output folder (one page module per kind of page, in ``reports/page
     assets/report.css, report.js copied once; pages link them relatively (works from file://)
     <build>/index.html           build summary
     <build>/matrix.html          op × dtype matrix
+    <build>/fallbacks.html       overloads that fall back to the CPU, the most reached first
+    <build>/failing.html         overloads failing samples reach
+    <build>/regressions.html     what the gate found worse than the previous build, grouped
     <build>/ops/<op>.html        one page per OpInfo op (split in parts above OP_PART_ROWS samples)
     <build>/models.html          model families, blocking ops, every graph
     <build>/models/<family>.html one card per graph (split in parts above FAMILY_PART_GRAPHS)

@@ -288,9 +288,11 @@ def test_summary_counts_coverage_and_slowest(site_dir, report_db):
         assert re.search(rf'<tr data-status="{status}">.*?<td class="n">{n}</td>', html), status
     # coverage from the coverage table: 3 exercised, 2 with failing samples, 1 with fallback
     assert "the run's <code>coverage</code> table" in html
-    assert re.search(r'data-k="exercised"><span class="v">3</span><span class="of"> / 7</span>', html)
-    assert re.search(r'data-k="failing"><span class="v">2</span>', html)
-    assert re.search(r'data-k="fallback"><span class="v">1</span>', html)
+    # over the backend-reachable overloads, as the console's coverage line: 5 listed, 1 composite_implicit
+    assert re.search(r'data-k="exercised"><span class="v">3</span><span class="of"> / 4</span>'
+                     r'<span class="l">overloads exercised of the backend-reachable \(7 in the catalog\)', html)
+    assert re.search(r'href="failing.html" data-k="failing"><span class="v">2</span>', html)
+    assert re.search(r'href="fallbacks.html" data-k="fallback"><span class="v">1</span>', html)
     core = re.search(r'<tr data-label="core">(.*?)</tr>', html).group(1)
     assert '<td class="n">4</td><td class="n" data-k="exercised">3</td>' in core
     assert "composite_implicit" in html and "random" in html

@@ -1,7 +1,8 @@
 """The report as a user sees it: headless Chromium over file:// pages of a small rendered DB.
 
 Needs the Debian ``chromium`` package (/usr/bin/chromium) and the ``playwright`` Python package
-(its own browser downloads are never used). Screenshots land in ``artifacts/screenshots/``.
+(its own browser downloads are never used). Pages are looked at 1440×900; screenshots are test
+artifacts, kept under the session's pytest tmp dir (``<basetemp>/screenshots0/``), never committed.
 """
 
 from __future__ import annotations
@@ -20,14 +21,16 @@ pytestmark = pytest.mark.browser
 CHROMIUM = Path("/usr/bin/chromium")
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-SHOTS = Path(__file__).resolve().parent.parent / "artifacts" / "screenshots"
+VIEWPORT = {"width": 1440, "height": 900}
+DTYPES = ["bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64",
+          "complex64"]  # a full sweep's 11 dtype columns
 
 if not CHROMIUM.exists():
     pytest.skip(f"{CHROMIUM} is missing (install the Debian package: apt-get install -y chromium)",
                 allow_module_level=True)
 sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright Python package is not installed")
 
-from test_report import RUN_B, SCRIPT, db_counts, make_report_db  # noqa: E402
+from test_report import MODEL_A, MODEL_B, RUN_A, RUN_B, SCRIPT, _op_rows, db_counts, make_report_db  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +40,34 @@ def site(tmp_path_factory):
     with Store.open(db) as st:
         render_site(st, out, db_label=str(db))
     return out, db
+
+
+WIDE = "nn.functional.a_rather_long_operator_name"
+
+
+@pytest.fixture(scope="module")
+def gated_site(tmp_path_factory):
+    """The report fixture plus an op swept in all 11 dtypes (half its samples fall back to the CPU)
+    and the real gate's decisions for 2.31.0 -> 2.33.0."""
+    from conformance.gate import run_gate
+
+    db = make_report_db(tmp_path_factory.mktemp("gdb") / "rep.sqlite")
+    with Store.open(db) as st:
+        rows = _op_rows(RUN_B, {("add", d): ["pass_fallback", "mismatch"] for d in DTYPES})
+        for r in rows:
+            r.update(op=WIDE, item_key=r["item_key"].replace("add|", WIDE + "|"))
+        st.insert("op_results", rows)
+        for b, c in ((RUN_A, RUN_B), (MODEL_A, MODEL_B)):
+            run_gate(st, b, c, attempts=0)
+    out = tmp_path_factory.mktemp("gsite")
+    with Store.open(db) as st:
+        render_site(st, out, db_label=str(db))
+    return out, db
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("screenshots")
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +80,7 @@ def browser(tmp_path_factory):
 
 @pytest.fixture
 def page(browser):
-    ctx = browser.new_context(viewport={"width": 1400, "height": 900})
+    ctx = browser.new_context(viewport=VIEWPORT)
     pg = ctx.new_page()
     problems: list[str] = []
     pg.on("pageerror", lambda e: problems.append(f"page error: {e}"))
@@ -62,9 +93,14 @@ def page(browser):
     assert not problems, problems
 
 
-def shot(pg, name: str) -> None:
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    pg.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+@pytest.fixture
+def shot(shots):
+    def take(pg, name: str) -> Path:
+        path = shots / f"{name}.png"
+        pg.screenshot(path=str(path), full_page=True)
+        assert path.stat().st_size > 1000
+        return path
+    return take
 
 
 def url(out: Path, rel: str) -> str:
@@ -75,7 +111,7 @@ def shown(pg, table: str = ".datatable") -> int:
     return int(pg.locator(f"{table} .dt-info").first.get_attribute("data-shown"))
 
 
-def test_index_and_summary_numbers(site, page):
+def test_index_and_summary_numbers(site, page, shot):
     out, db = site
     page.goto(url(out, "index.html"))
     assert page.locator("#builds tbody tr").count() == 3
@@ -95,7 +131,7 @@ def test_index_and_summary_numbers(site, page):
     assert page.url.endswith("2.33.0/matrix.html")
 
 
-def test_matrix_filter_sort_and_follow_link(site, page):
+def test_matrix_filter_sort_and_follow_link(site, page, shot):
     out, db = site
     page.goto(url(out, "2.33.0/matrix.html"))
     total = shown(page)
@@ -135,7 +171,7 @@ def test_matrix_filter_sort_and_follow_link(site, page):
     assert page.url.endswith("2.33.0/ops/cumsum.html")
 
 
-def test_op_page_shows_error_as_text_and_repro(site, page):
+def test_op_page_shows_error_as_text_and_repro(site, page, shot):
     out, db = site
     page.goto(url(out, "2.33.0/ops/cumsum.html"))
     assert page.locator("#samples-data").count() == 1
@@ -154,7 +190,7 @@ def test_op_page_shows_error_as_text_and_repro(site, page):
     shot(page, "op-cumsum")
 
 
-def test_models_and_family_pages(site, page):
+def test_models_and_family_pages(site, page, shot):
     out, _ = site
     page.goto(url(out, "2.33.0/models.html"))
     assert "CPU time" in page.locator(".latency-note").inner_text()
@@ -172,7 +208,7 @@ def test_models_and_family_pages(site, page):
     shot(page, "family-mlp")
 
 
-def test_diff_pages(site, page):
+def test_diff_pages(site, page, shot):
     out, _ = site
     page.goto(url(out, "2.33.0/diff.html"))
     # the gate never judged 2.31.0 -> 2.33.0: the page says so and how, and shows no items of its own
@@ -189,3 +225,114 @@ def test_diff_pages(site, page):
     shot(page, "diff-gate")
     page.get_by_role("link", name="2.33.0").first.click()
     assert re.search(r"2\.33\.0/index\.html$", page.url)
+
+
+# -- the three questions at 1440×900: what falls back, what regressed, the numbers behind a failure
+def test_index_links_gate_verdict_and_counts_to_their_lists(gated_site, page, shot):
+    from opdb.queries_counts import failing_overloads, fallback_overloads, gate_counts
+
+    out, db = gated_site
+    with Store.open(db) as st:
+        fallback, failing = fallback_overloads(st, RUN_B, MODEL_B), failing_overloads(st, RUN_B, MODEL_B)
+        regressions = gate_counts(st, RUN_A, RUN_B).of("regression") + gate_counts(st, MODEL_A, MODEL_B).of(
+            "regression")
+    assert fallback and failing and regressions
+    page.goto(url(out, "index.html"))
+    row = page.locator('tr[data-build="2.33.0"]')
+    assert row.locator('[data-k="gate"] a').inner_text() == "FAIL"
+    assert "not judged" in page.locator('tr[data-build="2.34.0"] [data-k="gate"]').inner_text()
+    assert "first build" in page.locator('tr[data-build="2.31.0"] [data-k="gate"]').inner_text()
+    shot(page, "index-1440")
+    for key, n, target, table in (("regressions", regressions, "regressions.html", None),
+                                  ("fallback_overloads", len(fallback), "fallbacks.html", "#fallback-overloads"),
+                                  ("failing_overloads", len(failing), "failing.html", "#failing-overloads")):
+        page.goto(url(out, "index.html"))
+        link = page.locator(f'tr[data-build="2.33.0"] [data-k="{key}"] a')
+        assert link.inner_text() == str(n), key
+        link.click()
+        assert page.url.endswith(f"2.33.0/{target}"), page.url
+        if table:
+            assert shown(page) == n  # the list holds exactly the overloads counted
+    # the regressions page: the largest group first, each with its repro command
+    page.goto(url(out, "2.33.0/regressions.html"))
+    items = [int(x) for x in page.locator("#regression-groups [data-k=items]").all_inner_texts()]
+    assert sum(items) == regressions and items == sorted(items, reverse=True)
+    first = page.locator("#regression-groups tbody tr").first
+    assert first.locator("td").nth(4).inner_text() == str(items[0]) and "conformance repro" in first.inner_text()
+    shot(page, "regressions-1440")
+
+
+def test_summary_cards_link_to_their_lists(gated_site, page, shot):
+    out, _ = gated_site
+    page.goto(url(out, "2.33.0/index.html"))
+    shot(page, "summary-1440")
+    for key, target in (("fallback", "fallbacks.html"), ("failing", "failing.html"),
+                        ("regressions", "regressions.html"), ("exercised", "matrix.html")):
+        page.goto(url(out, "2.33.0/index.html"))
+        card = page.locator(f'a.figure[data-k="{key}"]')
+        n = int(card.locator(".v").inner_text().replace(",", ""))
+        card.click()
+        assert page.url.endswith(f"2.33.0/{target}"), (key, page.url)
+        if key in ("fallback", "failing"):
+            assert shown(page) == n
+            # ranked: the overload most model graphs reach first, then by samples
+            ranks = [(int(g.replace(",", "") or 0), int(s.replace(",", "") or 0)) for g, s in zip(
+                page.locator('td[data-col="graphs"]').all_inner_texts(),
+                page.locator('td[data-col="samples"]').all_inner_texts(), strict=True)]
+            assert ranks == sorted(ranks, reverse=True)
+    page.goto(url(out, "2.33.0/fallbacks.html"))
+    shot(page, "fallbacks-1440")
+
+
+def test_matrix_fits_every_dtype_and_keeps_the_op_column(gated_site, page, shot):
+    out, _ = gated_site
+    page.goto(url(out, "2.33.0/matrix.html"))
+    heads = page.locator('#matrix th[data-col^="dtype:"]')
+    assert heads.count() == len(DTYPES)
+    wrap = page.locator(".dt-wrap").first
+    box = wrap.bounding_box()
+    assert box["x"] + box["width"] <= VIEWPORT["width"]
+    for i in range(heads.count()):  # every dtype column is in view without scrolling right
+        h = heads.nth(i).bounding_box()
+        assert h["x"] + h["width"] <= box["x"] + box["width"], heads.nth(i).get_attribute("data-col")
+    assert wrap.evaluate("e => e.scrollWidth <= e.clientWidth")
+    shot(page, "matrix-1440")
+    # the op column stays when the table scrolls right (a narrower window)
+    page.set_viewport_size({"width": 640, "height": 900})
+    assert wrap.evaluate("e => e.scrollWidth > e.clientWidth")
+    op = page.locator('#matrix tbody td[data-col="op"]').first
+    cell = page.locator('#matrix tbody tr').first.locator("td.cell").last
+    before_op, before_cell = op.bounding_box()["x"], cell.bounding_box()["x"]
+    wrap.evaluate("e => { e.scrollLeft = 400; }")
+    page.wait_for_function("document.querySelector('.dt-wrap').scrollLeft > 0")
+    assert op.bounding_box()["x"] == before_op and cell.bounding_box()["x"] < before_cell
+    shot(page, "matrix-scrolled")
+    # ATen rows are links: an overload of the fallback list opens the list, filtered to it
+    page.set_viewport_size(VIEWPORT)
+    page.select_option('select[data-filter="overload"]', "fallback")
+    link = page.locator('#matrix tbody td[data-col="op"] a').first
+    name = link.inner_text()
+    assert name.startswith("aten::")
+    link.click()
+    assert page.url.endswith(f"2.33.0/fallbacks.html#{name}")
+    assert shown(page) == 1 and page.locator('td[data-col="overload"]').inner_text() == name
+
+
+def test_op_page_lists_failing_samples_first_with_their_repro(gated_site, page, shot):
+    out, db = gated_site
+    page.goto(url(out, f"2.33.0/ops/{WIDE}.html"))
+    statuses = page.locator('#samples tbody td[data-col="status"]').all_inner_texts()
+    n_failing = sum(s == "mismatch" for s in statuses)
+    assert n_failing == len(DTYPES) and statuses[:n_failing] == ["mismatch"] * n_failing
+    first = page.locator("#samples tbody tr").first
+    cols = first.locator("td").evaluate_all("tds => tds.map(t => t.getAttribute('data-col'))")
+    assert cols[cols.index("status") + 1] == "repro"  # the command beside the status it reproduces
+    rid = int(first.locator('td[data-col="id"]').inner_text().replace(",", ""))
+    assert first.locator('td[data-col="repro"]').inner_text() == f"conformance repro {rid} --db {db}"
+    assert page.locator("#samples tbody tr").nth(n_failing).locator('td[data-col="repro"]').inner_text() == ""
+    shot(page, "op-failing-first-1440")
+    # the same op in the other builds
+    page.goto(url(out, "2.33.0/ops/cumsum.html"))
+    assert page.locator("#other-builds a").all_inner_texts() == ["2.31.0", "2.34.0"]
+    page.locator("#other-builds a", has_text="2.34.0").click()
+    assert page.url.endswith("2.34.0/ops/cumsum.html")

@@ -41,7 +41,7 @@ def pages(b: BuildScope) -> Iterator[tuple[str, DiffPage]]:
     yield f"{info.slug}/diff.html", DiffPage(
         **b.base(f"Diff: {info.build}", "../", "diff.html"), info=info, baseline=base,
         baseline_link=Link(f"../{base.slug}/index.html", base.build) if base and base.rendered else None,
-        sections=sections)
+        sections=sections, totals=[(c, info.gate_count(c)) for c in CATEGORIES if info.gate_count(c)])
 
 
 COLUMNS = [{"key": "category", "label": "category", "kind": "text"},

@@ -14,5 +14,6 @@ NAV = None  # not in a build's navigation
 
 
 def pages(site: Site) -> Iterator[tuple[str, IndexPage]]:
+    counts = {i.build: {how: len(site.overloads(i, how)) for how in ("fallback", "failing")} for i in site.rendered}
     yield "index.html", IndexPage(**site.base("Conformance report: builds", "", []), builds=site.rendered,
-                                  trend_svg=site.trend_svg())
+                                  overloads=counts, trend_svg=site.trend_svg())

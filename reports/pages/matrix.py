@@ -6,6 +6,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from opdb import queries_counts as qc
 from opdb import queries_report as q
 from opdb.status import WORST_RANK, ordered, worst
 
@@ -50,6 +51,21 @@ def _rows(b: BuildScope) -> tuple[list[list[Any]], list[str], int, int]:
         return rows, [], 0, 0
     rid = b.info.op_run["id"]
     op_classes, ov_classes = b.classes("opinfo"), b.classes("overload")
+    pages = b.site.op_slugs(b.info)
+    lists = {how: {r.name for r in b.overloads(how)} for how in ("fallback", "failing")}
+
+    def aten(name: str) -> list[Any]:
+        """An ATen row: its link (the op page of its schema-driven samples, else its place in a list)
+        and its flags (in the fallback / failing lists the summary counts)."""
+        flags = [how for how in ("fallback", "failing") if name in lists[how]]
+        if name in pages:
+            href = f"ops/{b.op_slug(name)}.html"
+        elif flags:
+            href = ("fallbacks.html" if flags[0] == "fallback" else "failing.html") + "#" + name
+        else:
+            href = None
+        return [[href, name], flags]
+
     cells = q.matrix_cells(b.store, rid)
     ov_cells = b.reached().cells()
     dtypes = sorted({c[1] or "-" for c in cells} | {c[1] or "-" for c in ov_cells})
@@ -58,25 +74,28 @@ def _rows(b: BuildScope) -> tuple[list[list[Any]], list[str], int, int]:
     for name, by_dtype in sorted(_grouped(cells).items()):
         c, present, total, w = _row_cells(by_dtype, col)
         rows.append([[f"ops/{b.op_slug(name)}.html", name], "OpInfo", op_classes.get(name, []),
-                     "sampled", total, w, *c, present])
+                     "sampled", total, w, *c, present, []])
         n_op += 1
     by_overload = _grouped(ov_cells)
     seen = set()
     for r in q.coverage_rows(b.store, rid):
         seen.add(r["name"])
         c, present, total, w = _row_cells(by_overload.get(r["name"], {}), col)
-        rows.append([[None, r["name"]], "ATen", ov_classes.get(r["name"], []), r["state"] or "",
-                     total or (r["samples"] or 0), w, *c, present])
+        link, flags = aten(r["name"])
+        rows.append([link, "ATen", ov_classes.get(r["name"], []), r["state"] or "",
+                     total or (r["samples"] or 0), w, *c, present, flags])
         n_aten += 1
     for name in sorted(set(by_overload) - seen):
         c, present, total, w = _row_cells(by_overload[name], col)
-        rows.append([[None, name], "ATen", ov_classes.get(name, []), "exercised", total, w, *c, present])
+        link, flags = aten(name)
+        rows.append([link, "ATen", ov_classes.get(name, []), "exercised", total, w, *c, present, flags])
         n_aten += 1
     return rows, dtypes, n_op, n_aten
 
 
 def pages(b: BuildScope) -> Iterator[tuple[str, MatrixPage]]:
-    rows, dtypes, n_op, n_aten = _rows(b)
+    rows, dtypes, _, n_aten = _rows(b)
+    n_op = qc.opinfo_ops(b.store, b.info.op_run["id"]) if b.info.op_run else 0
     columns = [{"key": "op", "label": "op", "kind": "link"},
                {"key": "kind", "label": "kind", "kind": "text"},
                {"key": "classes", "label": "classes", "kind": "list"},
@@ -84,12 +103,15 @@ def pages(b: BuildScope) -> Iterator[tuple[str, MatrixPage]]:
                {"key": "samples", "label": "samples", "kind": "int"},
                {"key": "worst", "label": "worst", "kind": "status"},
                *({"key": f"dtype:{d}", "label": d, "kind": "cell"} for d in dtypes),
-               {"key": "statuses", "label": "statuses", "kind": "list", "hidden": True}]
+               {"key": "statuses", "label": "statuses", "kind": "list", "hidden": True},
+               {"key": "lists", "label": "lists", "kind": "list", "hidden": True}]
     filters = [{"col": 1, "label": "kind", "mode": "eq"},
-               {"col": len(columns) - 1, "label": "has status", "mode": "has"},
+               {"col": len(columns) - 2, "label": "has status", "mode": "has"},
+               {"col": len(columns) - 1, "label": "overload", "mode": "has"},
                {"col": 2, "label": "class", "mode": "has"},
                {"col": 3, "label": "coverage", "mode": "eq"}]
     info = b.info
     yield f"{info.slug}/matrix.html", MatrixPage(
         **b.base(f"Op × dtype: {info.build}", "../", "matrix.html"), info=info, dtypes=dtypes,
-        n_opinfo=n_op, n_aten=n_aten, table_json=table_spec(columns, dumps(rows), filters=filters, id="matrix"))
+        n_opinfo=n_op, n_aten=n_aten, table_json=table_spec(columns, dumps(rows), filters=filters, id="matrix", sticky=True),
+        n_fallback=len(b.overloads("fallback")), n_failing=len(b.overloads("failing")))

@@ -23,7 +23,7 @@ REPRO_LIST = 50  # repro commands listed in the page itself (the table has all)
 SAMPLE_KINDS = {"id": "int", "sample": "int", "status": "status", "max_abs_err": "num", "max_rel_err": "num",
                 "ulp_err": "num", "mismatch_frac": "num", "arbiter_err": "num", "cpu_arbiter_err": "num",
                 "atol": "num", "rtol": "num", "native_ops": "list", "fallback_ops": "list", "error": "pre",
-                "duration_s": "num", "seed": "int", "tol_source": "pre"}
+                "duration_s": "num", "seed": "text", "tol_source": "pre"}  # a seed is an id: no digit grouping
 
 
 def pages(b: BuildScope) -> Iterator[tuple[str, OpPage]]:
@@ -50,7 +50,9 @@ def _op_pages(b: BuildScope, op: str, rows: list[tuple], classes: list[str]) -> 
                             x_label="max_rel_err decade (0: exact, n/a: not measured)")
     dtype_counts = [(d, ordered(dict(c))) for d, c in sorted(by_dtype.items())]
     columns = [{"key": k, "label": k, "kind": SAMPLE_KINDS.get(k, "text")} for k in q.SAMPLE_COLUMNS]
-    columns.append({"key": "repro", "label": "repro", "kind": "repro", "ref": 0})
+    # the repro command beside the status it reproduces, not at the far end of a wide table
+    columns.append({"key": "repro", "label": "repro", "kind": "repro", "ref": 0,
+                    "after": q.SAMPLE_COLUMNS.index("status")})
     filters = [{"col": q.SAMPLE_COLUMNS.index("status"), "label": "status", "mode": "eq"},
                {"col": q.SAMPLE_COLUMNS.index("dtype"), "label": "dtype", "mode": "eq"},
                {"col": q.SAMPLE_COLUMNS.index("variant"), "label": "variant", "mode": "eq"}]
@@ -58,6 +60,8 @@ def _op_pages(b: BuildScope, op: str, rows: list[tuple], classes: list[str]) -> 
     names = [f"{slug}.html"] + [f"{slug}.{k}.html" for k in range(2, nparts + 1)]
     parts = [Link(n, f"part {k + 1}") for k, n in enumerate(names)] if nparts > 1 else []
     repros = [f"conformance repro {i} --db {b.db_label}" for i in failing_ids]
+    others = [Link(f"../../{o.slug}/ops/{b.site.op_slugs(o)[op]}.html", o.build)
+              for o in b.site.infos if o is not info and o.rendered and op in b.site.op_slugs(o)]
     for k in range(nparts):
         chunk = rows[k * OP_PART_ROWS:(k + 1) * OP_PART_ROWS]
         rows_json = "[" + ",".join(r[5] for r in chunk) + "]"
@@ -68,4 +72,4 @@ def _op_pages(b: BuildScope, op: str, rows: list[tuple], classes: list[str]) -> 
             n_failing=n_failing,
             samples_json=table_spec(columns, rows_json, filters=filters, id="samples-table",
                                     failing=sorted(FAILING), db=b.db_label),
-            part=k + 1, parts=parts)
+            part=k + 1, parts=parts, other_builds=others)

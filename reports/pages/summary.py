@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from opdb import queries_counts as qc
 from opdb import queries_report as q
 
 from ..contexts import CountRow, Link, SlowOp, SummaryPage
@@ -25,20 +26,25 @@ def pages(b: BuildScope) -> Iterator[tuple[str, SummaryPage]]:
     source = ""
     catalog_total = q.catalog_total(store, info.torch_version) if info.torch_version else 0
     slowest: list[SlowOp] = []
+    reachable = 0
     if run:
         rid = run["id"]
         if q.coverage_count(store, rid):
             source = "coverage"
             t = q.coverage_totals(store, rid)
-            coverage_all = CountRow("all overloads", t["exercised"], t["native"], t["fallback"],
-                                    t["failing"], catalog_total or t["listed"])
+            share = qc.coverage_share(store, rid)
+            reachable = share["reachable"]
+            coverage_all = CountRow("all overloads", share["exercised"], t["native"],
+                                    len(b.overloads("fallback")), len(b.overloads("failing")), reachable)
             by_class = [CountRow(r["class"], r["exercised"] or 0, r["native"] or 0, r["fallback"] or 0,
                                  r["failing"] or 0, r["total"])
                         for r in q.coverage_by_class(store, rid, info.torch_version)]
             states = list(q.coverage_states(store, rid).items())
         elif info.op_total:
             source = "op_results"
-            coverage_all = b.reached().totals(catalog_total or None)
+            reached = b.reached().totals(catalog_total or None)
+            coverage_all = CountRow(reached.label, reached.exercised, reached.native, len(b.overloads("fallback")),
+                                    len(b.overloads("failing")), reached.total)
             if catalog_total:
                 by_class = b.reached().by_class(b.classes("overload"))
         if info.op_total:
@@ -47,11 +53,13 @@ def pages(b: BuildScope) -> Iterator[tuple[str, SummaryPage]]:
                               r["total_s"] or 0.0, r["max_s"] or 0.0)
                        for r in q.slowest_ops(store, rid)]
     prev = b.previous()
-    links = [Link("matrix.html", "Op × dtype matrix"), Link("models.html", "Models"),
+    links = [Link("matrix.html", "Op × dtype matrix"), Link("fallbacks.html", "Overloads that fall back to the CPU"),
+             Link("failing.html", "Overloads failing samples reach"),
+             Link("regressions.html", "Regressions against the previous build"), Link("models.html", "Models"),
              Link("diff.html", "Diff against the previous build"), Link("../index.html", "All builds")]
     yield f"{info.slug}/index.html", SummaryPage(
         **b.base(f"Build {info.build}", "../", "index.html"), info=info,
-        coverage_source=source, coverage_all=coverage_all, catalog_total=catalog_total,
+        coverage_source=source, coverage_all=coverage_all, catalog_total=catalog_total, reachable=reachable,
         by_class=by_class, by_dtype=by_dtype, states=states, slowest=slowest,
         trend_svg=b.site.trend_svg(highlight=info.build),
         prev=Link(f"../{prev.slug}/index.html", prev.build) if prev and prev.rendered else None,

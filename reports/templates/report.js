@@ -43,9 +43,22 @@
     this.selects = {};
     this.statusCol = -1;
     for (var i = 0; i < this.cols.length; i++) if (this.cols[i].key === "status") this.statusCol = i;
+    // display order: a column with "after": k is shown right after column k (its data stays in place)
+    this.order = [];
+    var moved = {};
+    this.cols.forEach(function (c, j) { if (typeof c.after === "number") moved[c.after] = (moved[c.after] || []).concat([j]); });
+    for (var j = 0; j < this.cols.length; j++) {
+      if (typeof this.cols[j].after === "number") continue;
+      this.order.push(j);
+      (moved[j] || []).forEach(function (m) { this.order.push(m); }, this);
+    }
     this.failing = {};
     (spec.failing || []).forEach(function (s) { this.failing[s] = true; }, this);
     this.build();
+    if (spec.hashFilter && window.location.hash.length > 1) {  // list.html#name: show that row
+      this.text = decodeURIComponent(window.location.hash.slice(1)).toLowerCase();
+      this.search.value = this.text;
+    }
     this.apply();
   }
 
@@ -82,6 +95,7 @@
     search.setAttribute("aria-label", "filter rows");
     search.addEventListener("input", function () { self.text = search.value.trim().toLowerCase(); self.page = 0; self.apply(); });
     controls.appendChild(search);
+    this.search = search;
     (spec.filters || []).forEach(function (f) {
       var values = {};
       self.rows.forEach(function (r) {
@@ -115,11 +129,12 @@
     controls.appendChild(pager);
     this.host.appendChild(controls);
 
-    var table = el("table", "dt");
+    var table = el("table", "dt" + (spec.sticky ? " sticky-first" : ""));
     if (spec.id) table.id = spec.id;
     var thead = el("thead"), tr = el("tr");
     this.ths = [];
-    this.cols.forEach(function (c, i) {
+    this.order.forEach(function (i) {
+      var c = self.cols[i];
       if (c.hidden) return;
       var th = el("th", "sortable" + ((c.kind === "num" || c.kind === "int") ? " n" : ""), c.label);
       th.setAttribute("data-col", c.key);
@@ -138,7 +153,7 @@
     table.appendChild(thead);
     this.tbody = el("tbody");
     table.appendChild(this.tbody);
-    var wrap = el("div", "dt-wrap");
+    var wrap = el("div", "dt-wrap" + (spec.sticky ? " scroll" : ""));
     wrap.appendChild(table);
     this.host.appendChild(wrap);
   };
@@ -215,7 +230,7 @@
     var frag = document.createDocumentFragment();
     for (var r = start; r < end; r++) {
       var row = this.view[r], tr = el("tr");
-      for (var i = 0; i < this.cols.length; i++) if (!this.cols[i].hidden) tr.appendChild(this.cell(row, i));
+      for (var k = 0; k < this.order.length; k++) if (!this.cols[this.order[k]].hidden) tr.appendChild(this.cell(row, this.order[k]));
       frag.appendChild(tr);
     }
     this.tbody.textContent = "";

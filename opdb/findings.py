@@ -1,0 +1,118 @@
+"""Gate findings grouped the way a reader scans them: one group per op (or model) × variant ×
+dtype × transition (baseline status -> candidate status), the largest first. The console gate, its
+Markdown and JUnit, and the report's regressions page all group with :func:`group_findings`.
+
+A finding is any mapping with ``category``, ``kind``, ``name`` (or ``op``), ``variant``, ``dtype``,
+``baseline``, ``candidate``, ``item_key`` and ``evidence`` (a dict): a stored ``gate_items`` row
+or a :class:`conformance.gate.Finding` as a dict.
+
+Example::
+
+    >>> from opdb.findings import group_findings
+    >>> f = dict(category="regression", kind="op", op="abs", variant="function", dtype="float32",
+    ...          baseline="pass", candidate="mismatch", evidence={"max_rel_err": 0.5})
+    >>> [(g.name, g.transition, g.size, g.max_rel_err) for g in group_findings(
+    ...     [{**f, "item_key": "a|function|float32|0"}, {**f, "item_key": "a|function|float32|1"}])]
+    [('abs', 'pass -> mismatch', 2, 0.5)]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+ERROR_CHARS = 240  # of a group's first error message
+#: Display order of the categories (worst first).
+CATEGORIES = ("regression", "drift", "flaky", "improvement", "new", "removed")
+
+
+def _num(v: Any) -> float | None:
+    try:
+        return float(v) if v is not None and not isinstance(v, bool) else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _max(a: float | None, b: float | None) -> float | None:
+    return b if a is None else (a if b is None else max(a, b))
+
+
+@dataclass
+class FindingGroup:
+    """The findings of one op × variant × dtype × transition."""
+
+    category: str
+    kind: str  # op | model | drift
+    name: str
+    variant: str
+    dtype: str
+    baseline: str
+    candidate: str
+    item_keys: list[str] = field(default_factory=list)
+    max_rel_err: float | None = None  # the worst of the candidate's items (their evidence)
+    max_abs_err: float | None = None
+    error: str = ""  # the first candidate error message
+    unconfirmed: int = 0  # items the flake confirmation could not afford
+    reruns: dict[str, list[str]] = field(default_factory=dict)  # flaky: representative -> re-run statuses
+    drift: dict[str, Any] = field(default_factory=dict)  # drift: median_error_ratio, p_value, samples, ...
+    recompiles: list[Any] = field(default_factory=list)  # a model's recompiles, baseline and candidate
+
+    @property
+    def size(self) -> int:
+        return len(self.item_keys)
+
+    @property
+    def transition(self) -> str:
+        """What changed, said as what it is: a status change, or an error that grew while passing."""
+        if self.category == "drift":
+            ratio = self.drift.get("median_error_ratio")
+            return f"error grew {ratio:.3g}x while passing" if isinstance(ratio, (int, float)) else "error grew"
+        if self.category == "flaky":
+            return f"{self.baseline} -> {self.candidate}, not reproduced on every re-run"
+        if self.category == "new":
+            return f"new: {self.candidate}"
+        if self.category == "removed":
+            return f"removed (was {self.baseline})"
+        if self.baseline == self.candidate:  # worse at the same status: a model that recompiles more
+            if len(self.recompiles) == 2:
+                return f"recompiles {self.recompiles[0]} -> {self.recompiles[1]} (still {self.candidate})"
+            return f"worse at the same status ({self.candidate})"
+        return f"{self.baseline} -> {self.candidate}"
+
+    @property
+    def first_key(self) -> str:
+        return self.item_keys[0] if self.item_keys else ""
+
+
+def group_findings(findings: Iterable[Mapping[str, Any]]) -> list[FindingGroup]:
+    """Findings grouped by category × kind × name × variant × dtype × transition; by category
+    (:data:`CATEGORIES` order), then the largest group first, then by name."""
+    groups: dict[tuple[str, ...], FindingGroup] = {}
+    for f in findings:
+        name = f.get("name") or f.get("op") or f.get("model") or ""
+        key = (f["category"], f.get("kind") or "op", name, f.get("variant") or "", f.get("dtype") or "",
+               f.get("baseline") or "", f.get("candidate") or "")
+        g = groups.get(key)
+        if g is None:
+            g = groups[key] = FindingGroup(*key)
+        g.item_keys.append(f.get("item_key") or "")
+        ev = f.get("evidence") or {}
+        if not isinstance(ev, Mapping):
+            continue
+        g.max_rel_err = _max(g.max_rel_err, _num(ev.get("max_rel_err")))
+        g.max_abs_err = _max(g.max_abs_err, _num(ev.get("max_abs_err")))
+        if not g.error and ev.get("error"):
+            text = " ".join(str(ev["error"]).split())
+            g.error = text if len(text) <= ERROR_CHARS else text[:ERROR_CHARS - 1] + "…"
+        if (ev.get("confirmation") or {}).get("verdict") == "unconfirmed":
+            g.unconfirmed += 1
+        if "reruns" in ev:
+            g.reruns[f.get("item_key") or ""] = list(ev["reruns"])
+        if g.category == "drift":
+            g.drift = dict(ev)
+        if isinstance(ev.get("recompiles"), list) and not g.recompiles:
+            g.recompiles = list(ev["recompiles"])
+    rank = {c: i for i, c in enumerate(CATEGORIES)}
+    return sorted(groups.values(), key=lambda g: (rank.get(g.category, len(rank)), -g.size, g.name, g.variant,
+                                                  g.dtype, g.baseline, g.candidate))
