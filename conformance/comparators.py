@@ -126,12 +126,12 @@ def _same_selection(x: torch.Tensor, t: torch.Tensor, c: torch.Tensor) -> bool:
 def _by_magnitude(i: int, t: torch.Tensor, c: torch.Tensor) -> Evidence | None:
     if t.dim() < 2 or not (t.is_floating_point() or t.is_complex()):
         return None
-    from .compare import _tensor_evidence
+    from .compare import tensor_evidence
 
     rtol, atol = (1e-3, 1e-4) if t.dtype in (torch.float32, torch.complex64) else (1e-2, 1e-2)
     if t.dtype in (torch.float64, torch.complex128):
         rtol, atol = 1e-7, 1e-7
-    ev = _tensor_evidence(t.abs(), c.abs(), atol, rtol)
+    ev = tensor_evidence(t.abs(), c.abs(), atol, rtol)
     return Evidence(ev.close, max_abs_err=ev.max_abs_err, max_rel_err=ev.max_rel_err, ulp_err=ev.ulp_err,
                     mismatch_frac=ev.mismatch_frac, nan_agree=ev.nan_agree, comparator="decomposition",
                     detail=ev.detail and f"magnitudes differ: {ev.detail}")

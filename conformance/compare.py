@@ -93,7 +93,7 @@ def ulp(ref: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.exp2(torch.floor(torch.log2(mag)) - mant)
 
 
-def _tensor_evidence(t: torch.Tensor, c: torch.Tensor, atol: float, rtol: float) -> Evidence:
+def tensor_evidence(t: torch.Tensor, c: torch.Tensor, atol: float, rtol: float) -> Evidence:
     if t.dtype == c.dtype and t.shape == c.shape and torch.equal(t, c):
         if not (t.is_floating_point() or t.is_complex()) or not torch.isnan(t).any():
             return _EXACT  # bitwise equal: nothing to measure (the common case)
@@ -198,7 +198,7 @@ def compare(cpu: Any, target: Any, *, atol: float, rtol: float, device_meta: Seq
             continue
         ev = per_tensor(i, t, c) if per_tensor else None
         if ev is None:
-            ev = _tensor_evidence(t, c, atol, rtol)
+            ev = tensor_evidence(t, c, atol, rtol)
         close = ev.close and dtype_ok
         detail = ev.detail if dtype_ok else f"dtype {dm.dtype} on target vs {cm.dtype} on CPU; {ev.detail}".strip("; ")
         parts.append(replace(ev, close=close, dtype_ok=dtype_ok, shape_ok=shape_ok, stride_ok=stride_ok, detail=detail))

@@ -76,7 +76,7 @@ def _err(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {head}"[:2000]
 
 
-def _clone(sample: Any, fn: Callable[[torch.Tensor], torch.Tensor], device: str | torch.device | None = None) -> Any:
+def clone_sample(sample: Any, fn: Callable[[torch.Tensor], torch.Tensor], device: str | torch.device | None = None) -> Any:
     """Copy a sample's tensors through ``fn``; schema-generated ``device`` arguments become
     ``device`` (the CPU for the reference run, the target's device for the target run)."""
     from .inputs.schema import DeviceArg
@@ -157,7 +157,7 @@ def run_item(target: Target, info: Any, variant: str, sample: Any, *, want_arbit
         _phase("cpu")
         try:
             copy_first = variant == "inplace" or getattr(info, "mutates", False) or _has_device_arg(sample)
-            s_cpu = _clone(sample, torch.clone, "cpu") if copy_first else sample
+            s_cpu = clone_sample(sample, torch.clone, "cpu") if copy_first else sample
             ref = _invoke(info.op, "function", s_cpu, "cpu", None) if variant == "out" else None
             out.cpu = _invoke(fn, variant, s_cpu, "cpu", ref)
         except Exception as exc:  # noqa: BLE001 - the CPU reference failed: the item is skipped
@@ -167,7 +167,7 @@ def run_item(target: Target, info: Any, variant: str, sample: Any, *, want_arbit
         _phase("target")
         trace = None
         try:
-            s_dev = _clone(sample, lambda t: t.to(dev, copy=True), dev)
+            s_dev = clone_sample(sample, lambda t: t.to(dev, copy=True), dev)
             wrapped = target.wrap(fn)
             if target.compiler:  # compiled with no dispatch mode active; ops traced on an eager run
                 t0 = time.perf_counter()
@@ -176,7 +176,7 @@ def run_item(target: Target, info: Any, variant: str, sample: Any, *, want_arbit
                 out.duration_s = time.perf_counter() - t0
                 out.proof = _proof(target, result)
                 trace = _eager_trace(target, lambda: _invoke(
-                    fn, variant, _clone(sample, lambda t: t.to(dev, copy=True), dev), dev, out.cpu, sized_out=True))
+                    fn, variant, clone_sample(sample, lambda t: t.to(dev, copy=True), dev), dev, out.cpu, sized_out=True))
             else:
                 with target.trace() as trace:
                     t0 = time.perf_counter()
@@ -238,10 +238,10 @@ def _arbiter(fn: Callable[..., Any], variant: str, info: Any, sample: Any) -> An
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            s64 = _clone(sample, up)
+            s64 = clone_sample(sample, up)
             ref = None
             if variant == "out":
-                ref = _invoke(info.op, "function", _clone(s64, torch.clone), "cpu", None)
+                ref = _invoke(info.op, "function", clone_sample(s64, torch.clone), "cpu", None)
             return _invoke(fn, variant, s64, "cpu", ref)
         except Exception:  # noqa: BLE001 - no arbiter for this sample
             return None

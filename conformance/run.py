@@ -24,7 +24,7 @@ from . import datafiles
 from .kinds import TABLES, groups_of, kind_of_item
 from .select import SelectionError, parse_shard, shard_of
 from .spec import RunSpec
-from .supervisor import Summary, Supervisor, _start_worker_server
+from .supervisor import Summary, Supervisor, start_worker_server
 from .targets import Target
 from .verdict import Status
 from .work import Group, ItemKey
@@ -172,7 +172,7 @@ def execute_run(spec: RunSpec, db_path: str | os.PathLike[str], *, resume: str |
                 progress: Callable[[str], None] | None = None) -> Summary:
     """Run (or resume) a sweep into the database at ``db_path`` (:func:`run_into`); a bad spec
     or selection is refused before the database is created or written."""
-    _start_worker_server()  # its imports overlap with the selection's
+    start_worker_server()  # its imports overlap with the selection's
     run = None
     if resume:
         with Store.open(db_path, create=False) as store:  # a missing database is not created
@@ -208,7 +208,7 @@ def run_into(spec: RunSpec, store: Store, *, resume: str | None = None,
     shard), earlier sessions of a resumed run included. A run that ends with no item raises
     :class:`EmptyRun` (after recording it). Nothing is written when the spec or selection is bad."""
     where = str(store.path or ":memory:")
-    _start_worker_server()
+    start_worker_server()
     if prepared is None:
         run = store.get_run(resume) if resume else None
         if resume and run is None:

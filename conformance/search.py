@@ -39,7 +39,7 @@ from opdb.blobs import dump_inputs
 from . import catalog
 from .catalog import packet_of
 from .compare import leaves
-from .execute import _clone, signature
+from .execute import clone_sample, signature
 from .inputs.hints import Hints, hints_from_errors
 from .inputs.opinfo import by_name, cpu_dtypes
 from .inputs.schema import NOARG, Call, DeviceArg, call_strategy
@@ -138,7 +138,7 @@ def _in_child(run: Callable[[], None]) -> str | None:
 def cpu_preflight(info: Any, sample: Any) -> str | None:
     """Run the CPU reference on ``sample`` in a forked child first; the reason when the child
     died (a crashing reference kernel is a rejected input, not the end of the search)."""
-    cpu = _clone(sample, lambda t: t.clone())
+    cpu = clone_sample(sample, lambda t: t.clone())
     died = _in_child(lambda: info.op(cpu.input, *cpu.args, **cpu.kwargs))
     return None if died is None else f"CPU reference {died}"
 
@@ -148,7 +148,7 @@ def target_preflight(target: Any, info: Any, sample: Any) -> str | None:
     process, so nothing the reference corrupted can fail there); how the target died, or None."""
 
     def run() -> None:
-        dev = _clone(sample, lambda t: t.to(target.device, copy=True), target.device)
+        dev = clone_sample(sample, lambda t: t.to(target.device, copy=True), target.device)
         target.wrap(info.op)(dev.input, *dev.args, **dev.kwargs)
         target.synchronize()
 

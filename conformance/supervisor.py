@@ -131,7 +131,7 @@ def worker_context() -> Any:
     return ctx
 
 
-def _start_worker_server() -> None:
+def start_worker_server() -> None:
     import multiprocessing.forkserver
     import threading
 
@@ -174,7 +174,7 @@ class Supervisor:
         self.only = only
         self.summary = Summary(run_id)
         self.progress = progress
-        _start_worker_server()  # (again: re-runs and canaries come here directly) ties it to us
+        start_worker_server()  # (again: re-runs and canaries come here directly) ties it to us
         self.ctx = worker_context()
         self.writers = {t: store.writer(t) for t in TABLES} if store else {}
         self.sink = sink or (lambda row, table: self.writers[table].add(row))

@@ -142,7 +142,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[set[str]]:
 
 
 # Registration is the one circle allowed: a package module imports its members so that they
-# register themselves (click commands in cli_*.py, devices in targets/*.py via _load_builtin).
+# register themselves (click commands in cli_*.py, devices in targets/*.py via load_builtin).
 _REGISTRATION = ({"conformance.cli", "conformance.cli_audit", "conformance.cli_gate", "conformance.cli_report",
                   "conformance.cli_sweep"},
                  {"conformance.targets.base", "conformance.targets.cpu", "conformance.targets.cuda",
@@ -167,3 +167,15 @@ def test_the_cycle_check_sees_cycles():
     assert "conformance.work" in graph["conformance.kinds"]  # resolves `from .work import ...`
     assert "conformance.cli_sweep" in graph["conformance.cli"]  # and lazy imports
     assert not graph["conformance.work"], "conformance/work.py is a leaf: it imports nothing of the harness"
+
+
+def test_no_module_imports_another_modules_private_names():
+    """``from x import _name`` across modules reaches into a private helper: make it public instead."""
+    bad = []
+    for pkg in ("conformance", "opdb", "reports"):
+        for p in _modules(pkg):
+            for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.ImportFrom) and node.module and not node.module.startswith("torch"):
+                    bad += [f"{_rel(p)}: {node.module}.{a.name}" for a in node.names
+                            if a.name.startswith("_") and not a.name.startswith("__")]
+    assert not bad, bad

@@ -17,7 +17,7 @@ from .trace import cpu_run, error_text, to_cpu
 def compile_sweep(model: nn.Module, sets: list[tuple], labels: list[str], target: Any, tol: float,
                    config: AuditConfig, res: AuditResult) -> None:
     from ..models.localize import rel_l2
-    from ..models.runner import CountingBackend, _percentile
+    from ..models.runner import CountingBackend, percentile
 
     backend = target.compile_backend()
     res.compile = {"backend": backend if isinstance(backend, str) else getattr(backend, "__name__", "callable"),
@@ -55,7 +55,7 @@ def compile_sweep(model: nn.Module, sets: list[tuple], labels: list[str], target
                     target.synchronize()
                     if k >= config.warmup:
                         times.append((time.perf_counter() - t0) * 1e3)
-            row.p50_ms, row.p99_ms = _percentile(times, 0.5), _percentile(times, 0.99)
+            row.p50_ms, row.p99_ms = percentile(times, 0.5), percentile(times, 0.99)
         except AuditInputError:
             raise
         except Exception as exc:  # noqa: BLE001

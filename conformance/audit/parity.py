@@ -55,19 +55,19 @@ def training_loss(out: Any) -> torch.Tensor:
 
 
 def train_parity(model: nn.Module, inputs: tuple, target: Any, tol: Any, seed: int, res: AuditResult) -> bool:
-    from ..models.runner import _train, grad_evidence, loss_close
+    from ..models.runner import grad_evidence, loss_close, train_side
 
     spec = SimpleNamespace(loss=training_loss)
     cpu_m = copy.deepcopy(model).train()
     try:
-        cpu = _train(spec, cpu_m, cpu_m, inputs, None, TRAIN_STEPS, seed)
+        cpu = train_side(spec, cpu_m, cpu_m, inputs, None, TRAIN_STEPS, seed)
     except AuditInputError:
         raise
     except Exception as exc:  # noqa: BLE001
         raise AuditInputError(f"--train: the model's training step fails on the CPU: {error_text(exc)}") from None
     try:
         tgt_m = copy.deepcopy(model).train().to(target.device)
-        tgt = _train(spec, tgt_m, tgt_m, target.to_device(inputs), target, TRAIN_STEPS, seed)
+        tgt = train_side(spec, tgt_m, tgt_m, target.to_device(inputs), target, TRAIN_STEPS, seed)
     except Exception as exc:  # noqa: BLE001
         res.gradients = {"ok": False, "worst_rel_err": None, "detail": f"training step raises on the target: {error_text(exc)}"}
         res.training = {"ok": False, "steps": TRAIN_STEPS, "detail": res.gradients["detail"]}

@@ -39,7 +39,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._pytree import tree_flatten, tree_map
 
 from ..compare import leaves
-from .tracing import _target
+from .tracing import node_target
 
 
 @dataclass(frozen=True)
@@ -160,7 +160,7 @@ def localize(model: nn.Module, inputs: tuple, target: Any, dtype: torch.dtype, *
         out_c = node.target(*args_c, **kwargs_c)
         args_t, kwargs_t = fx.node.map_arg((node.args, node.kwargs), lambda n: env_t[n])
         args_t, kwargs_t = to_dev_devices((args_t, kwargs_t), dev)
-        op = _target(node)
+        op = node_target(node)
         random = isinstance(node.target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in node.target.tags
         env_c[node] = out_c
         if random:

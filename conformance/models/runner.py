@@ -109,7 +109,7 @@ def _err(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:2000]
 
 
-def _percentile(xs: Sequence[float], q: float) -> float | None:
+def percentile(xs: Sequence[float], q: float) -> float | None:
     if not xs:
         return None
     s = sorted(xs)
@@ -206,8 +206,8 @@ class SideResult:
     error: str | None = None
 
 
-def _train(spec: Any, model: nn.Module, fn: Callable[..., Any], inputs: tuple, target: Any | None,
-           steps: int, seed: int, *, compiled: bool = False) -> SideResult:
+def train_side(spec: Any, model: nn.Module, fn: Callable[..., Any], inputs: tuple, target: Any | None,
+               steps: int, seed: int, *, compiled: bool = False) -> SideResult:
     """Forward + backward (+ SGD step) ``steps`` times on one side.
 
     The target's op trace covers one step: the first (eager), or the second for a compiled
@@ -344,7 +344,7 @@ def run_item(target: Any, prep: _Prepared, dtype_name: str, mode: str, config: A
     inputs = _cast(prep.inputs, dtype)
     # CPU reference.
     try:
-        cpu = _train(spec, cpu_model, cpu_model, inputs, None, train_steps, seed)
+        cpu = train_side(spec, cpu_model, cpu_model, inputs, None, train_steps, seed)
     except Exception as exc:  # noqa: BLE001
         cpu = SideResult(error=_err(exc))
     # Target.
@@ -364,7 +364,7 @@ def run_item(target: Any, prep: _Prepared, dtype_name: str, mode: str, config: A
                 # eager on the target; a compiler target's own mode is "compile" (its wrap
                 # refuses the dispatch-mode trace of the first step, which would run it eager)
                 fn = tgt_model if target.compiler else target.wrap(tgt_model)
-            tgt = _train(spec, tgt_model, fn, tgt_inputs, target, train_steps, seed, compiled=mode == "compile")
+            tgt = train_side(spec, tgt_model, fn, tgt_inputs, target, train_steps, seed, compiled=mode == "compile")
         except Exception as exc:  # noqa: BLE001
             tgt = SideResult(error=_err(exc))
     row["native_ops"] = sorted(tgt.native or ())
@@ -421,7 +421,7 @@ def run_item(target: Any, prep: _Prepared, dtype_name: str, mode: str, config: A
                 row.update(_shape_sweep(spec, fn, dtype, target, counter, tgt.first_s, timed_iters))
             elif timed_iters:
                 times = _time_forward(fn, target.to_device(inputs), target, WARMUP + timed_iters)[WARMUP:]
-                row["p50_ms"], row["p99_ms"] = _percentile(times, 0.5), _percentile(times, 0.99)
+                row["p50_ms"], row["p99_ms"] = percentile(times, 0.5), percentile(times, 0.99)
         except Exception as exc:  # noqa: BLE001
             row["error"] = f"{row['error'] + '; ' if row['error'] else ''}latency sweep failed: {_err(exc)}"[:2000]
     return row
@@ -446,7 +446,7 @@ def _shape_sweep(spec: Any, fn: Callable[..., Any], dtype: torch.dtype, target: 
             recompiles += n
         times = _time_forward(fn, x, target, WARMUP + timed_iters)[WARMUP:] if timed_iters else []
         shapes.append({"shape": _shape(inputs), "recompiled": bool(v and n), "compiles": n,
-                       "p50_ms": _percentile(times, 0.5), "p99_ms": _percentile(times, 0.99)})
+                       "p50_ms": percentile(times, 0.5), "p99_ms": percentile(times, 0.99)})
     return {"recompiles": recompiles, "compile_s": first_s, "shapes": shapes,
             "p50_ms": shapes[0]["p50_ms"], "p99_ms": shapes[0]["p99_ms"]}
 

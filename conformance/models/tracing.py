@@ -77,7 +77,7 @@ def _arg(a: Any, index: dict[fx.Node, int]) -> Any:
     )
 
 
-def _target(node: fx.Node) -> str:
+def node_target(node: fx.Node) -> str:
     t = node.target
     if isinstance(t, torch._ops.OpOverload):
         return f"{t.namespace}::{t._opname}.{t._overloadname}"
@@ -98,7 +98,7 @@ def graph_records(gm: fx.GraphModule) -> list[tuple]:
             rec = ("out", _arg(node.args, index))
         else:
             rec = (
-                _target(node),
+                node_target(node),
                 _arg(node.args, index),
                 _arg(node.kwargs, index),
                 _meta(node.meta.get("val")),
@@ -118,7 +118,7 @@ def histogram(gm: fx.GraphModule) -> dict[str, int]:
     ops = (
         n for n in gm.graph.nodes if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
     )
-    return dict(sorted(Counter(_target(n) for n in ops).items()))
+    return dict(sorted(Counter(node_target(n) for n in ops).items()))
 
 
 def graph_hash(module: nn.Module, inputs: tuple, *, method: str = "make_fx") -> str:

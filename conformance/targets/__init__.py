@@ -8,8 +8,8 @@ from .base import (
     OpTrace,
     Target,
     TargetError,
-    _load_builtin,
     get_target,
+    load_builtin,
     register,
 )
 
@@ -18,6 +18,6 @@ __all__ = ["REGISTRY", "BuildRef", "Compiled", "OpTrace", "Target", "TargetError
 
 def preload() -> None:
     """Import every registered target's device package that is installed (see Target.preload)."""
-    _load_builtin()
+    load_builtin()
     for target in REGISTRY.values():
         target.preload()

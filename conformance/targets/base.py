@@ -232,7 +232,7 @@ def register(cls: type[Target]) -> type[Target]:
 
 def get_target(name: str, build: str | BuildRef | None = None) -> Target:
     """Instantiate and set up the target ``name`` (``neuron-emu``, ``inductor``, ``cuda``, ``cpu``)."""
-    _load_builtin()
+    load_builtin()
     if name not in REGISTRY:
         raise TargetError(f"unknown target {name!r}; known targets: {', '.join(sorted(REGISTRY))}")
     target = REGISTRY[name](build)
@@ -240,5 +240,5 @@ def get_target(name: str, build: str | BuildRef | None = None) -> Target:
     return target
 
 
-def _load_builtin() -> None:
+def load_builtin() -> None:
     from . import cpu, cuda, inductor, neuron_emu  # noqa: F401  (registration side effects)
