@@ -141,7 +141,13 @@ def start_worker_server() -> None:
     os.environ[SUPERVISOR_ENV] = str(os.getpid())
     os.environ[PDEATHSIG_ENV] = "1" if threading.current_thread() is threading.main_thread() else ""
     worker_context()
-    multiprocessing.forkserver.ensure_running()
+    try:
+        multiprocessing.forkserver.ensure_running()
+    except OSError as exc:  # its socket lives in TMPDIR: a deep TMPDIR cannot hold one
+        if "too long" not in str(exc):
+            raise
+        raise SelectionError(f"TMPDIR {tempfile.gettempdir()!r} is too deep for the worker server's socket "
+                             f"({exc}); set TMPDIR to a shorter directory, e.g. TMPDIR=/tmp") from None
 
 
 @dataclass

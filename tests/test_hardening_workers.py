@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -54,9 +56,10 @@ def _poll(cond, limit_s: float, every_s: float = 0.5) -> bool:
 
 
 def test_killed_supervisor_takes_fork_server_and_hung_worker_along(tmp_path):
-    manifest, db, tmp = tmp_path / "m.toml", tmp_path / "r.sqlite", tmp_path / "tmp"
+    manifest, db = tmp_path / "m.toml", tmp_path / "r.sqlite"
+    # a short TMPDIR of its own: the fork server's socket goes there (AF_UNIX paths are short)
+    tmp = Path(tempfile.mkdtemp(prefix="hw-"))
     manifest.write_text(textwrap.dedent(MANIFEST))
-    tmp.mkdir()
     cmd = [sys.executable, "-m", "conformance", "run", "--target", "neuron-emu", "--build", str(manifest),
            "--ops", "reciprocal", "--dtypes", "float32", "--variants", "function", "--max-samples", "1",
            "--timeout", "600", "-n", "1", "--quiet", "--db", str(db)]
@@ -78,6 +81,18 @@ def test_killed_supervisor_takes_fork_server_and_hung_worker_along(tmp_path):
         except ProcessLookupError:
             pass
         proc.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_a_too_deep_tmpdir_is_one_clear_error(tmp_path):
+    deep = tmp_path.joinpath(*["d" * 20] * 6)  # the fork server's AF_UNIX socket cannot live this deep
+    deep.mkdir(parents=True)
+    cmd = [sys.executable, "-m", "conformance", "run", "--target", "cpu", "--ops", "abs", "--dtypes", "float32",
+           "--variants", "function", "--max-samples", "1", "-n", "1", "--quiet", "--db", str(tmp_path / "r.sqlite")]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "TMPDIR": str(deep)})
+    assert p.returncode == 2, p.stdout + p.stderr
+    err = p.stderr.strip().splitlines()
+    assert len(err) == 1 and "TMPDIR" in err[0] and "shorter directory" in err[0], p.stderr
 
 
 PROGRESS = re.compile(r"^\[\d+/\d+ groups, \d+ items, \d+ s(, eta \d+ s)?\]( \w+=\d+)*\s*$")
