@@ -114,6 +114,10 @@ def _in_child(run: Callable[[], None]) -> str | None:
         import gc
 
         faulthandler.disable()  # an expected crash, reported by the parent; no traceback dump
+        # what the parent had is not this child's to free: collecting it (inherited tensors of other
+        # devices, compiler pools, threads' locks) could crash or hang the child for reasons that
+        # have nothing to do with the input, and turn a valid input into a "crash"
+        gc.freeze()
         try:
             run()
             gc.collect()  # free now: heap corruption often only shows when memory is freed
