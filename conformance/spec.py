@@ -44,6 +44,9 @@ class RunSpec:
     target: str = field(default="neuron-emu", metadata=_stored(None, column="target"))
     # the build asked for (a name or a manifest .toml; the default build when left out)
     build: BuildRef = field(default=BuildRef(), metadata=_stored("build_spec", column="build"))
+    # modules imported before the target is set up, in the supervisor and in every worker
+    # (``--import``: what registers a ``device:TYPE`` with torch)
+    imports: tuple[str, ...] = ()
     ops: tuple[str, ...] = ()  # OpInfo globs; aten:: globs select schema searches
     dtypes: tuple[str, ...] = ()
     thorough: bool = False  # reference_inputs instead of sample_inputs

@@ -1,0 +1,196 @@
+"""``device:TYPE``: any device type torch knows, once ``--import MODULE`` has registered it
+(``device:neuron --import neuron_emu``, ``device:cuda``, ``device:mps``, ``device:xpu``, an
+out-of-tree PrivateUse1 backend). Nobody wrote code for the device here: it is checked by
+allocating on it, synchronized through ``torch.accelerator`` or the device module, and its CPU
+fallbacks are found by watching the dispatcher (:class:`HostWork`), never by asking the device.
+
+Example::
+
+    >>> from conformance.targets import TargetError, get_target
+    >>> try:
+    ...     get_target("device:nosuch")
+    ... except TargetError as exc:
+    ...     print("torch knows no device type 'nosuch'" in str(exc))
+    True
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.weak import WeakIdKeyDictionary
+
+from .base import OpTrace, Target, TargetError, overload_name
+
+# keys below the Python key: where a re-dispatch from inside the mode lands (the backends)
+_BELOW_PYTHON = torch._C._dispatch_keyset_full_after(torch._C.DispatchKey.Python)
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    return [t for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor)]
+
+
+class HostWork(TorchDispatchMode):
+    """Records the overloads one execution reaches (``dispatched``) and those that did work on the
+    CPU with the device's data (``fallback``), from what the dispatcher shows, for any device.
+
+    Each overload runs with this mode still active, so the calls a device kernel makes through the
+    dispatcher (a boxed CPU fallback: copy to the CPU, run the CPU kernel, copy back) are seen,
+    one level down. An overload counts as a fallback when, inside it (or, for the parts of a
+    composite op, at its own level):
+
+    * a call turns device tensors into CPU tensors (a device-to-host copy, ``_to_copy``/``copy_``,
+      or any op with device inputs and CPU outputs): inside an overload, that alone counts; or
+    * a call computes on such CPU copies of device data (at any level).
+
+    A top-level transfer (the op under test is itself a copy) is not a fallback. CPU tensors that
+    appear inside a device kernel without a visible copy are not counted: a host-memory device
+    (the emulator) runs its native kernels on zero-copy CPU views, and a kernel may build small
+    host-side helpers; neither is work moved off the device. So a fallback that copies nothing
+    (the emulator's zero-copy one) is invisible here, by design of what can be seen.
+    """
+
+    def __init__(self, trace: OpTrace, device_type: str) -> None:
+        super().__init__()
+        self.trace, self.device_type = trace, device_type
+        self.depth = 0
+        self.top: str | None = None  # the top-level overload being run
+        self.host = WeakIdKeyDictionary()  # CPU tensors copied/derived from device tensors
+
+    def _on_device(self, t: torch.Tensor) -> bool:
+        return t.device.type == self.device_type
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        kwargs = kwargs or {}
+        name = overload_name(func)
+        ins = _tensors((args, kwargs))
+        outer = self.depth == 0
+        if outer:
+            if func.namespace == "aten":
+                self.trace.dispatched.add(name)
+            self.top = name
+        keys = torch._C.DispatchKeySet(torch._C.DispatchKey.Undefined)
+        for t in ins:
+            keys = keys | torch._C._dispatch_keys(t)
+        keys = keys & _BELOW_PYTHON
+        self.depth += 1
+        try:
+            if (ins and keys.highestPriorityTypeId() != torch._C.DispatchKey.Undefined
+                    and _boxable(func, args, kwargs)):
+                with self:  # the kernel's own dispatcher calls come back here, one level down
+                    out = func.redispatch(keys, *args, **kwargs)
+            else:  # no tensor argument (a factory): nothing inside it to watch
+                out = func(*args, **kwargs)
+        finally:
+            self.depth -= 1
+        self._classify(name, outer, ins, _tensors(out))
+        return out
+
+    def _classify(self, name: str, outer: bool, ins: list[torch.Tensor], outs: list[torch.Tensor]) -> None:
+        dev_in = any(self._on_device(t) for t in ins)
+        cpu_outs = [t for t in outs if t.device.type == "cpu"]
+        from_host_copy = any(t in self.host for t in ins)
+        blame = name if outer else self.top
+        if dev_in and cpu_outs:  # device data now on the CPU (a copy, or an op that returned CPU tensors)
+            for t in cpu_outs:
+                self.host[t] = True
+            if not outer and blame is not None:
+                self.trace.fallback.add(blame)
+            return
+        if from_host_copy:  # computing on the CPU copy of device data
+            for t in cpu_outs:
+                self.host[t] = True
+            if blame is not None and (not outer or not _is_transfer(name)):
+                self.trace.fallback.add(blame)
+
+
+def _boxable(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Can ``func`` be re-dispatched boxed with these arguments? A Python number where the schema
+    wants a Tensor (``mul.Tensor(t, 2.0)`` from autograd) is wrapped only by the normal call."""
+    schema = func._schema.arguments
+    given = list(zip(schema, args)) + [(a, kwargs[a.name]) for a in schema if a.name in kwargs]
+    return not any(isinstance(a.type, torch.TensorType) and not isinstance(v, torch.Tensor) and v is not None
+                   for a, v in given)
+
+
+_TRANSFERS = {"aten::_to_copy.default", "aten::copy_.default", "aten::_copy_from.default",
+              "aten::_copy_from_and_resize.default", "aten::to.device", "aten::to.dtype_layout", "aten::to.other"}
+
+
+def _is_transfer(name: str) -> bool:
+    return name in _TRANSFERS
+
+
+class DeviceTarget(Target):
+    """A device type torch knows, after ``--import`` of the modules that register it."""
+
+    name = "device"
+    description = "any device type torch knows (device:TYPE, --import MODULE) vs eager CPU"
+
+    def __init__(self, build: Any = None, device_type: str = "", imports: tuple[str, ...] = ()) -> None:
+        super().__init__(build)
+        self.device_type, self.imports = device_type, tuple(imports)
+        self.device = device_type
+        self.name = f"device:{device_type}"  # type: ignore[misc]  (per instance: the run's target name)
+
+    def _where(self) -> str:
+        return f" after importing {', '.join(self.imports)}" if self.imports else " (no --import given)"
+
+    def setup(self) -> None:
+        t = self.device_type
+        if not t or ":" in t:
+            raise TargetError(f"target 'device:{t}': expected device:TYPE with a device type such as cuda, mps, "
+                              "xpu or a PrivateUse1 name (e.g. device:neuron --import neuron_emu)")
+        if not self.ref.is_default:
+            raise TargetError(f"target 'device:{t}' runs the installed device package; --build {self.build!r} "
+                              "is not used (a target that selects builds, e.g. neuron-emu, takes it)")
+        try:
+            torch.device(t)
+        except RuntimeError as exc:
+            head = (str(exc).strip().splitlines() or [""])[0][:200]
+            raise TargetError(f"target 'device:{t}': torch knows no device type {t!r}{self._where()} ({head})") from None
+        try:
+            x = torch.arange(4.0, device=t)
+            back = (x + 1).to("cpu")
+            self.synchronize()
+        except Exception as exc:  # noqa: BLE001 - the device type exists but cannot hold a tensor here
+            head = (str(exc).strip().splitlines() or [""])[0][:200]
+            raise TargetError(f"target 'device:{t}': cannot allocate a tensor on device type {t!r}{self._where()}: "
+                              f"{type(exc).__name__}: {head}") from None
+        if not torch.equal(back, torch.arange(1.0, 5.0)):
+            raise TargetError(f"target 'device:{t}': a tensor sent to {t!r} and back came back with different values")
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "imports": list(self.imports)}
+
+    def synchronize(self) -> None:
+        module = getattr(torch, self.device_type, None)
+        sync = getattr(module, "synchronize", None)
+        if callable(sync):
+            sync()
+            return
+        acc = getattr(torch, "accelerator", None)
+        if acc is not None and acc.is_available():
+            current = acc.current_accelerator()
+            if current is not None and current.type == self.device_type:
+                acc.synchronize()
+
+    @contextlib.contextmanager
+    def trace(self) -> Iterator[OpTrace]:
+        trace = OpTrace()
+        try:
+            with HostWork(trace, self.device_type):
+                yield trace
+        finally:
+            trace.native = trace.dispatched - trace.fallback
+
+    def repro_setup(self) -> tuple[str, str]:
+        return "".join(f"import {m}\n" for m in self.imports), "{fn}"
+
+    def compile_backend(self) -> str:
+        return "inductor"
