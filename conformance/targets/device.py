@@ -27,95 +27,57 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from .base import OpTrace, Target, TargetError, overload_name
 
-# keys below the Python key: where a re-dispatch from inside the mode lands (the backends)
-_BELOW_PYTHON = torch._C._dispatch_keyset_full_after(torch._C.DispatchKey.Python)
-
 
 def _tensors(value: Any) -> list[torch.Tensor]:
     return [t for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor)]
 
 
 class HostWork(TorchDispatchMode):
-    """Records the overloads one execution reaches (``dispatched``) and those that did work on the
-    CPU with the device's data (``fallback``), from what the dispatcher shows, for any device.
+    """Records the overloads one execution reaches (``dispatched``: below autograd and the
+    composite-implicit decompositions) and those that worked on the CPU with the device's data
+    (``fallback``), from what the dispatcher shows, for any device:
 
-    Each overload runs with this mode still active, so the calls a device kernel makes through the
-    dispatcher (a boxed CPU fallback: copy to the CPU, run the CPU kernel, copy back) are seen,
-    one level down. An overload counts as a fallback when, inside it (or, for the parts of a
-    composite op, at its own level):
+    * an overload that turns device tensors into CPU tensors (a device-to-host ``_to_copy`` or
+      ``copy_``, or any op with device inputs and CPU outputs) marks those CPU tensors as host
+      copies of device data; it is a fallback itself unless it is a transfer (the op under test
+      may be a copy, or decompose into one);
+    * an overload that computes on host copies of device data ran on the CPU: a fallback (and its
+      CPU outputs are host copies too, until a host-to-device copy takes them back).
 
-    * a call turns device tensors into CPU tensors (a device-to-host copy, ``_to_copy``/``copy_``,
-      or any op with device inputs and CPU outputs): inside an overload, that alone counts; or
-    * a call computes on such CPU copies of device data (at any level).
-
-    A top-level transfer (the op under test is itself a copy) is not a fallback. CPU tensors that
-    appear inside a device kernel without a visible copy are not counted: a host-memory device
-    (the emulator) runs its native kernels on zero-copy CPU views, and a kernel may build small
-    host-side helpers; neither is work moved off the device. So a fallback that copies nothing
-    (the emulator's zero-copy one) is invisible here, by design of what can be seen.
+    What it cannot see: copies made inside a device kernel (a C++ boxed CPU fallback calls the
+    dispatcher below this mode) and a fallback that copies nothing (the emulator's zero-copy
+    one). Watching inside kernels needs re-dispatching each call with the mode still active, which
+    changed results and recursed on the emulator; an observer must not change what it observes.
     """
 
     def __init__(self, trace: OpTrace, device_type: str) -> None:
         super().__init__()
         self.trace, self.device_type = trace, device_type
-        self.depth = 0
-        self.top: str | None = None  # the top-level overload being run
         self.host = WeakIdKeyDictionary()  # CPU tensors copied/derived from device tensors
-
-    def _on_device(self, t: torch.Tensor) -> bool:
-        return t.device.type == self.device_type
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         kwargs = kwargs or {}
         name = overload_name(func)
+        if func.namespace == "aten":
+            self.trace.dispatched.add(name)
         ins = _tensors((args, kwargs))
-        outer = self.depth == 0
-        if outer:
-            if func.namespace == "aten":
-                self.trace.dispatched.add(name)
-            self.top = name
-        keys = torch._C.DispatchKeySet(torch._C.DispatchKey.Undefined)
-        for t in ins:
-            keys = keys | torch._C._dispatch_keys(t)
-        keys = keys & _BELOW_PYTHON
-        self.depth += 1
-        try:
-            if (ins and keys.highestPriorityTypeId() != torch._C.DispatchKey.Undefined
-                    and _boxable(func, args, kwargs)):
-                with self:  # the kernel's own dispatcher calls come back here, one level down
-                    out = func.redispatch(keys, *args, **kwargs)
-            else:  # no tensor argument (a factory): nothing inside it to watch
-                out = func(*args, **kwargs)
-        finally:
-            self.depth -= 1
-        self._classify(name, outer, ins, _tensors(out))
+        out = func(*args, **kwargs)
+        self._classify(name, ins, _tensors(out))
         return out
 
-    def _classify(self, name: str, outer: bool, ins: list[torch.Tensor], outs: list[torch.Tensor]) -> None:
-        dev_in = any(self._on_device(t) for t in ins)
+    def _classify(self, name: str, ins: list[torch.Tensor], outs: list[torch.Tensor]) -> None:
+        dev_in = any(t.device.type == self.device_type for t in ins)
         cpu_outs = [t for t in outs if t.device.type == "cpu"]
-        from_host_copy = any(t in self.host for t in ins)
-        blame = name if outer else self.top
         if dev_in and cpu_outs:  # device data now on the CPU (a copy, or an op that returned CPU tensors)
             for t in cpu_outs:
                 self.host[t] = True
-            if not outer and blame is not None:
-                self.trace.fallback.add(blame)
-            return
-        if from_host_copy:  # computing on the CPU copy of device data
+            if not _is_transfer(name):
+                self.trace.fallback.add(name)
+        elif any(t in self.host for t in ins):  # computing on the CPU copy of device data
             for t in cpu_outs:
                 self.host[t] = True
-            if blame is not None and (not outer or not _is_transfer(name)):
-                self.trace.fallback.add(blame)
-
-
-def _boxable(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    """Can ``func`` be re-dispatched boxed with these arguments? A Python number where the schema
-    wants a Tensor (``mul.Tensor(t, 2.0)`` from autograd) is wrapped only by the normal call."""
-    schema = func._schema.arguments
-    given = list(zip(schema, args)) + [(a, kwargs[a.name]) for a in schema if a.name in kwargs]
-    return not any(isinstance(a.type, torch.TensorType) and not isinstance(v, torch.Tensor) and v is not None
-                   for a, v in given)
+            if not _is_transfer(name):
+                self.trace.fallback.add(name)
 
 
 _TRANSFERS = {"aten::_to_copy.default", "aten::copy_.default", "aten::_copy_from.default",
