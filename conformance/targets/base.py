@@ -230,7 +230,13 @@ def register(cls: type[Target]) -> type[Target]:
     return cls
 
 
-DEVICE_PREFIX = "device:"  # ``device:TYPE``: any device type torch knows (targets/device.py)
+# Families of targets named by a prefix and a parameter (``device:TYPE``): prefix -> a maker
+# of the target from (the parameter, the build asked for, the modules imported).
+FAMILIES: dict[str, Callable[[str, str | BuildRef | None, tuple[str, ...]], Target]] = {}
+
+
+def register_family(prefix: str, make: Callable[[str, str | BuildRef | None, tuple[str, ...]], Target]) -> None:
+    FAMILIES[prefix] = make
 
 
 def get_target(name: str, build: str | BuildRef | None = None, imports: tuple[str, ...] = ()) -> Target:
@@ -239,13 +245,13 @@ def get_target(name: str, build: str | BuildRef | None = None, imports: tuple[st
     a device with torch)."""
     load_builtin()
     import_modules(imports)
-    if name.startswith(DEVICE_PREFIX):
-        from .device import DeviceTarget
-
-        target: Target = DeviceTarget(build, device_type=name[len(DEVICE_PREFIX):], imports=tuple(imports))
+    family = next((p for p in FAMILIES if name.startswith(p)), None)
+    if family is not None:
+        target = FAMILIES[family](name[len(family):], build, tuple(imports))
     elif name not in REGISTRY:
-        raise TargetError(f"unknown target {name!r}; known targets: {', '.join(sorted(REGISTRY))}, "
-                          f"or {DEVICE_PREFIX}TYPE for any device type torch knows (with --import MODULE)")
+        families = "".join(f", or {p}TYPE" for p in sorted(FAMILIES))
+        raise TargetError(f"unknown target {name!r}; known targets: {', '.join(sorted(REGISTRY))}{families} "
+                          "(device:TYPE: any device type torch knows, with --import MODULE)")
     else:
         target = REGISTRY[name](build)
     target.setup()
@@ -266,4 +272,4 @@ def import_modules(names: tuple[str, ...] | list[str]) -> None:
 
 
 def load_builtin() -> None:
-    from . import cpu, cuda, device, inductor, neuron_emu  # noqa: F401  (registration side effects)
+    from . import cpu, cuda, inductor, neuron_emu  # noqa: F401  (registration side effects)

@@ -25,7 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
-from .base import OpTrace, Target, TargetError, overload_name
+from .base import OpTrace, Target, TargetError, overload_name, register_family
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
@@ -156,3 +156,6 @@ class DeviceTarget(Target):
 
     def compile_backend(self) -> str:
         return "inductor"
+
+
+register_family("device:", lambda device_type, build, imports: DeviceTarget(build, device_type=device_type, imports=imports))
