@@ -89,7 +89,12 @@ def _is_transfer(name: str) -> bool:
 
 
 class DeviceTarget(Target):
-    """A device type torch knows, after ``--import`` of the modules that register it."""
+    """A device type torch knows, after ``--import`` of the modules that register it.
+
+    Each worker imports the modules itself (``get_target`` in the worker, after the fork), not
+    the fork server it comes from: a device package may start its runtime on import (CUDA-like
+    runtimes do not survive a fork), and the fork server outlives a run whose imports it would
+    have had to guess. The supervisor imports them too, to check the device before any work."""
 
     name = "device"
     description = "any device type torch knows (device:TYPE, --import MODULE) vs eager CPU"
