@@ -13,7 +13,11 @@ from .cli import EXIT_FAILURES, EXIT_OK, EXIT_USAGE, UsageProblem, db_option, ha
 
 
 @main.command("run")
-@click.option("--target", default="neuron-emu", show_default=True, help="neuron-emu | inductor | cuda | cpu")
+@click.option("--target", default="neuron-emu", show_default=True,
+              help="neuron-emu | inductor | cuda | cpu | device:TYPE (any device type torch knows, see --import)")
+@click.option("--import", "imports", multiple=True, metavar="MODULE",
+              help="Import this module first, in the supervisor and every worker (repeatable), "
+                   "e.g. --target device:neuron --import neuron_emu.")
 @click.option("--build", default=None, help="SDK build name or manifest .toml (neuron-emu).")
 @click.option("--ops", "ops", multiple=True, metavar="GLOB",
               help="OpInfo name globs, or aten:: overload globs for schema-driven inputs (repeatable).")

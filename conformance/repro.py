@@ -170,7 +170,8 @@ def write_repro(store: Store, result_id: int, out_dir: str | Path) -> Path:
         blob = dump_inputs(data)
     except ValueError as exc:
         raise ValueError(f"{where}: {exc}") from None
-    target = get_target(run.get("target", "cpu"), config.get("build_spec") or run.get("build"))
+    target = get_target(run.get("target", "cpu"), config.get("build_spec") or run.get("build"),
+                        tuple(config.get("imports") or ()))
     setup, wrapped = target.repro_setup()
     script = out / f"repro_{int(result_id)}.py"
     # A compiler target gets out= tensors of the result's shapes, as in the sweep (execute._invoke).

@@ -198,7 +198,7 @@ def prepare(spec: RunSpec, resumed: dict[str, Any] | None = None) -> Prepared:
         spec = RunSpec.from_run(resumed, workers=spec.workers)
         return Prepared(spec, check(spec), None)
     groups = check(spec)
-    target = get_target(spec.target, spec.build)
+    target = get_target(spec.target, spec.build, spec.imports)
     return Prepared(spec.replace(build=spec.build.resolved()), groups, target)
 
 

@@ -33,10 +33,12 @@ from .targets import BuildRef
 from .work import Selection
 
 
-def _stored(key: str | None = "", column: str | None = None) -> dict[str, Any]:
-    """Field metadata: the ``runs.config`` key ("" = the field's name, None = not stored) and
-    the ``runs`` column to read the value from when the config holds none."""
-    return {"config": key, "column": column}
+def _stored(key: str | None = "", column: str | None = None, *, omit_default: bool = False) -> dict[str, Any]:
+    """Field metadata: the ``runs.config`` key ("" = the field's name, None = not stored), the
+    ``runs`` column to read the value from when the config holds none, and ``omit_default``: an
+    option added later is stored only when set, so the config of a run without it (and the
+    identity of stored results) stays as it was; read back, a missing key is the default."""
+    return {"config": key, "column": column, "omit_default": omit_default}
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,9 @@ class RunSpec:
     target: str = field(default="neuron-emu", metadata=_stored(None, column="target"))
     # the build asked for (a name or a manifest .toml; the default build when left out)
     build: BuildRef = field(default=BuildRef(), metadata=_stored("build_spec", column="build"))
+    # modules imported before the target is set up, in the supervisor and in every worker
+    # (``--import``: what registers a ``device:TYPE`` with torch)
+    imports: tuple[str, ...] = field(default=(), metadata=_stored(omit_default=True))
     ops: tuple[str, ...] = ()  # OpInfo globs; aten:: globs select schema searches
     dtypes: tuple[str, ...] = ()
     thorough: bool = False  # reference_inputs instead of sample_inputs
@@ -100,9 +105,9 @@ class RunSpec:
         """The stored fields as JSON values (tuples as lists, the build as its spec)."""
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):
-            key = _key(f)
-            if key is not None:
-                out[key] = _plain(getattr(self, f.name))
+            key, value = _key(f), getattr(self, f.name)
+            if key is not None and not (f.metadata.get("omit_default") and value == f.default):
+                out[key] = _plain(value)
         return out
 
     @classmethod

@@ -90,7 +90,7 @@ def _worker(conn: Connection, spec: RunSpec, output: str, supervisor: int) -> No
     from .targets import get_target
 
     try:
-        target = get_target(spec.target, spec.build)
+        target = get_target(spec.target, spec.build, spec.imports)
         config = spec.sweep_config()
     except Exception as exc:  # noqa: BLE001
         conn.send(("fatal", f"{type(exc).__name__}: {exc}"))

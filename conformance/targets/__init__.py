@@ -1,6 +1,7 @@
 """Targets: the devices the harness runs against. The rest of the harness sees only
 :class:`~conformance.targets.base.Target`; only this package imports device packages."""
 
+from . import device  # noqa: F401,E402  (registers the device:TYPE family; it imports base, not the reverse)
 from .base import (
     REGISTRY,
     BuildRef,

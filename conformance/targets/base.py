@@ -230,14 +230,45 @@ def register(cls: type[Target]) -> type[Target]:
     return cls
 
 
-def get_target(name: str, build: str | BuildRef | None = None) -> Target:
-    """Instantiate and set up the target ``name`` (``neuron-emu``, ``inductor``, ``cuda``, ``cpu``)."""
+# Families of targets named by a prefix and a parameter (``device:TYPE``): prefix -> a maker
+# of the target from (the parameter, the build asked for, the modules imported).
+FAMILIES: dict[str, Callable[[str, str | BuildRef | None, tuple[str, ...]], Target]] = {}
+
+
+def register_family(prefix: str, make: Callable[[str, str | BuildRef | None, tuple[str, ...]], Target]) -> None:
+    FAMILIES[prefix] = make
+
+
+def get_target(name: str, build: str | BuildRef | None = None, imports: tuple[str, ...] = ()) -> Target:
+    """Instantiate and set up the target ``name`` (``neuron-emu``, ``inductor``, ``cuda``, ``cpu``,
+    or ``device:TYPE``), after importing the modules ``imports`` (``--import``: what registers
+    a device with torch)."""
     load_builtin()
-    if name not in REGISTRY:
-        raise TargetError(f"unknown target {name!r}; known targets: {', '.join(sorted(REGISTRY))}")
-    target = REGISTRY[name](build)
+    import_modules(imports)
+    family = next((p for p in FAMILIES if name.startswith(p)), None)
+    if family is not None:
+        target = FAMILIES[family](name[len(family):], build, tuple(imports))
+    elif name not in REGISTRY:
+        families = "".join(f", or {p}TYPE" for p in sorted(FAMILIES))
+        raise TargetError(f"unknown target {name!r}; known targets: {', '.join(sorted(REGISTRY))}{families} "
+                          "(device:TYPE: any device type torch knows, with --import MODULE)")
+    else:
+        target = REGISTRY[name](build)
     target.setup()
     return target
+
+
+def import_modules(names: tuple[str, ...] | list[str]) -> None:
+    """Import each module named by ``--import`` (a device package registers its device type with
+    torch on import). One that is missing or fails is a :class:`TargetError` naming it."""
+    import importlib
+
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # noqa: BLE001 - ImportError, or the package's own failure on import
+            head = (str(exc).strip().splitlines() or [""])[0][:300]
+            raise TargetError(f"--import {name!r}: cannot import it: {type(exc).__name__}: {head}") from None
 
 
 def load_builtin() -> None:
