@@ -166,10 +166,6 @@ def reachable_share(counts: dict[str, int]) -> str:
     return f"{ex}/{reach} ({100 * ex / max(1, reach):.1f}%)"
 
 
-def backend_reachable(o: catalog.Overload) -> bool:
-    return not (o.has("composite_implicit") or o.has("no_cpu_kernel"))
-
-
 def table_lines(store: Store, run_id: str) -> list[str]:
     """The coverage table of a stored run, as text lines (computed first if the run has none)."""
     run = store.get_run(run_id)

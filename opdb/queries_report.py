@@ -231,7 +231,3 @@ def gate_items(store: Store, baseline_run: str, candidate_run: str) -> list[dict
         """select * from gate_items where baseline_run = ? and candidate_run = ?
            order by category, kind, op, item_key""", [baseline_run, candidate_run]))
 
-
-def item_counts(store: Store, run_id: str, table: str) -> int:
-    assert table in ("op_results", "model_results")
-    return store.db.execute(f"select count(*) from [{table}] where run_id = ?", [run_id]).fetchone()[0]

@@ -35,7 +35,6 @@ from . import schema
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 BUSY_TIMEOUT_MS = 60_000
-RESULT_TABLES = ("op_results", "model_results")
 # Run fields that must agree before two databases may be merged as shards of one run.
 RUN_IDENTITY = ("target", "build", "torch_version", "kind")
 
