@@ -25,6 +25,10 @@ from .cli import EXIT_FAILURES, EXIT_OK, EXIT_USAGE, UsageProblem, db_option, ha
 @click.option("--thorough", is_flag=True, help="reference_inputs instead of sample_inputs.")
 @click.option("--variants", default="function,inplace,out,backward", show_default=True,
               help="Comma-separated OpInfo variants to run.")
+@click.option("--contracts", "contracts", multiple=True, metavar="LIST",
+              help="Contract checks besides values: metadata, aliasing, noncontiguous, variants, out, errors, "
+                   "determinism; 'all', 'none' or 'default' (all on an eager target; metadata, variants, "
+                   "determinism on a compiler target).")
 @click.option("--schema/--no-schema", "schema", default=None,
               help="Schema-driven inputs for overloads no OpInfo reaches (default: on for a full sweep).")
 @click.option("--models", "models", multiple=True, metavar="FAMILY|all|hf",
@@ -63,6 +67,7 @@ def run_cmd(variants: str, schema: bool | None, model_modes: str, resume: str | 
     opinfo = bool(ops) or not models
     if schema is None:
         schema = opinfo and not ops  # the full default sweep covers every overload it can
+    spec_fields["contracts"] = spec_fields["contracts"] or ("default",)
     spec = RunSpec(**spec_fields, opinfo=opinfo, schema=schema, variants=_variants(variants),
                    model_modes=_modes(model_modes))
     summary = execute_run(spec, db_path, resume=resume, progress=None if quiet else stderr_progress)

@@ -33,16 +33,30 @@ _MANTISSA = {torch.float64: 52, torch.float32: 23, torch.bfloat16: 7, torch.floa
 
 @dataclass(frozen=True)
 class Meta:
-    """dtype/shape/stride of a tensor as it sits on the device."""
+    """dtype/shape/stride/storage offset of a tensor as it sits on the device."""
 
     dtype: str
     shape: tuple[int, ...]
     stride: tuple[int, ...]
+    offset: int = 0
 
     @classmethod
     def of(cls, t: torch.Tensor) -> Meta:
-        stride = tuple(t.stride()) if t.layout == torch.strided else ()
-        return cls(str(t.dtype).removeprefix("torch."), tuple(t.shape), stride)
+        strided = t.layout == torch.strided
+        return cls(str(t.dtype).removeprefix("torch."), tuple(t.shape), tuple(t.stride()) if strided else (),
+                   t.storage_offset() if strided else 0)
+
+    def layout_differs(self, other: Meta) -> str:
+        """How this tensor's memory layout differs from ``other``'s ("" when it does not):
+        strides of the dimensions longer than 1, and the storage offset."""
+        if self.shape != other.shape or not self.stride or not other.stride:
+            return ""
+        parts = []
+        if not strides_agree(self, other):
+            parts.append(f"strides {list(self.stride)} vs {list(other.stride)}")
+        if self.offset != other.offset:
+            parts.append(f"storage offset {self.offset} vs {other.offset}")
+        return ", ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -147,7 +161,7 @@ def _merge(parts: Sequence[Evidence], comparator: str) -> Evidence:
         comparator=comparator, detail="; ".join(f"output {i}: {p.detail}" for i, p in enumerate(parts) if p.detail))
 
 
-def _strides_agree(a: Meta, b: Meta) -> bool:
+def strides_agree(a: Meta, b: Meta) -> bool:
     if a.shape != b.shape or not a.stride or not b.stride:
         return a.shape == b.shape
     return all(sa == sb for sa, sb, n in zip(a.stride, b.stride, a.shape, strict=True) if n > 1)
@@ -191,7 +205,7 @@ def compare(cpu: Any, target: Any, *, atol: float, rtol: float, device_meta: Seq
         dm = device_meta[tensor_i] if device_meta and tensor_i < len(device_meta) else Meta.of(t)
         tensor_i += 1
         dtype_ok, shape_ok = dm.dtype == cm.dtype, dm.shape == cm.shape
-        stride_ok = _strides_agree(dm, cm)
+        stride_ok = strides_agree(dm, cm)
         if not shape_ok or t.shape != c.shape:
             parts.append(Evidence(False, dtype_ok=dtype_ok, shape_ok=False, stride_ok=stride_ok,
                                   detail=f"shape {list(dm.shape)} on target vs {list(cm.shape)} on CPU"))

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
 from torch.utils._pytree import tree_map
 
 from .compare import Meta, leaves
@@ -48,6 +49,11 @@ class Outcome:
     # Proof the target ran the item: "device" (of the outputs) and, on a compiler target,
     # what its backend compiled (Compiled.evidence()); stored as op_results.proof.
     proof: dict[str, Any] = field(default_factory=dict)
+    # What the contract checks (:mod:`conformance.contracts`) look at: the result as it is on
+    # the device, and each side's sample after the call (mutated in place where the op mutates).
+    device_result: Any = None
+    device_sample: Any = None
+    cpu_sample: Any = None
 
     @property
     def graphs(self) -> int | None:
@@ -65,25 +71,63 @@ def set_phase_hook(hook: Callable[[str], None] | None) -> None:
     _PHASE_HOOK = hook
 
 
-def _phase(name: str) -> None:
+def phase(name: str) -> None:
     if _PHASE_HOOK is not None:
         _PHASE_HOOK(name)
 
 
-def _err(exc: BaseException) -> str:
+def err(exc: BaseException) -> str:
     msg = str(exc).strip().splitlines()
     head = msg[0] if msg else ""
     return f"{type(exc).__name__}: {head}"[:2000]
 
 
+def _whole_storage(t: torch.Tensor) -> torch.Tensor:
+    """A 1-D tensor over all of ``t``'s storage."""
+    return t.new_empty(0).set_(t.untyped_storage(), 0, (t.untyped_storage().nbytes() // t.element_size(),), (1,))
+
+
+def on_device(sample: Any, device: str | torch.device) -> Any:
+    """``sample`` with every tensor copied to ``device`` in the layout it has: strides, storage
+    offset and the rest of its storage (``as_strided`` reads it), memory overlap (an expanded
+    tensor stays expanded) and storage shared between
+    arguments (``cat([x, y], out=x)`` stays aliased), which ``Tensor.to`` keeps only for one dense
+    tensor at a time. The target must see the input the CPU saw: an op may reject an overlapping
+    or aliased ``out=``."""
+    strided = [x for x in leaves((sample.input, sample.args, sample.kwargs))
+               if isinstance(x, torch.Tensor) and x.layout == torch.strided and x.numel() > 0]
+    uses: dict[int, int] = {}
+    for x in strided:
+        uses[x.untyped_storage().data_ptr()] = uses.get(x.untyped_storage().data_ptr(), 0) + 1
+    copies: dict[int, torch.Tensor] = {}
+
+    def one(t: torch.Tensor) -> torch.Tensor:
+        if t.layout != torch.strided or t.numel() == 0:
+            return t.to(device, copy=True)
+        ptr = t.untyped_storage().data_ptr()
+        whole = t.storage_offset() == 0 and t.untyped_storage().nbytes() == t.numel() * t.element_size()
+        if uses.get(ptr, 0) < 2 and whole and (t.is_contiguous() or is_non_overlapping_and_dense(t)):
+            return t.to(device, copy=True)
+        if ptr not in copies:
+            copies[ptr] = _whole_storage(t).to(device, copy=True)
+        return copies[ptr].as_strided(t.shape, t.stride(), t.storage_offset())
+
+    return clone_sample(sample, one, device)
+
+
 def clone_sample(sample: Any, fn: Callable[[torch.Tensor], torch.Tensor], device: str | torch.device | None = None) -> Any:
     """Copy a sample's tensors through ``fn``; schema-generated ``device`` arguments become
-    ``device`` (the CPU for the reference run, the target's device for the target run)."""
+    ``device`` (the CPU for the reference run, the target's device for the target run). A tensor
+    passed twice (``cat([x, y], out=x)``) is copied once, so the copies alias as the originals do."""
     from .inputs.schema import DeviceArg
+
+    done: dict[int, torch.Tensor] = {}
 
     def one(t: Any) -> Any:
         if isinstance(t, torch.Tensor):
-            return fn(t.detach())
+            if id(t) not in done:
+                done[id(t)] = fn(t.detach())
+            return done[id(t)]
         if isinstance(t, DeviceArg):
             return torch.device(device or "cpu")
         return t
@@ -118,7 +162,7 @@ def _map_sample(sample: Any, one: Callable[[Any], Any]) -> Any:
                         kwargs={k: walk(v) for k, v in sample.kwargs.items()})
 
 
-def _out_like(value: Any, device: str | torch.device, sized: bool = False) -> Any:
+def out_like(value: Any, device: str | torch.device, sized: bool = False) -> Any:
     """Empty ``out=`` tensors for the result ``value`` (the kernel resizes them), or with its
     shapes when ``sized``."""
     def one(v: torch.Tensor) -> torch.Tensor:
@@ -131,18 +175,18 @@ def _out_like(value: Any, device: str | torch.device, sized: bool = False) -> An
     raise TypeError(f"cannot build out= tensors for {type(value).__name__}")
 
 
-def _invoke(fn: Callable[..., Any], variant: str, s: Any, device: str | torch.device, cpu_result: Any,
+def invoke(fn: Callable[..., Any], variant: str, s: Any, device: str | torch.device, cpu_result: Any,
             sized_out: bool = False) -> Any:
     """Call ``fn`` on sample ``s``. ``sized_out``: ``out=`` tensors come with the result's shapes,
     for a compiler (dynamo breaks the graph on an ``out=`` it must resize, and runs it eager)."""
     if variant == "out":
-        out = _out_like(cpu_result, device, sized_out)
+        out = out_like(cpu_result, device, sized_out)
         ret = fn(s.input, *s.args, **s.kwargs, out=out)
         return out if ret is None else ret
     return fn(s.input, *s.args, **s.kwargs)
 
 
-def _to_cpu(value: Any) -> Any:
+def to_cpu(value: Any) -> Any:
     return tree_map(lambda x: x.detach().to("cpu", copy=True) if isinstance(x, torch.Tensor) else x, value)
 
 
@@ -154,41 +198,44 @@ def run_item(target: Target, info: Any, variant: str, sample: Any, *, want_arbit
     out = Outcome()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        _phase("cpu")
+        phase("cpu")
         try:
-            copy_first = variant == "inplace" or getattr(info, "mutates", False) or _has_device_arg(sample)
-            s_cpu = clone_sample(sample, torch.clone, "cpu") if copy_first else sample
-            ref = _invoke(info.op, "function", s_cpu, "cpu", None) if variant == "out" else None
-            out.cpu = _invoke(fn, variant, s_cpu, "cpu", ref)
+            # A copy: the call may change its inputs (in-place variants, batch norm's running
+            # statistics), and the target must start from the sample as generated.
+            s_cpu = on_device(sample, "cpu")
+            ref = invoke(info.op, "function", s_cpu, "cpu", None) if variant == "out" else None
+            out.cpu = invoke(fn, variant, s_cpu, "cpu", ref)
+            out.cpu_sample = s_cpu
         except Exception as exc:  # noqa: BLE001 - the CPU reference failed: the item is skipped
-            out.cpu_error = _err(exc)
+            out.cpu_error = err(exc)
             return out
         dev = target.device
-        _phase("target")
+        phase("target")
         trace = None
         try:
-            s_dev = clone_sample(sample, lambda t: t.to(dev, copy=True), dev)
+            s_dev = on_device(sample, dev)
             wrapped = target.wrap(fn)
             if target.compiler:  # compiled with no dispatch mode active; ops traced on an eager run
                 t0 = time.perf_counter()
-                result = _invoke(wrapped, variant, s_dev, dev, out.cpu, sized_out=True)
+                result = invoke(wrapped, variant, s_dev, dev, out.cpu, sized_out=True)
                 target.synchronize()
                 out.duration_s = time.perf_counter() - t0
                 out.proof = _proof(target, result)
-                trace = _eager_trace(target, lambda: _invoke(
-                    fn, variant, clone_sample(sample, lambda t: t.to(dev, copy=True), dev), dev, out.cpu, sized_out=True))
+                trace = _eager_trace(target, lambda: invoke(
+                    fn, variant, on_device(sample, dev), dev, out.cpu, sized_out=True))
             else:
                 with target.trace() as trace:
                     t0 = time.perf_counter()
-                    result = _invoke(wrapped, variant, s_dev, dev, out.cpu)
+                    result = invoke(wrapped, variant, s_dev, dev, out.cpu)
                     target.synchronize()
                     out.duration_s = time.perf_counter() - t0
                 out.proof = _proof(target, result)
             out.device_meta = [Meta.of(x) for x in leaves(result) if isinstance(x, torch.Tensor)]
-            out.target = _to_cpu(result)
+            out.device_result, out.device_sample = result, s_dev
+            out.target = to_cpu(result)
             out.native, out.fallback, out.reached = _trace_of(trace)
         except Exception as exc:  # noqa: BLE001 - any target failure is evidence
-            out.target_error = _err(exc)
+            out.target_error = err(exc)
             out.proof = out.proof or _proof(target, None)
             out.native, out.fallback, out.reached = _trace_of(trace)
             return out
@@ -241,8 +288,8 @@ def _arbiter(fn: Callable[..., Any], variant: str, info: Any, sample: Any) -> An
             s64 = clone_sample(sample, up)
             ref = None
             if variant == "out":
-                ref = _invoke(info.op, "function", clone_sample(s64, torch.clone), "cpu", None)
-            return _invoke(fn, variant, s64, "cpu", ref)
+                ref = invoke(info.op, "function", clone_sample(s64, torch.clone), "cpu", None)
+            return invoke(fn, variant, s64, "cpu", ref)
         except Exception:  # noqa: BLE001 - no arbiter for this sample
             return None
 
@@ -303,16 +350,16 @@ def run_backward(target: Target, info: Any, sample: Any) -> Outcome:
     out = Outcome()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        _phase("cpu")
+        phase("cpu")
         try:
             grads, upstream = _backward(info.op, _leafify(sample, "cpu"), None, "cpu")
             out.cpu = grads
         except Exception as exc:  # noqa: BLE001 - no CPU reference gradient: the item is skipped
-            out.cpu_error = _err(exc)
+            out.cpu_error = err(exc)
             return out
         dev = target.device
         trace = None
-        _phase("target")
+        phase("target")
         try:
             s_dev = _leafify(sample, dev)
             wrapped = target.wrap(info.op)
@@ -331,10 +378,10 @@ def run_backward(target: Target, info: Any, sample: Any) -> Outcome:
                     out.duration_s = time.perf_counter() - t0
                 out.proof = _proof(target, grads_dev)
             out.device_meta = [Meta.of(g) for g in grads_dev if isinstance(g, torch.Tensor)]
-            out.target = _to_cpu(grads_dev)
+            out.target = to_cpu(grads_dev)
             out.native, out.fallback, out.reached = _trace_of(trace)
         except Exception as exc:  # noqa: BLE001
-            out.target_error = _err(exc)
+            out.target_error = err(exc)
             out.proof = out.proof or _proof(target, None)
             out.native, out.fallback, out.reached = _trace_of(trace)
     return out

@@ -25,6 +25,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from .contracts import parse_contracts
 from .inputs.opinfo import DEFAULT_SEED
 from .ledger import Ledger
 from .select import VARIANTS, SelectionError, parse_dtypes, parse_shard
@@ -66,6 +67,9 @@ class RunSpec:
     models: tuple[str, ...] = ()  # model families ("all" for every family)
     model_limit: int | None = None  # at most this many graphs per family
     model_modes: tuple[str, ...] = ("eager", "compile")
+    # contract checks (conformance.contracts): "default" (every contract on an eager target, the
+    # cheap ones on a compiler target), "all", "none", or contract names
+    contracts: tuple[str, ...] = field(default=("default",), metadata=_stored(omit_default=True))
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: normalise in place, once
@@ -87,6 +91,10 @@ class RunSpec:
             raise SelectionError(f"--workers {self.workers!r}: must be a whole number of at least 1")
         parse_shard(self.shard)
         parse_dtypes(self.dtypes)
+        try:
+            parse_contracts(self.contracts)
+        except ValueError as exc:
+            raise SelectionError(f"--contracts: {exc}") from None
 
     @property
     def selection(self) -> Selection:

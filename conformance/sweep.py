@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
-from . import comparators
-from .compare import arbitrate, compare
+from . import comparators, contracts
+from .compare import arbitrate, compare, leaves
 from .execute import run_backward, run_item, signature
 from .inputs.opinfo import DEFAULT_SEED, by_name, cpu_dtypes, samples, variant_fn
 from .ledger import Ledger
@@ -40,6 +40,7 @@ class SweepConfig:
     ledger: Ledger = field(default_factory=Ledger.load)
     max_samples: int | None = None  # per group; None = all
     model_modes: tuple[str, ...] = ("eager", "compile")  # model items per graph
+    contracts: tuple[str, ...] = ("default",)  # see conformance.contracts.parse_contracts
 
     def describe(self) -> dict[str, Any]:
         """The settings as JSON values (the ledger, a loaded file, aside)."""
@@ -48,13 +49,21 @@ class SweepConfig:
 
 
 def evaluate(target: Target, info: Any, op: str, variant: str, dtype: str, index: int, sample: Any,
-             config: SweepConfig) -> dict[str, Any]:
-    """Execute, compare and decide one item; returns its result row (without run bookkeeping)."""
-    tol = config.ledger.tolerance(op, variant, dtype, target.name)
+             config: SweepConfig, *, peer: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Execute, compare, check the contracts of and decide one item; returns its result row
+    (without run bookkeeping). ``peer``: the function variant's results on the same sample."""
+    return _evaluate(target, info, op, variant, dtype, index, sample, config, peer)[0]
+
+
+def _evaluate(target: Target, info: Any, op: str, variant: str, dtype: str, index: int, sample: Any,
+              config: SweepConfig, peer: dict[str, Any] | None) -> tuple[dict[str, Any], Any]:
     xfail = config.ledger.expected_failure(op, variant, dtype, target.name)
     kind = comparators.comparator_for(op)
     start = time.perf_counter()
     out = run_backward(target, info, sample) if variant == "backward" else run_item(target, info, variant, sample)
+    # Tolerances follow the dtype of the result: exp of an int64 tensor is a float and is not
+    # compared exactly.
+    tol = config.ledger.tolerance(op, variant, _result_dtype(out.cpu, dtype), target.name)
     row: dict[str, Any] = {
         "item_key": str(ItemKey(op, variant, dtype, index)), "op": op, "variant": variant, "dtype": dtype,
         "sample": index, "atol": tol.atol, "rtol": tol.rtol, "tol_source": tol.source, "comparator": kind,
@@ -65,10 +74,12 @@ def evaluate(target: Target, info: Any, op: str, variant: str, dtype: str, index
     }
     close = False
     error = out.cpu_error and f"CPU reference failed: {out.cpu_error}"
+    checks: dict[str, contracts.Check] = {}
     if out.cpu_error is None and out.target_error is None:
         inp = sample.input if isinstance(sample.input, torch.Tensor) else None
+        per_tensor = comparators.per_tensor_fn(kind, inp)
         ev = compare(out.cpu, out.target, atol=tol.atol, rtol=tol.rtol, device_meta=out.device_meta,
-                     per_tensor=comparators.per_tensor_fn(kind, inp), comparator=kind)
+                     per_tensor=per_tensor, comparator=kind)
         if not ev.close and out.arbiter is not None and ev.dtype_ok and ev.shape_ok and kind == "allclose":
             arb = out.arbiter()
             if arb is not None:
@@ -76,19 +87,38 @@ def evaluate(target: Target, info: Any, op: str, variant: str, dtype: str, index
         row.update(ev.row())
         close = ev.close
         error = None if close else ev.detail
+        wanted = contracts.parse_contracts(config.contracts, target)
+        if wanted:
+            fn = info.op if variant == "backward" else variant_fn(info, variant)
+            subject = contracts.Subject(target, info, variant, dtype, index, sample, fn, out, tol.atol, tol.rtol,
+                                        per_tensor, kind, peer)
+            checks = contracts.check(subject, wanted)
     elif out.target_error is not None:
         error = out.target_error
+    failed = contracts.failed(checks)
+    row["contracts"] = {name: c.as_json() for name, c in checks.items()} or None
+    row["contract_failed"] = ",".join(failed) or None
     status = decide(cpu_error=out.cpu_error, target_error=out.target_error, close=close,
                     fallback=out.fallback, expected_failure=xfail.statuses if xfail else None,
-                    graphs=out.graphs)
+                    graphs=out.graphs, contracts_failed=failed)
     if status is Status.ERROR and out.target_error is None and out.graphs == 0:
         error = f"{NOT_COMPILED} ({_eager_why(out.proof)})"
+    if close and failed:
+        error = contracts.summary(checks)
     if status in (Status.XFAIL, Status.XPASS) and xfail is not None:
         error = f"{error or 'passed'} [expected failure: {xfail.where}: {xfail.reason}]"
     row["status"] = status.value
     row["error"] = error
     row["duration_s"] = out.duration_s or (time.perf_counter() - start)
-    return row
+    return row, out
+
+
+def _result_dtype(result: Any, dtype: str) -> str:
+    """The dtype of the first floating-point tensor of ``result`` (``dtype`` when none is)."""
+    for x in leaves(result):
+        if isinstance(x, torch.Tensor) and (x.is_floating_point() or x.is_complex()):
+            return str(x.dtype).removeprefix("torch.")
+    return dtype
 
 
 def _eager_why(proof: dict[str, Any]) -> str:
@@ -130,13 +160,17 @@ def run_group(target: Target, group: Group, config: SweepConfig, *, skip: Contai
         for index, sample in enumerate(gen):
             if config.max_samples is not None and index >= config.max_samples:
                 break
+            peer = None  # the function variant's results, for the other variants' "variants" contract
             for variant in variants:
                 key = str(group.item(variant, index))
                 if key in skip:
                     continue
                 if on_start:
                     on_start(key)
-                yield evaluate(target, info, group.op, variant, group.dtype, index, sample, config)
+                row, out = _evaluate(target, info, group.op, variant, group.dtype, index, sample, config, peer)
+                if variant == "function" and out.cpu_error is None and out.target_error is None:
+                    peer = {"cpu": out.cpu, "target": out.target}
+                yield row
         if wants_backward(info, config, group.dtype):
             gen = samples(info, dtype, thorough=config.thorough, seed=config.seed, requires_grad=True)
             for index, sample in enumerate(gen):

@@ -37,7 +37,7 @@ NOT_COMPILED = ("infra: the compiler target compiled no graph for this item, so 
 
 def decide(*, cpu_error: str | None, target_error: str | None, close: bool,
            fallback: Sequence[str] = (), expected_failure: Sequence[str] | None = None,
-           graphs: int | None = None) -> Status:
+           graphs: int | None = None, contracts_failed: Sequence[str] = ()) -> Status:
     """The verdict for one executed item.
 
     ``expected_failure`` is the list of failing statuses a ledger xfail entry accepts (None
@@ -45,10 +45,14 @@ def decide(*, cpu_error: str | None, target_error: str | None, close: bool,
     ``graphs`` is how many graphs a compiler target compiled for the item (None for an eager
     target): a compiler target that compiled none ran eager, and that is an ``error`` of the
     infrastructure (:data:`NOT_COMPILED`) whatever the comparison said, never a pass and
-    never an expected failure.
+    never an expected failure. ``contracts_failed`` names the contract checks that failed: an
+    item whose values pass but whose contract fails is ``contract`` (values that fail are a
+    ``mismatch`` whatever the contracts say).
 
         >>> decide(cpu_error=None, target_error=None, close=True, graphs=0).value
         'error'
+        >>> decide(cpu_error=None, target_error=None, close=True, contracts_failed=["out"]).value
+        'contract'
     """
     if cpu_error is not None:
         return Status.SKIP
@@ -58,6 +62,8 @@ def decide(*, cpu_error: str | None, target_error: str | None, close: bool,
         status = Status.UNSUPPORTED_DTYPE if is_unsupported_dtype(target_error) else Status.ERROR
     elif not close:
         status = Status.MISMATCH
+    elif contracts_failed:
+        status = Status.CONTRACT
     else:
         status = Status.PASS_FALLBACK if fallback else Status.PASS
     return apply_expected(status, expected_failure)

@@ -96,6 +96,10 @@ OP_RESULTS = {
     "proof": str,
     "signature": str,
     "seed": int,
+    # JSON (schema v5): the contract checks of the item, {contract: {"outcome": "pass" | "fail" |
+    # "n/a", "detail": why}} -- out=, metadata, aliasing, noncontiguous, variants, errors, determinism
+    "contracts": str,
+    "contract_failed": str,  # the failed contracts' names, comma-separated (NULL: none failed)
 }
 
 MODEL_RESULTS = {
@@ -214,7 +218,13 @@ def _v4(db: sqlite_utils.Database) -> None:
         db["op_results"].add_column("proof", str)
 
 
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3, _v4]
+def _v5(db: sqlite_utils.Database) -> None:
+    for col in ("contracts", "contract_failed"):
+        if col not in db["op_results"].columns_dict:
+            db["op_results"].add_column(col, str)
+
+
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3, _v4, _v5]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

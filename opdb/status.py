@@ -33,6 +33,7 @@ class Status(StrEnum):
     XFAIL = "xfail"
     SKIP = "skip"
     XPASS = "xpass"
+    CONTRACT = "contract"
     UNSUPPORTED_DTYPE = "unsupported_dtype"
     MISMATCH = "mismatch"
     ERROR = "error"
@@ -77,12 +78,15 @@ INFO: dict[Status, StatusInfo] = {
     Status.SKIP: StatusInfo("neutral", 0, 0, "#e2e5ea", "#333",
                             "not compared: the CPU reference failed, or the sample is undefined"),
     Status.XPASS: StatusInfo("fail", 2, 4, "#f2d35b", "#111", "passes although a ledger entry expects a failure"),
-    Status.UNSUPPORTED_DTYPE: StatusInfo("fail", 3, 5, "#b79fd6", "#111",
+    Status.CONTRACT: StatusInfo("fail", 3, 5, "#5fa8d3", "#111",
+                                "values match the CPU, but a contract does not (out=, strides, aliasing, "
+                                "non-contiguous inputs, variants, errors, determinism)"),
+    Status.UNSUPPORTED_DTYPE: StatusInfo("fail", 3, 6, "#b79fd6", "#111",
                                          "the target rejects the dtype (or memory format)"),
-    Status.MISMATCH: StatusInfo("fail", 4, 6, "#ee8434", "#111", "runs, but differs from the CPU"),
-    Status.ERROR: StatusInfo("fail", 4, 7, "#d1495b", "#fff", "raises where the CPU does not"),
-    Status.TIMEOUT: StatusInfo("fail", 5, 8, "#8d1c2e", "#fff", "did not finish within the timeout"),
-    Status.CRASH: StatusInfo("fail", 5, 9, "#4a0d17", "#fff", "killed its worker process"),
+    Status.MISMATCH: StatusInfo("fail", 4, 7, "#ee8434", "#111", "runs, but differs from the CPU"),
+    Status.ERROR: StatusInfo("fail", 4, 8, "#d1495b", "#fff", "raises where the CPU does not"),
+    Status.TIMEOUT: StatusInfo("fail", 5, 9, "#8d1c2e", "#fff", "did not finish within the timeout"),
+    Status.CRASH: StatusInfo("fail", 5, 10, "#4a0d17", "#fff", "killed its worker process"),
 }
 
 #: Every status name, in display order.

@@ -1,0 +1,174 @@
+"""Contract checks (conformance.contracts): every contract passes on the CPU control target, and
+each fails on a target that breaks exactly that contract while its values stay right."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch.utils._pytree import tree_flatten, tree_map
+
+from conformance.contracts import CONTRACTS, Check, parse_contracts, summary
+from conformance.sweep import SweepConfig, run_group
+from conformance.targets.cpu import CpuTarget
+from conformance.work import Group
+
+CONFIG = SweepConfig(max_samples=2, variants=("function", "inplace", "out"))
+
+# Ops whose items between them reach every contract with something to check.
+CONTROL = [("abs", "float32"), ("add", "float32"), ("transpose", "float32"), ("index_select", "float32"),
+           ("cat", "float32"), ("sum", "bfloat16"), ("mul", "int64"), ("exp", "int64"),
+           ("nn.functional.conv2d", "float32"), ("sort", "float32"), ("clamp", "float32")]
+
+
+def _rows(target: Any, op: str, dtype: str, config: SweepConfig = CONFIG) -> list[dict[str, Any]]:
+    return list(run_group(target, Group(op, dtype), config))
+
+
+def _outcomes(rows: list[dict[str, Any]], contract: str) -> set[str]:
+    return {r["contracts"][contract]["outcome"] for r in rows if r.get("contracts") and contract in r["contracts"]}
+
+
+def test_every_contract_passes_on_the_cpu_control():
+    seen: dict[str, set[str]] = {c: set() for c in CONTRACTS}
+    for op, dtype in CONTROL:
+        for row in _rows(CpuTarget(), op, dtype):
+            assert row["status"] in ("pass", "skip"), (row["item_key"], row["error"])
+            assert not row.get("contract_failed"), (row["item_key"], row["contracts"])
+            for name, check in (row.get("contracts") or {}).items():
+                seen[name].add(check["outcome"])
+                if check["outcome"] == "n/a":
+                    assert check["detail"], f"{row['item_key']}: {name} n/a without a reason"
+    for name in CONTRACTS:
+        assert "pass" in seen[name], f"contract {name} never checked anything: {seen[name]}"
+    assert seen["out"] >= {"pass", "n/a"} and seen["errors"] >= {"pass", "n/a"}
+
+
+def test_contracts_can_be_chosen_and_are_validated():
+    assert parse_contracts(["all"]) == CONTRACTS
+    assert parse_contracts(["none"]) == ()
+    assert parse_contracts(["determinism,out"]) == ("out", "determinism")
+    with pytest.raises(ValueError, match="unknown contract 'strides'"):
+        parse_contracts(["strides"])
+    rows = _rows(CpuTarget(), "abs", "float32", SweepConfig(max_samples=1, contracts=("none",)))
+    assert all(r["contracts"] is None for r in rows)
+    rows = _rows(CpuTarget(), "abs", "float32", SweepConfig(max_samples=1, contracts=("out",)))
+    assert {tuple(r["contracts"] or ()) for r in rows} <= {("out",), ()}
+
+
+def test_summary_names_only_failed_contracts():
+    checks = {"out": Check("fail", "storage replaced"), "errors": Check("n/a", "none"), "metadata": Check("pass")}
+    assert summary(checks) == "contract out: storage replaced"
+
+
+# -- targets that break one contract each (the CPU underneath, so values stay right) ----------
+
+class _Breaking(CpuTarget):
+    """The CPU, with ``wrap`` changing one behaviour."""
+
+    name = "cpu"
+    change: Callable[[Callable[..., Any], tuple, dict], Any]
+
+    def wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return type(self).change(fn, args, kwargs)
+        return call
+
+
+def _relayout(t: Any) -> Any:
+    if isinstance(t, torch.Tensor) and t.dim() >= 2 and t.shape[-1] > 1 and t.shape[-2] > 1:
+        return t.transpose(-1, -2).contiguous().transpose(-1, -2)
+    if isinstance(t, torch.Tensor) and t.dim() >= 1 and t.numel() > 1:
+        return torch.empty(t.numel() + 1, dtype=t.dtype)[1:].view(t.shape).copy_(t)
+    return t
+
+
+class WrongStrides(_Breaking):
+    @staticmethod
+    def change(fn, args, kwargs):
+        result = fn(*args, **kwargs)
+        return result if "out" in kwargs else tree_map(_relayout, result)
+
+
+class ViewAsCopy(_Breaking):
+    @staticmethod
+    def change(fn, args, kwargs):
+        return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, fn(*args, **kwargs))
+
+
+class OutReallocates(_Breaking):
+    @staticmethod
+    def change(fn, args, kwargs):
+        out = kwargs.get("out")
+        if not isinstance(out, torch.Tensor) or out.device.type != "cpu":
+            return fn(*args, **kwargs)
+        fresh = torch.empty_like(out)
+        fn(*args, **{**kwargs, "out": fresh})
+        out.set_(fresh)
+        return out
+
+
+class AcceptsInvalid(_Breaking):
+    @staticmethod
+    def change(fn, args, kwargs):
+        if "out" in kwargs:  # the functional overload only (as an SDK bug in one kernel would be)
+            return fn(*args, **kwargs)
+        try:
+            return fn(*args, **kwargs)
+        except Exception:  # noqa: BLE001 - the broken behaviour under test
+            first = next(a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor))
+            return torch.zeros_like(first)
+
+
+_calls = itertools.count()
+
+
+class Nondeterministic(_Breaking):
+    @staticmethod
+    def change(fn, args, kwargs):
+        result = fn(*args, **kwargs)
+        if isinstance(result, torch.Tensor) and result.is_floating_point() and result.numel():
+            flat = result.view(-1)  # call k moves the first value k mod 3 ULPs up: two calls in a row differ
+            for _ in range(next(_calls) % 3):
+                flat[0] = torch.nextafter(flat[0], torch.tensor(float("inf"), dtype=result.dtype))
+        return result
+
+
+class NoncontiguousWrong(_Breaking):
+    @staticmethod
+    def change(fn, args, kwargs):
+        result = fn(*args, **kwargs)
+        inputs = [a for a in itertools.chain(args, kwargs.values()) if isinstance(a, torch.Tensor)]
+        if any(not t.is_contiguous() for t in inputs) and isinstance(result, torch.Tensor):
+            return result + 1
+        return result
+
+
+class MethodDiffers(_Breaking):
+    @staticmethod
+    def change(fn, args, kwargs):
+        result = fn(*args, **kwargs)
+        return result * 2 if getattr(fn, "__qualname__", "").startswith("TensorBase.") and fn.__name__ == "abs" else result
+
+
+@pytest.mark.parametrize(("target", "op", "dtype", "contract"), [
+    (WrongStrides(), "mul", "float32", "metadata"),
+    (ViewAsCopy(), "transpose", "float32", "aliasing"),
+    (OutReallocates(), "add", "float32", "out"),
+    (AcceptsInvalid(), "cat", "float32", "errors"),
+    (Nondeterministic(), "sum", "float32", "determinism"),
+    (NoncontiguousWrong(), "abs", "float32", "noncontiguous"),
+    (MethodDiffers(), "abs", "float32", "variants"),
+])
+def test_each_contract_fails_where_it_is_broken(target, op, dtype, contract):
+    rows = _rows(target, op, dtype)
+    failing = [r for r in rows if r["status"] == "contract"]
+    assert failing, [(r["item_key"], r["status"], r["error"]) for r in rows]
+    for r in failing:
+        assert contract in r["contract_failed"].split(","), (r["item_key"], r["contracts"])
+        assert f"contract {contract}:" in r["error"]
+    # values stay right: a broken contract is never reported as a mismatch of values
+    assert not [r for r in rows if r["status"] == "mismatch"], [(r["item_key"], r["error"]) for r in rows]
