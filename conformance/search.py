@@ -23,6 +23,7 @@ Example::
 from __future__ import annotations
 
 import collections
+import dataclasses
 import os
 import signal
 import time
@@ -36,10 +37,10 @@ from hypothesis import strategies as st
 
 from opdb.blobs import dump_inputs
 
-from . import catalog
+from . import catalog, contracts
 from .catalog import packet_of
 from .compare import leaves
-from .execute import clone_sample, signature
+from .execute import clone_sample, on_device, phase, signature
 from .inputs.hints import Hints, hints_from_errors
 from .inputs.opinfo import by_name, cpu_dtypes
 from .inputs.schema import NOARG, Call, DeviceArg, call_strategy
@@ -49,6 +50,7 @@ from .verdict import Status, decide, decide_unrun
 from .work import NOTHING, Group, ItemKey, Selection
 
 MAX_EXAMPLES = 12
+REJECTED_CHECKED = 3  # inputs the CPU rejected that are also run on the target (contract "errors")
 REJECT_CAP = 120  # calls rejected by the CPU in one search before it is given up
 STEERED_PASSES = 2  # further searches steered by the rejections' hints
 
@@ -152,7 +154,7 @@ def target_preflight(target: Any, info: Any, sample: Any) -> str | None:
     process, so nothing the reference corrupted can fail there); how the target died, or None."""
 
     def run() -> None:
-        dev = clone_sample(sample, lambda t: t.to(target.device, copy=True), target.device)
+        dev = on_device(sample, target.device)
         target.wrap(info.op)(dev.input, *dev.args, **dev.kwargs)
         target.synchronize()
 
@@ -167,9 +169,13 @@ class _Info:
         self.variant_test_name = ""
         self.packet = packet = packet_of(name)
         self.op = lambda *a, **k: packet(*(x for x in a if x is not NOARG), **k)
-        self.mutates = packet._schema.is_mutable  # the CPU run must not mutate the target's inputs
+        # No other variants, aliases or error inputs: an overload's own contract with rejected
+        # inputs is checked on the inputs the CPU rejects during the search (check_rejected).
         self.inplace_variant = None
+        self.method_variant = None
+        self.aliases = ()
         self.supports_out = False
+        self.error_inputs_func = None
 
 
 def _sample(call: Call) -> Any:
@@ -202,6 +208,11 @@ def run_schema_group(target: Any, group: Group, config: Any, *, skip: Container[
     accepted: list[dict[str, Any]] = []
     failing: dict[str, Any] = {}
     crash_safe = bool(getattr(skip, "crash_safe", False))
+    # The contracts are checked on the first accepted input (each example again would multiply
+    # the search's cost); "errors" on the first inputs the CPU rejects.
+    check_errors = "errors" in contracts.parse_contracts(config.contracts, target)
+    no_contracts = dataclasses.replace(config, contracts=("none",))
+    rejections: list[contracts.Check] = []
 
     def search(strategy: st.SearchStrategy[Call]) -> None:
         # [rejections left, crash-safe shrink steps left]: each crash-safe call costs two forks
@@ -235,11 +246,13 @@ def run_schema_group(target: Any, group: Group, config: Any, *, skip: Container[
                     failing.clear()
                     failing.update(row=row, call=call)
                     raise AssertionError(row["error"])
-            row = evaluate(target, info, group.op, "function",
-                           str(dtype).removeprefix("torch.") if dtype else "none", 0, sample, config)
+            row = evaluate(target, info, group.op, "function", str(dtype).removeprefix("torch.") if dtype else "none",
+                           0, sample, no_contracts if accepted else config)
             if row["status"] == Status.SKIP.value:
                 rejected[(row.get("error") or "")[:200]] += 1
                 budget[0] -= 1
+                if check_errors and not crash_safe and len(rejections) < REJECTED_CHECKED:
+                    rejections.append(check_rejected(target, info, sample, row.get("error") or ""))
                 reject()
             accepted.append(row)
             if Status(row["status"]).failed:
@@ -270,6 +283,7 @@ def run_schema_group(target: Any, group: Group, config: Any, *, skip: Container[
     if failing:
         row = dict(failing["row"])
         row.update(base_row, dtype=row["dtype"], inputs=_blob(failing["call"]))
+        _with_rejections(row, rejections)
         row["error"] = f"minimal failing input after shrinking{steered}: {row.get('signature')}; {row.get('error') or ''}"
         yield row
     elif accepted:
@@ -281,11 +295,42 @@ def run_schema_group(target: Any, group: Group, config: Any, *, skip: Container[
         row["error"] = None
         if Status(row["status"]).passed:  # a fallback seen in any accepted call marks the whole search
             row["status"] = decide(cpu_error=None, target_error=None, close=True, fallback=row["fallback_ops"]).value
+        _with_rejections(row, rejections)
         yield row
     else:
         top = "; ".join(f"{n}x {msg}" for msg, n in rejected.most_common(2))
         yield {**base_row, "status": decide_unrun("cpu").value, "duration_s": 0.0,
                "error": f"no valid input: {sum(rejected.values())} generated calls rejected by the CPU{steered} ({top})"}
+
+
+def check_rejected(target: Any, info: Any, sample: Any, cpu_error: str) -> contracts.Check:
+    """Contract ``errors`` for one input the CPU rejected: the target must raise too."""
+    phase("target")
+    try:
+        moved = on_device(sample, target.device)
+        result = target.wrap(info.op)(moved.input, *moved.args, **moved.kwargs)
+        target.synchronize()
+    except Exception:  # noqa: BLE001 - raised, as the CPU does
+        return contracts.Check("pass")
+    shapes = [list(x.shape) for x in leaves(result) if isinstance(x, torch.Tensor)]
+    return contracts.Check("fail", f"an input the CPU rejects ({signature(sample)}; the CPU: "
+                                   f"{cpu_error.removeprefix('CPU reference failed: ')}) returns {shapes or type(result).__name__} on the target")
+
+
+def _with_rejections(row: dict[str, Any], rejections: list[contracts.Check]) -> None:
+    """Put the rejected inputs' ``errors`` contract on the search's row (and into its status)."""
+    if not rejections:
+        return
+    bad = [c for c in rejections if c.outcome == "fail"]
+    check = bad[0] if bad else contracts.Check("pass", f"{len(rejections)} inputs the CPU rejects raise on the target")
+    checks = {name: contracts.Check(**c) for name, c in (row.get("contracts") or {}).items()}
+    checks["errors"] = check
+    row["contracts"] = {name: c.as_json() for name, c in checks.items()}
+    failed = contracts.failed(checks)
+    row["contract_failed"] = ",".join(failed) or None
+    if failed and Status(row["status"]).passed:
+        row["status"] = Status.CONTRACT.value
+        row["error"] = contracts.summary(checks)
 
 
 def _first_dtype(sample: Any) -> torch.dtype | None:
