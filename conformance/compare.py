@@ -95,8 +95,26 @@ _EXACT = Evidence(True)
 
 
 def leaves(value: Any) -> list[Any]:
-    flat, _ = tree_flatten(value)
-    return flat
+    """The leaves of ``value`` in pytree order (tuples, lists and dicts walked here directly:
+    ``tree_flatten`` is the single largest cost of an item otherwise)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    out: list[Any] = []
+    _walk(value, out)
+    return out
+
+
+def _walk(value: Any, out: list[Any]) -> None:
+    if type(value) in (tuple, list) or (isinstance(value, tuple) and hasattr(value, "n_fields")):
+        for v in value:  # plain sequences, and torch.return_types (structseq) as tree_flatten walks them
+            _walk(v, out)
+    elif type(value) is dict:
+        for v in value.values():  # insertion order, as tree_flatten
+            _walk(v, out)
+    elif isinstance(value, (torch.Tensor, int, float, complex, bool, str, type(None))):
+        out.append(value)
+    else:
+        out.extend(tree_flatten(value)[0])
 
 
 def ulp(ref: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
