@@ -301,3 +301,57 @@ def test_noncontiguous_wrong_only_for_noncontiguous_inputs(tmp_path):
         assert torch.equal(torch.exp(a.double().to(N).t()).cpu(), torch.exp(a.double().t()))
     with ideal():
         assert torch.equal(torch.exp(a.to(N).t()).cpu(), torch.exp(a.t()))
+
+
+# ---------------------------------------------------------------- all six, one op each
+SEEDED = [
+    defect("aten::mul.Tensor", "wrong_strides", dtypes=["float32"]),
+    defect("aten::transpose.int", "view_as_copy"),
+    defect("aten::add.out", "out_reallocates"),
+    defect("aten::gather.*", "accepts_invalid"),
+    defect("aten::sum.dim_IntList", "nondeterministic", dtypes=["float32"]),
+    defect("aten::exp.default", "noncontiguous_wrong", dtypes=["float32"]),
+]
+
+
+def test_six_kinds_on_distinct_ops_each_shows_only_its_own(tmp_path):
+    """The seeding the harness's contract checks use: every op shows its own defect and none of
+    the others' (layout, aliasing, out storage, determinism, non-contiguous inputs)."""
+    a, b = torch.randn(4, 6), torch.randn(4, 6)
+    idx = torch.randint(0, 4, (3, 6))
+    with build(tmp_path, *SEEDED):
+        x, y = a.to(N), b.to(N)
+        # mul: layout only -- bitwise reproducible, right on non-contiguous inputs, out= keeps storage.
+        m1, m2 = torch.mul(x, y), torch.mul(x, y)
+        assert layout(m1) != layout(a * b) and bits_equal(m1.cpu(), a * b) and bits_equal(m1.cpu(), m2.cpu())
+        assert bits_equal(torch.mul(x.t(), y.t()).cpu(), a.t() * b.t())
+        o = torch.empty(4, 6, device=N)
+        ptr = o.data_ptr()
+        torch.mul(x, y, out=o)
+        assert o.data_ptr() == ptr
+        # transpose: aliasing only.
+        t = x.transpose(0, 1)
+        assert storage(t) != storage(x) and torch.equal(t.cpu(), a.t())
+        # add.out: out storage only; add.Tensor keeps the CPU's layout and values.
+        o = torch.empty(4, 6, device=N)
+        ptr = o.data_ptr()
+        torch.add(x, y, out=o)
+        assert o.data_ptr() != ptr and torch.equal(o.cpu(), a + b)
+        assert layout(torch.add(x, y)) == layout(a + b)
+        # gather: returns on an error input, the CPU's result on a valid one.
+        torch.gather(x, 0, torch.zeros(2, 2, 2, dtype=torch.long, device=N))
+        g = torch.gather(x, 0, idx.to(N))
+        assert layout(g) == layout(torch.gather(a, 0, idx)) and torch.equal(g.cpu(), torch.gather(a, 0, idx))
+        # sum: run-to-run noise only (right layout, within tolerance).
+        s1, s2 = torch.sum(x, 1), torch.sum(x, 1)
+        assert not bits_equal(s1.cpu(), s2.cpu()) and layout(s1) == layout(a.sum(1))
+        torch.testing.assert_close(s1.cpu(), a.sum(1))
+        torch.testing.assert_close(s2.cpu(), a.sum(1))
+        # exp: wrong only for a non-contiguous input; reproducible, the CPU's layout.
+        e1, e2 = torch.exp(x), torch.exp(x)
+        assert bits_equal(e1.cpu(), torch.exp(a)) and bits_equal(e2.cpu(), e1.cpu())
+        assert layout(e1) == layout(torch.exp(a))
+        assert not torch.allclose(torch.exp(x[:, ::2]).cpu(), torch.exp(a[:, ::2]))
+        # Seeded together, the defects meet: x.t() is transpose.int, a contiguous copy here, so
+        # exp of it is right.  A check that needs a non-contiguous input makes it by slicing.
+        assert torch.equal(torch.exp(x.t()).cpu(), torch.exp(a.t()))

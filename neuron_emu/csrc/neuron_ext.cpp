@@ -654,19 +654,24 @@ static void run_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack, boo
 // Python object), unlike any native view.  Code that wraps a fresh view in a Tensor subclass --
 // Parameter(t) runs detach() then _make_subclass, which refuses a tensor with a Python object --
 // needs a fresh TensorImpl: the same storage, sizes, strides and flags, without the Python object.
-static at::Tensor unowned(const at::Tensor& t) {
+// An argument returned as it is (an op whose view of self may be self) stays that very tensor.
+using Impls = c10::SmallVector<const c10::TensorImpl*, 4>;
+
+static at::Tensor unowned(const at::Tensor& t, const Impls& inputs) {
   if (!t.defined()) return t;
   auto* impl = t.unsafeGetTensorImpl();
+  for (const auto* in : inputs)
+    if (in == impl) return t;
   return at::Tensor(impl->shallow_copy_and_detach(impl->version_counter(), impl->allow_tensor_metadata_change()));
 }
 
-static c10::IValue unowned_view(c10::IValue v, const c10::Argument& ret) {
+static c10::IValue unowned_view(c10::IValue v, const c10::Argument& ret, const Impls& inputs) {
   const auto* ai = ret.alias_info();
   if (ai == nullptr || ai->isWrite()) return v;
-  if (v.isTensor()) return unowned(v.toTensor());
+  if (v.isTensor()) return unowned(v.toTensor(), inputs);
   if (v.isTensorList()) {
     c10::List<at::Tensor> out;
-    for (const at::Tensor& t : v.toTensorList()) out.push_back(unowned(t));
+    for (const at::Tensor& t : v.toTensorList()) out.push_back(unowned(t, inputs));
     return out;
   }
   return v;
@@ -678,6 +683,14 @@ static void call_python(const c10::OperatorHandle& op, OpEntry* e, torch::jit::S
   const auto& schema = op.schema();
   const auto& sargs = schema.arguments();
   auto arguments = torch::jit::pop(*stack, sargs.size());
+  Impls inputs;
+  for (const auto& a : arguments) {
+    if (a.isTensor()) {
+      inputs.push_back(a.toTensor().unsafeGetTensorImpl());
+    } else if (a.isTensorList()) {
+      for (const at::Tensor& t : a.toTensorList()) inputs.push_back(t.unsafeGetTensorImpl());
+    }
+  }
   py::list args;
   py::dict kwargs;
   for (size_t i = 0; i < sargs.size(); ++i) {
@@ -694,13 +707,13 @@ static void call_python(const c10::OperatorHandle& op, OpEntry* e, torch::jit::S
   if (!out) throw python_error();
   const auto& rets = schema.returns();
   if (rets.size() == 1) {
-    stack->push_back(unowned_view(torch::jit::toIValue(out, rets[0].type()), rets[0]));
+    stack->push_back(unowned_view(torch::jit::toIValue(out, rets[0].type()), rets[0], inputs));
   } else if (rets.size() > 1) {
     auto tup = out.cast<py::sequence>();
     TORCH_CHECK(tup.size() == rets.size(), "neuron_emu: handler for ", e->name, " returned ",
                 tup.size(), " values, expected ", rets.size());
     for (size_t i = 0; i < rets.size(); ++i)
-      stack->push_back(unowned_view(torch::jit::toIValue(tup[i], rets[i].type()), rets[i]));
+      stack->push_back(unowned_view(torch::jit::toIValue(tup[i], rets[i].type()), rets[i], inputs));
   }
 }
 
