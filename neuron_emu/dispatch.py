@@ -172,10 +172,10 @@ def _composite_defect_views(build: Build) -> list[str]:
 
 def _defect_applies(kind: str, name: str, infra: bool) -> bool:
     """Whether a defect of `kind` whose glob matches op `name` can act on it."""
+    if infra and kind not in INFRA_DEFECT_KINDS:
+        return False  # allocation, copies, views: never subject to the other kinds
     if kind == "view_as_copy":
         return op_traits(name)[0]
-    if infra:
-        return False  # allocation, copies, views: never subject to the other kinds
     if kind == "out_reallocates":
         return op_traits(name)[1]
     return True
