@@ -40,6 +40,8 @@ class DefectState:
         self.build_name = build_name
         self.defects = defects
         self.calls = [0] * len(defects)
+        self.fired = [0] * len(defects)   # times each defect fired (nondeterministic alternates on it)
+        self._index = {id(d): i for i, d in enumerate(defects)}
 
     def for_op(self, name: str) -> list[int]:
         """Indices of the defects whose op glob matches `name`."""
@@ -63,8 +65,13 @@ class DefectState:
             if d.min_numel and max((t.numel() for t in tensors), default=0) < d.min_numel:
                 continue
             if self.roll(i):
+                self.fired[i] += 1
                 out.append(d)
         return out
+
+    def times_fired(self, d: Defect) -> int:
+        """How many calls `d` (one of this build's defects) has fired for, this one included."""
+        return self.fired[self._index[id(d)]]
 
 
 def raise_now(d: Defect, op_name: str, build_name: str) -> None:
@@ -84,17 +91,18 @@ def raise_now(d: Defect, op_name: str, build_name: str) -> None:
             time.sleep(3600)
 
 
-def perturb_outputs(d: Defect, outputs: list[torch.Tensor]) -> None:
-    """Applies wrong_result / nan in place to output tensors."""
+def perturb_outputs(d: Defect, outputs: list[torch.Tensor], kind: str | None = None) -> None:
+    """Applies wrong_result / nan (`kind`, default d.kind) in place to output tensors."""
+    kind = kind or d.kind
     for o in outputs:
-        if d.kind == "wrong_result":
+        if kind == "wrong_result":
             if o.is_floating_point() or o.is_complex():
                 o.mul_(1.0 + d.magnitude)
             elif o.dtype != torch.bool:
                 o.add_(1)
             else:
                 o.logical_not_()
-        elif d.kind == "nan":
+        elif kind == "nan":
             if o.is_floating_point() or o.is_complex():
                 o.fill_(float("nan"))
             elif o.dtype != torch.bool:
@@ -108,3 +116,44 @@ def wrong_dtype(t: torch.Tensor) -> torch.Tensor:
         torch.float64: torch.float32, torch.int64: torch.int32, torch.int32: torch.int64,
     }
     return t.to(swap.get(t.dtype, torch.float32))
+
+
+def relayout(o: torch.Tensor) -> torch.Tensor:
+    """wrong_strides: `o`'s values (bitwise) in another memory layout.  With >= 2 dims of size > 1:
+    another dense dim order (column-major, or row-major where `o` already is column-major);
+    otherwise a copy at another storage offset."""
+    big = [i for i, n in enumerate(o.shape) if n > 1]
+    if len(big) >= 2:
+        rev = list(range(o.dim()))[::-1]
+        new = o.permute(rev).contiguous().permute(rev)
+        if [new.stride(i) for i in big] == [o.stride(i) for i in big]:
+            new = o.clone(memory_format=torch.contiguous_format)
+        return new
+    off = 2 if o.storage_offset() == 1 else 1
+    buf = torch.empty(o.numel() + off, dtype=o.dtype, device=o.device)
+    new = buf[off:].view(o.shape)
+    new.copy_(o)
+    return new
+
+
+_BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def nudge_ulp(o: torch.Tensor) -> None:
+    """nondeterministic: moves every finite element of a floating (or complex) tensor by one ULP in
+    place -- toward zero, or away from it for zeros -- so it never overflows to inf.  Integer and
+    bool tensors are left alone."""
+    if o.is_complex():
+        o = torch.view_as_real(o)
+    if not o.is_floating_point() or o.numel() == 0:
+        return
+    bits = o.view(_BITS[o.element_size()])
+    step = torch.where(o == 0, 1, torch.where(torch.isfinite(o), -1, 0)).to(bits.dtype)
+    bits.add_(step)
+
+
+def garbage_like(t: torch.Tensor | None, device) -> torch.Tensor:
+    """accepts_invalid: what a call that should have raised returns for one fresh tensor result."""
+    if t is None:
+        return torch.zeros((), device=device)
+    return torch.zeros(t.shape, dtype=t.dtype, device=t.device)

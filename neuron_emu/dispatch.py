@@ -8,6 +8,11 @@ The C++ fallback asks :func:`classify` once per operator and caches the answer:
 * ``PYTHON``   -- :func:`handle` runs it: build numerics (matmul operand rounding, transcendental
   precision, sin/cos without range reduction, stochastic rounding) and defects.
 
+Infrastructure ops (allocation, copies, views: ``INFRA_GLOBS``) are always ``NATIVE`` and untouched
+by numerics, dtype rules and defects -- except that a ``view_as_copy`` defect may name a view op:
+that one op goes to :func:`handle` (a composite view op such as transpose.int gets a direct device
+kernel for as long as the build is active, so that it reaches the device under its own name).
+
 Inside :func:`handle` the emulator's own calls run under a thread-local "raw" guard: they take
 the plain zero-copy path and are not recorded as user ops.
 
@@ -34,7 +39,7 @@ import torch
 from . import defects as _defects
 from . import numerics as _num
 from ._build import load_extension
-from .manifest import Build, _regex
+from .manifest import Build, _regex, op_traits
 
 NATIVE, FALLBACK, PYTHON = 1, 2, 3
 
@@ -54,6 +59,8 @@ INFRA_GLOBS = (
     "aten::_resize_output_*", "aten::_make_per_*", "aten::real.*", "aten::imag.*", "aten::_fw_primal.*",
     "aten::_make_dual.*", "aten::_unpack_dual.*",
 )
+# The only defect kind that reaches infrastructure (view) ops.
+INFRA_DEFECT_KINDS = frozenset({"view_as_copy"})
 # Ops that may legitimately receive non-scalar CPU tensors (cross-device copies, CPU indices).
 ALLOW_CPU_GLOBS = (
     "aten::copy_.*", "aten::_copy_from*", "aten::_to_copy.*", "aten::set_.*", "aten::index.Tensor*",
@@ -134,9 +141,44 @@ def activate(build: Build) -> None:
     S.plans = {}
     S.defect_state = _defects.DefectState(build.name, build.defects)
     _ext().set_build(build.name, bool(build.numerics.flush_denormals))
+    _ext().set_defect_kernels([])  # the previous build's, before asking who has a device kernel
+    _ext().set_defect_kernels(_composite_defect_views(build))
     # SDPA takes the CPU's fused kernel only where the build has that kernel natively (else math).
     _ext().set_sparse(build.dtypes.sparse == "native")
     _ext().set_sdp_cpu_choice(build.is_native("aten::_scaled_dot_product_flash_attention_for_cpu.default"))
+
+
+def _composite_defect_views(build: Build) -> list[str]:
+    """The composite view ops (no device kernel of their own: transpose.int, permute, ...) that a
+    view_as_copy defect of `build` names, spelled for torch.library ("transpose.int", "permute")."""
+    from .manifest import aten_overloads
+
+    globs = tuple(d.op for d in build.defects if d.kind == "view_as_copy")
+    if not globs:
+        return []
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    rx = _regex(globs)
+    out = []
+    for name in aten_overloads():
+        if not rx.match(name):
+            continue
+        view, _, implicit = op_traits(name)
+        key = name[:-len(".default")] if name.endswith(".default") else name
+        if (view and not implicit and not has(key, "PrivateUse1")
+                and (has(key, "CompositeExplicitAutograd") or has(key, "CompositeExplicitAutogradNonFunctional"))):
+            out.append(key.split("::", 1)[1])
+    return out
+
+
+def _defect_applies(kind: str, name: str, infra: bool) -> bool:
+    """Whether a defect of `kind` whose glob matches op `name` can act on it."""
+    if infra and kind not in INFRA_DEFECT_KINDS:
+        return False  # allocation, copies, views: never subject to the other kinds
+    if kind == "view_as_copy":
+        return op_traits(name)[0]
+    if kind == "out_reallocates":
+        return op_traits(name)[1]
+    return True
 
 
 def plan_for(name: str) -> OpPlan:
@@ -157,7 +199,9 @@ def plan_for(name: str) -> OpPlan:
         if stem in ("sin", "cos") and not num.sin_range_reduction:
             plan.sincos = stem
         plan.arith = num.rounding == "stochastic" and (stem in ARITH or stem in MATMUL_OPERANDS)
-        plan.defects = S.defect_state.for_op(name) if S.defect_state else []
+    if S.defect_state:
+        ds = S.defect_state
+        plan.defects = [i for i in ds.for_op(name) if _defect_applies(ds.defects[i].kind, name, infra)]
     S.plans[name] = plan
     return plan
 
@@ -168,7 +212,7 @@ def classify(name: str) -> tuple[int, int, bool, bool]:
     plan = plan_for(name)
     allow_cpu = bool(_regex(ALLOW_CPU_GLOBS).match(name))
     if plan.infra:
-        return NATIVE, 0, False, allow_cpu
+        return (PYTHON if plan.defects else NATIVE), 0, False, allow_cpu
     if plan.defects or plan.matmul or plan.transcendental or plan.sincos:
         return PYTHON, 0, False, allow_cpu
     if not plan.native:
@@ -273,15 +317,21 @@ def handle(name: str, args: tuple, kwargs: dict) -> Any:
             narrow64 = False  # the length depends on the dtype (int64 truncates the step)
         upcast16 = plan.arith and any(t.dtype in (torch.bfloat16, torch.float16) for t in tensors)
     record(name, fallback, rule_fallback)
-    if fallback:
+    try:
+        if fallback:
+            with raw(2):
+                out = plan.op(*args, **kwargs)
+        else:
+            with raw(1):
+                out = _run_native(plan, args, kwargs, downcast64, narrow64, upcast16)
+    except Exception as err:
+        if not any(d.kind == "accepts_invalid" for d in fired):
+            raise
         with raw(2):
-            out = plan.op(*args, **kwargs)
-    else:
-        with raw(1):
-            out = _run_native(plan, args, kwargs, downcast64, narrow64, upcast16)
+            return _garbage(plan, args, kwargs, err)  # accepts_invalid: what the kernel rejects, it returns
     if fired:
         with raw(2):
-            out = _apply_output_defects(plan, fired, out)
+            out = _apply_output_defects(plan, fired, out, args, kwargs)
     return out
 
 
@@ -293,7 +343,101 @@ def _outputs(out) -> list[torch.Tensor]:
     return []
 
 
-def _apply_output_defects(plan: OpPlan, fired, out):
+def _return_kind(ret) -> str:
+    """"fresh" (a new tensor), "written" (an out=/in-place argument) or "view" (an alias of an input)."""
+    if ret.alias_info is None:
+        return "fresh"
+    return "written" if ret.alias_info.is_write else "view"
+
+
+def _map_returns(plan: OpPlan, out, fn):
+    """`out` with fn(tensor, return kind) applied to each tensor it holds (list elements included)."""
+    rets = plan.op._schema.returns
+
+    def one(v, ret):
+        kind = _return_kind(ret)
+        if isinstance(v, torch.Tensor):
+            return fn(v, kind)
+        if isinstance(v, list):
+            return [fn(t, kind) if isinstance(t, torch.Tensor) else t for t in v]
+        return v
+
+    if len(rets) == 1:
+        return one(out, rets[0])
+    if isinstance(out, (tuple, list)) and len(out) == len(rets):
+        return type(out)(one(v, r) for v, r in zip(out, rets, strict=True))
+    return out
+
+
+def _arg_values(plan: OpPlan, args, kwargs):
+    """(schema argument, value) for every argument of the call."""
+    for i, a in enumerate(plan.op._schema.arguments):
+        if i < len(args):
+            yield a, args[i]
+        elif a.name in kwargs:
+            yield a, kwargs[a.name]
+
+
+def _tensors_of(v) -> list[torch.Tensor]:
+    if isinstance(v, torch.Tensor):
+        return [v]
+    if isinstance(v, (list, tuple)):
+        return [t for t in v if isinstance(t, torch.Tensor)]
+    return []
+
+
+def _input_tensors(plan: OpPlan, args, kwargs) -> list[torch.Tensor]:
+    """The call's neuron tensor inputs: every tensor argument the op does not write (not out=)."""
+    return [t for a, v in _arg_values(plan, args, kwargs)
+            if a.alias_info is None or not a.alias_info.is_write
+            for t in _tensors_of(v) if t.device.type == "neuron"]
+
+
+def _out_tensors(plan: OpPlan, args, kwargs) -> list[torch.Tensor]:
+    return [t for a, v in _arg_values(plan, args, kwargs) if a.is_out for t in _tensors_of(v)]
+
+
+def _reallocate(t: torch.Tensor) -> None:
+    """out_reallocates: `t` keeps its values, sizes and strides in new storage."""
+    fresh = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device)
+    fresh.copy_(t)
+    t.set_(fresh)
+
+
+def _garbage(plan: OpPlan, args, kwargs, err: Exception):
+    """accepts_invalid: the result of a call the CPU kernel rejected -- zeros shaped like the first
+    tensor input for fresh results, the out= tensors zeroed, in-place arguments as they are."""
+    schema = plan.op._schema
+    inputs = _input_tensors(plan, args, kwargs)
+    outs = _out_tensors(plan, args, kwargs)
+    for t in outs:
+        t.zero_()
+    written = {}
+    for a, v in _arg_values(plan, args, kwargs):
+        if a.alias_info is not None and a.alias_info.is_write:
+            written.setdefault(frozenset(a.alias_info.before_set), v)
+    like = outs[0] if outs else (inputs[0] if inputs else None)
+    res = []
+    for r in schema.returns:
+        typ = str(r.type)
+        if r.alias_info is not None and r.alias_info.is_write and frozenset(r.alias_info.before_set) in written:
+            res.append(written[frozenset(r.alias_info.before_set)])
+        elif typ == "Tensor":
+            res.append(_defects.garbage_like(like, "neuron"))
+        elif typ == "List[Tensor]":
+            res.append([_defects.garbage_like(like, "neuron")])
+        elif typ in ("bool", "int", "SymInt", "float", "Scalar"):
+            res.append(False if typ == "bool" else 0.0 if typ == "float" else 0)
+        elif typ.startswith("Optional["):
+            res.append(None)
+        else:
+            raise err  # no garbage of this return type: the kernel's error stands
+    if not res:
+        return None
+    return res[0] if len(res) == 1 else tuple(res)
+
+
+def _apply_output_defects(plan: OpPlan, fired, out, args, kwargs):
     for d in fired:
         if d.kind in ("wrong_result", "nan"):
             _defects.perturb_outputs(d, _outputs(out))
@@ -302,7 +446,35 @@ def _apply_output_defects(plan: OpPlan, fired, out):
                 out = _defects.wrong_dtype(out)
             elif isinstance(out, tuple):
                 out = tuple(_defects.wrong_dtype(o) if isinstance(o, torch.Tensor) else o for o in out)
+        elif d.kind == "wrong_strides":
+            out = _map_returns(plan, out, lambda t, k: _defects.relayout(t) if k == "fresh" else t)
+        elif d.kind == "view_as_copy":
+            out = _map_returns(plan, out, lambda t, k: t.clone(memory_format=torch.contiguous_format)
+                               if k == "view" else t)
+        elif d.kind == "out_reallocates":
+            for t in _out_tensors(plan, args, kwargs):
+                _reallocate(t)
+        elif d.kind == "nondeterministic":
+            if S.defect_state.times_fired(d) % 2 == 0:  # every second call: consecutive calls differ
+                for t in _results(plan, out):
+                    _defects.nudge_ulp(t)
+        elif d.kind == "noncontiguous_wrong":
+            if any(not t.is_contiguous() for t in _input_tensors(plan, args, kwargs)):
+                _defects.perturb_outputs(d, _results(plan, out), "wrong_result")
     return out
+
+
+def _results(plan: OpPlan, out) -> list[torch.Tensor]:
+    """The tensors a call produced (fresh or written), not the views of its inputs it returned."""
+    got: list[torch.Tensor] = []
+
+    def keep(t, kind):
+        if kind != "view":
+            got.append(t)
+        return t
+
+    _map_returns(plan, out, keep)
+    return got
 
 
 def _to_meta(v):

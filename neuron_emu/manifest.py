@@ -11,6 +11,29 @@ Example::
     >>> b = load_build("2.32.0")
     >>> b.name, b.numerics.sin_range_reduction
     ('2.32.0', True)
+
+Defects (``[[defects]]``: ``op`` glob on "aten::name.overload", optional ``dtypes``, ``min_numel``,
+``probability``, ``magnitude``, ``note``) come in these kinds:
+
+* ``wrong_result``     -- floating outputs scaled by ``1 + magnitude`` (integers +1, bools negated);
+* ``nan``              -- outputs filled with NaN (integers with their minimum);
+* ``wrong_dtype``      -- outputs returned in another dtype;
+* ``error`` / ``crash`` / ``hang`` -- the call raises / aborts the process / never returns;
+* ``fallback``         -- the call runs on the CPU fallback (counted and warned as one);
+* ``wrong_strides``    -- right values (bitwise), another memory layout for the functional (fresh)
+  outputs: one with >= 2 dims of size > 1 comes back in another dense dim order (e.g. column-major),
+  any other with another storage offset;
+* ``view_as_copy``     -- a view op returns a contiguous copy in new storage instead of a view.  It
+  must name a view overload (one returning an alias of an input, e.g. 'aten::transpose.int',
+  'aten::permute.default'); view ops are otherwise device infrastructure that no defect reaches;
+* ``out_reallocates``  -- an ``out=`` overload (e.g. 'aten::add.out') gives its out tensors new storage
+  even when their shape fits (right values, another ``data_ptr()``); it must name an out= overload;
+* ``accepts_invalid``  -- where the CPU kernel raises, the call returns garbage instead: zeros shaped
+  like the first tensor input, or the out tensors zeroed for an out= overload;
+* ``nondeterministic`` -- every second call of the op nudges each finite floating output element by
+  one ULP (integer and bool outputs unchanged): repeated calls differ, within any tolerance;
+* ``noncontiguous_wrong`` -- like ``wrong_result``, but only when an input tensor (not an out=
+  argument) is non-contiguous; contiguous inputs give right values.
 """
 
 from __future__ import annotations
@@ -34,7 +57,12 @@ DTYPE_RULES: dict[str, tuple[str, ...]] = {
     "sparse": ("native", "error"),  # sparse layouts (COO, CSR/CSC/BSR/BSC) on the device
 }
 _RULE_ALIASES = {"narrow": "downcast", "downcast": "downcast"}
-DEFECT_KINDS = ("wrong_result", "nan", "wrong_dtype", "error", "crash", "hang", "fallback")
+DEFECT_KINDS = (
+    "wrong_result", "nan", "wrong_dtype", "error", "crash", "hang", "fallback",
+    # Contract defects: the values are right (or within tolerance) but a contract of the op is not.
+    "wrong_strides", "view_as_copy", "out_reallocates", "accepts_invalid", "nondeterministic",
+    "noncontiguous_wrong",
+)
 DTYPE_NAMES = (
     "float16", "bfloat16", "float32", "float64", "int8", "uint8", "int16", "int32", "int64", "bool",
     "complex64", "complex128",
@@ -207,6 +235,47 @@ def _check_glob(path, key, glob):
                    "'aten::mm.*'); this one matches nothing")
 
 
+@functools.cache
+def op_traits(name: str) -> tuple[bool, bool, bool]:
+    """(view, out, composite_implicit) of ATen overload `name` ("aten::name.overload"): whether it
+    returns an alias of an input that it does not write (a view op), whether it has out=
+    arguments, and whether it has a CompositeImplicitAutograd kernel (it then decomposes before
+    reaching any device)."""
+    import torch
+
+    qual, _, overload = name.partition(".")
+    overload = "" if overload == "default" else overload
+    try:
+        schema = torch._C._get_schema(qual, overload)
+    except RuntimeError:
+        return False, False, False
+    view = any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
+    out = any(a.is_out for a in schema.arguments)
+    key = qual if overload == "" else f"{qual}.{overload}"
+    implicit = torch._C._dispatch_has_kernel_for_dispatch_key(key, "CompositeImplicitAutograd")
+    return view, out, implicit
+
+
+# Kinds that only mean something for some overloads: the glob must match at least one of them.
+_KIND_TARGETS = {
+    "view_as_copy": (lambda n: op_traits(n)[0] and not op_traits(n)[2],
+                     "a view overload that reaches the device (one returning an alias of an input, without a "
+                     "CompositeImplicitAutograd kernel), e.g. 'aten::transpose.int' or 'aten::permute.default'"),
+    "out_reallocates": (lambda n: op_traits(n)[1],
+                        "an out= overload (one with an out argument), e.g. 'aten::add.out'"),
+}
+
+
+def _check_kind_target(path, key, glob, kind):
+    target = _KIND_TARGETS.get(kind)
+    if target is None:
+        return
+    fits, what = target
+    rx = _regex((glob,))
+    if not any(fits(n) for n in aten_overloads() if rx.match(n)):
+        raise _err(path, key, glob, f"for kind '{kind}', a glob matching at least one {what}; this one matches none")
+
+
 def _resolve(ref: str, relative_to: Path | None) -> Path:
     p = Path(ref)
     if ref.endswith(".toml") or "/" in ref or "\\" in ref:
@@ -314,6 +383,7 @@ def _load(path: Path, stack: tuple[Path, ...]) -> Build:
         _check_glob(path, f"{key}.op", d["op"])
         if d["kind"] not in DEFECT_KINDS:
             raise _err(path, f"{key}.kind", d["kind"], "one of " + ", ".join(DEFECT_KINDS))
+        _check_kind_target(path, f"{key}.op", d["op"], d["kind"])
         dts = d.get("dtypes")
         if dts is not None:
             for j, name in enumerate(dts):

@@ -30,6 +30,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
@@ -649,12 +650,47 @@ static void run_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack, boo
 }
 
 // ------------------------------------------------------------------ Python handler
+// A view op's result, as the handler made it, is a tensor that Python has seen (it carries a
+// Python object), unlike any native view.  Code that wraps a fresh view in a Tensor subclass --
+// Parameter(t) runs detach() then _make_subclass, which refuses a tensor with a Python object --
+// needs a fresh TensorImpl: the same storage, sizes, strides and flags, without the Python object.
+// An argument returned as it is (an op whose view of self may be self) stays that very tensor.
+using Impls = c10::SmallVector<const c10::TensorImpl*, 4>;
+
+static at::Tensor unowned(const at::Tensor& t, const Impls& inputs) {
+  if (!t.defined()) return t;
+  auto* impl = t.unsafeGetTensorImpl();
+  for (const auto* in : inputs)
+    if (in == impl) return t;
+  return at::Tensor(impl->shallow_copy_and_detach(impl->version_counter(), impl->allow_tensor_metadata_change()));
+}
+
+static c10::IValue unowned_view(c10::IValue v, const c10::Argument& ret, const Impls& inputs) {
+  const auto* ai = ret.alias_info();
+  if (ai == nullptr || ai->isWrite()) return v;
+  if (v.isTensor()) return unowned(v.toTensor(), inputs);
+  if (v.isTensorList()) {
+    c10::List<at::Tensor> out;
+    for (const at::Tensor& t : v.toTensorList()) out.push_back(unowned(t, inputs));
+    return out;
+  }
+  return v;
+}
+
 static void call_python(const c10::OperatorHandle& op, OpEntry* e, torch::jit::Stack* stack) {
   py::gil_scoped_acquire gil;
   TORCH_CHECK(g_handler, "neuron_emu: handler not installed");
   const auto& schema = op.schema();
   const auto& sargs = schema.arguments();
   auto arguments = torch::jit::pop(*stack, sargs.size());
+  Impls inputs;
+  for (const auto& a : arguments) {
+    if (a.isTensor()) {
+      inputs.push_back(a.toTensor().unsafeGetTensorImpl());
+    } else if (a.isTensorList()) {
+      for (const at::Tensor& t : a.toTensorList()) inputs.push_back(t.unsafeGetTensorImpl());
+    }
+  }
   py::list args;
   py::dict kwargs;
   for (size_t i = 0; i < sargs.size(); ++i) {
@@ -671,12 +707,13 @@ static void call_python(const c10::OperatorHandle& op, OpEntry* e, torch::jit::S
   if (!out) throw python_error();
   const auto& rets = schema.returns();
   if (rets.size() == 1) {
-    stack->push_back(torch::jit::toIValue(out, rets[0].type()));
+    stack->push_back(unowned_view(torch::jit::toIValue(out, rets[0].type()), rets[0], inputs));
   } else if (rets.size() > 1) {
     auto tup = out.cast<py::sequence>();
     TORCH_CHECK(tup.size() == rets.size(), "neuron_emu: handler for ", e->name, " returned ",
                 tup.size(), " values, expected ", rets.size());
-    for (size_t i = 0; i < rets.size(); ++i) stack->push_back(torch::jit::toIValue(tup[i], rets[i].type()));
+    for (size_t i = 0; i < rets.size(); ++i)
+      stack->push_back(unowned_view(torch::jit::toIValue(tup[i], rets[i].type()), rets[i], inputs));
   }
 }
 
@@ -905,6 +942,23 @@ static void register_sparse_kernels(const std::vector<std::string>& coo, const s
     lib_csr->impl(n.c_str(), torch::CppFunction::makeFromBoxedFunction<&neuron_sparse_fallback>());
 }
 
+// Direct kernels for the composite view ops (transpose.int, permute, ...) that the active build's
+// view_as_copy defects name.  Such an op normally never reaches the device under its own name: its
+// CompositeExplicitAutograd kernel runs for the device and only the as_strided it calls arrives.
+// Registered here, it reaches the boxed fallback (the router sends it to the Python handler, which
+// applies the defect).  The registrations live in their own library, replaced on every build
+// change, so a build without such defects keeps the composite (fast) path for every view op.
+static std::unique_ptr<torch::Library> g_defect_lib;
+
+static void set_defect_kernels(const std::vector<std::string>& names) {
+  g_defect_lib.reset();  // deregisters the previous build's kernels
+  if (names.empty()) return;
+  g_defect_lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1,
+                                                  __FILE__, __LINE__);
+  for (const auto& n : names)
+    g_defect_lib->impl(n.c_str(), torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
+}
+
 static void init_hooks() {
   static bool done = false;
   if (done) return;
@@ -944,6 +998,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("fix_autograd_device_threads", &fix_autograd_device_threads);
   m.def("register_kernels", &register_kernels);
   m.def("register_sparse_kernels", &register_sparse_kernels);
+  m.def("set_defect_kernels", &set_defect_kernels);
   m.def("set_router", [](py::object classifier, py::object handler) {
     Py_XINCREF(classifier.ptr());
     Py_XINCREF(handler.ptr());
