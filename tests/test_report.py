@@ -409,10 +409,13 @@ def test_matrix_contract_filter_and_tooltip(site_dir):
     rows = {r[0][1]: r for r in spec["rows"]}
     assert rows["sin"][keys.index("contracts")] == ["aliasing"]
     assert rows["add"][keys.index("contracts")] == [] and rows["aten::conv2d.default"][keys.index("contracts")] == []
-    assert rows["sin"][keys.index("dtype:bfloat16")][1].endswith("; failed contracts: aliasing 1")
+    failing = rows["sin"][keys.index("dtype:bfloat16")]
+    assert failing[1].endswith("; failed contracts: aliasing 1") and failing[3] == ["aliasing"]
     assert "contract" not in rows["sin"][keys.index("dtype:float32")][1]
+    assert len(rows["sin"][keys.index("dtype:float32")]) == 3  # no failed contract: no list
     filt = next(f for f in spec["filters"] if f["label"] == "fails contract")
-    assert (filt["col"], filt["mode"]) == (keys.index("contracts"), "has")
+    # the filter keeps the rows holding the contract and marks the cells (element 3) that fail it
+    assert (filt["col"], filt["mode"], filt["cells"]) == (keys.index("contracts"), "has", 3)
     assert {f["label"]: f["col"] for f in spec["filters"]}["has status"] == keys.index("statuses")
 
 

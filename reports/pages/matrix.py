@@ -36,7 +36,8 @@ Failures = dict[str, dict[str, int]]  # dtype -> failed contract -> items
 def _row_cells(by_dtype: dict[str, Counter], col: dict[str, int],
                failures: Failures | None = None) -> tuple[list[Any], list[str], int, str | None]:
     """One row's dtype cells ([worst, tooltip, samples] or None), its statuses, samples and worst;
-    a cell whose items failed contracts names them, with their counts, in its tooltip."""
+    a cell whose items failed contracts names them, with their counts, in its tooltip, and lists
+    them as a fourth element (the 'fails contract' filter dims the other cells)."""
     cells_out: list[Any] = [None] * len(col)
     present: set[str] = set()
     total = 0
@@ -47,9 +48,10 @@ def _row_cells(by_dtype: dict[str, Counter], col: dict[str, int],
         present.update(cnt)
         tip = f"{d}: " + ", ".join(f"{s} {k}" for s, k in ordered(dict(cnt)))
         failed = (failures or {}).get(d)
-        if failed:
-            tip += "; failed contracts: " + ", ".join(f"{c} {failed[c]}" for c in qk.ordered_contracts(failed))
-        cells_out[col[d]] = [w, tip, n]
+        names = qk.ordered_contracts(failed or ())
+        if names:
+            tip += "; failed contracts: " + ", ".join(f"{c} {failed[c]}" for c in names)
+        cells_out[col[d]] = [w, tip, n, names] if names else [w, tip, n]
     return cells_out, sorted(present, key=lambda s: WORST_RANK.get(s, 99)), total, worst(present)
 
 
@@ -122,7 +124,7 @@ def pages(b: BuildScope) -> Iterator[tuple[str, MatrixPage]]:
     filters = [{"col": 1, "label": "kind", "mode": "eq"},
                {"col": len(columns) - 2, "label": "has status", "mode": "has"},
                {"col": len(columns) - 1, "label": "overload", "mode": "has"},
-               {"col": len(columns) - 3, "label": "fails contract", "mode": "has"},
+               {"col": len(columns) - 3, "label": "fails contract", "mode": "has", "cells": 3},
                {"col": 2, "label": "class", "mode": "has"},
                {"col": 3, "label": "coverage", "mode": "eq"}]
     info = b.info
