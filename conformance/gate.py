@@ -53,9 +53,10 @@ CONFIRM_BUDGET_S = 600.0  # seconds the whole confirmation may spend (default)
 MAX_RERUNS = 500  # re-runs the whole confirmation may do (default)
 _ONCE = (Status.TIMEOUT.value, Status.CRASH.value)  # re-run once: each re-run costs a timeout or a worker
 # The run-config keys that say which items a run holds; two runs gate only when these agree.
+# The contract checks count too: a run without them has no 'contract' items to lose.
 SELECTION = ("ops", "dtypes", "variants", "seed", "max_samples", "thorough", "opinfo", "schema", "models",
-             "model_limit", "model_modes")
-_SELECTION_DEFAULTS = {"opinfo": True, "schema": False, "thorough": False}
+             "model_limit", "model_modes", "contracts")
+_SELECTION_DEFAULTS = {"opinfo": True, "schema": False, "thorough": False, "contracts": ["default"]}
 
 
 class GateError(ValueError):
@@ -183,7 +184,7 @@ def selection(run: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key in SELECTION:
         v = config.get(key, _SELECTION_DEFAULTS.get(key))
-        if key == "dtypes" and v:
+        if key in ("dtypes", "contracts") and v:
             v = [p.strip() for x in v for p in str(x).split(",")]
         if isinstance(v, list):
             v = sorted({str(x) for x in v if str(x)}) or None

@@ -115,6 +115,21 @@ def test_different_selection_is_refused_unless_common_only(db, tmp_path):
     assert not data["new"] and not data["removed"] and data["verdict"] == "pass"
 
 
+def test_different_contract_checks_are_a_different_selection(db):
+    """A run without contract checks has no 'contract' item to lose: gating it against one with
+    them is refused; the same contracts spelled differently (or the default left out) gate."""
+    with Store.open(db) as st:
+        _run(st, "none", "2.33.0", {**_items("exp", 6, "pass"), **_items("sin", 6, "pass")},
+             config={"contracts": ["none"]})
+        _run(st, "spelled", "2.33.0", {**_items("exp", 6, "pass"), **_items("sin", 6, "pass")},
+             config={"contracts": ["default,"]})
+    r = _gate(db, "--candidate", "none")
+    assert r.exit_code == 2
+    assert _one_line(r).startswith("error: selections differ: baseline run base has contracts=['default'] but "
+                                   "candidate run none has contracts=['none']")
+    assert _gate(db, "--candidate", "spelled").exit_code == 0
+
+
 def test_common_only_refuses_runs_that_share_only_their_canaries(db):
     with Store.open(db) as st:
         _run(st, "other", "2.33.0", {**CANARIES, **_items("exp", 3, "pass", "bfloat16")},
