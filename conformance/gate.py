@@ -1,7 +1,8 @@
 """Gate: did the candidate build get worse than the baseline?
 
 A regression is an item whose status got worse (by :data:`~conformance.verdict.SEVERITY`,
-e.g. pass -> mismatch, or native pass -> pass_fallback), an op x variant x dtype whose error grew
+e.g. pass -> mismatch, pass -> contract, or native pass -> pass_fallback), an item still at
+``contract`` that now fails a contract it passed (its evidence names both sets), an op x variant x dtype whose error grew
 significantly while still inside tolerance (a one-sided sign test over its paired samples with a
 minimum effect size, so noise does not trip it), or a model whose recompiles grew.
 
@@ -52,9 +53,10 @@ CONFIRM_BUDGET_S = 600.0  # seconds the whole confirmation may spend (default)
 MAX_RERUNS = 500  # re-runs the whole confirmation may do (default)
 _ONCE = (Status.TIMEOUT.value, Status.CRASH.value)  # re-run once: each re-run costs a timeout or a worker
 # The run-config keys that say which items a run holds; two runs gate only when these agree.
+# The contract checks count too: a run without them has no 'contract' items to lose.
 SELECTION = ("ops", "dtypes", "variants", "seed", "max_samples", "thorough", "opinfo", "schema", "models",
-             "model_limit", "model_modes")
-_SELECTION_DEFAULTS = {"opinfo": True, "schema": False, "thorough": False}
+             "model_limit", "model_modes", "contracts")
+_SELECTION_DEFAULTS = {"opinfo": True, "schema": False, "thorough": False, "contracts": ["default"]}
 
 
 class GateError(ValueError):
@@ -182,7 +184,7 @@ def selection(run: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key in SELECTION:
         v = config.get(key, _SELECTION_DEFAULTS.get(key))
-        if key == "dtypes" and v:
+        if key in ("dtypes", "contracts") and v:
             v = [p.strip() for x in v for p in str(x).split(",")]
         if isinstance(v, list):
             v = sorted({str(x) for x in v if str(x)}) or None
@@ -204,7 +206,7 @@ def _check_selection(baseline: dict[str, Any], candidate: dict[str, Any]) -> Non
 
 _COLUMNS = {
     "op_results": ("op", "variant", "dtype", "status", "error", "max_abs_err", "max_rel_err", "fallback_ops",
-                   "duration_s"),
+                   "duration_s", "contract_failed"),
     "model_results": ("model_id", "mode", "dtype", "status", "error", "max_abs_err", "max_rel_err",
                       "fallback_ops", "first_divergent_op", "recompiles", "duration_s"),
 }
@@ -216,6 +218,21 @@ def _rows(store: Store, run_id: str, table: str) -> dict[str, dict[str, Any]]:
 
 def _sev(status: str) -> int:
     return _SEV[status]
+
+
+def _contracts(row: dict[str, Any]) -> list[str]:
+    """The contracts a result row failed (its ``contract_failed``), in stored order."""
+    return [n.strip() for n in str(row.get("contract_failed") or "").split(",") if n.strip()]
+
+
+def _evidence(b: dict[str, Any], c: dict[str, Any]) -> dict[str, Any]:
+    """What a regression's finding carries: the candidate's error, magnitudes, fallbacks, first
+    divergent op and failed contracts (and the baseline's failed contracts, when it failed some)."""
+    ev = {k: c.get(k) for k in ("error", "max_abs_err", "max_rel_err", "fallback_ops", "first_divergent_op",
+                                "contract_failed") if c.get(k) not in (None, "", "[]")}
+    if b.get("contract_failed"):
+        ev["baseline_contract_failed"] = b["contract_failed"]
+    return ev
 
 
 def sign_test_p(greater: int, n: int) -> float:
@@ -275,13 +292,17 @@ def compare_runs(store: Store, baseline: dict[str, Any], candidate: dict[str, An
                                         c["status"] if c else ""))
                 continue
             if b["status"] == c["status"] and kind == "op":
-                continue  # the common case, decided without building anything
+                # the common case, decided without building anything; an item still at 'contract'
+                # that now fails a contract it passed got worse all the same
+                if b["status"] == Status.CONTRACT.value and set(_contracts(c)) - set(_contracts(b)):
+                    findings.append(Finding("regression", kind, key, name, variant, c["dtype"], b["status"],
+                                            c["status"], {**_evidence(b, c), "new_contracts": sorted(
+                                                set(_contracts(c)) - set(_contracts(b)))}, c.get("duration_s")))
+                continue
             sb, sc = _sev(b["status"]), _sev(c["status"])
             if sc > sb:
-                evidence = {k: c.get(k) for k in ("error", "max_abs_err", "max_rel_err", "fallback_ops",
-                                                  "first_divergent_op") if c.get(k) not in (None, "", "[]")}
                 findings.append(Finding("regression", kind, key, name, variant, c["dtype"], b["status"], c["status"],
-                                        evidence, c.get("duration_s")))
+                                        _evidence(b, c), c.get("duration_s")))
             elif sc < sb:
                 findings.append(Finding("improvement", kind, key, name, variant, c["dtype"], b["status"], c["status"]))
             elif kind == "model" and (c.get("recompiles") or 0) > (b.get("recompiles") or 0):
@@ -304,7 +325,9 @@ def confirm(findings: list[Finding], candidate: dict[str, Any], attempts: int, r
             budget_s: float = CONFIRM_BUDGET_S, max_reruns: int = MAX_RERUNS, per_group: int = PER_GROUP,
             workers: int = 2) -> Confirmation:
     """Confirm status regressions per op x variant x dtype group from up to ``per_group``
-    representatives, within a budget; a flaky group's findings all become ``flaky``.
+    representatives, within a budget; a flaky group's findings all become ``flaky``. A
+    regression at an unchanged status (more recompiles, a newly failed contract) is not re-run:
+    the re-runs' statuses cannot tell it from a flake.
 
     Representatives are re-run in rounds of one attempt each (a group is decided as soon as one
     re-run no longer fails), ``attempts`` times, once for a timeout or crash. A round starts only
@@ -317,7 +340,7 @@ def confirm(findings: list[Finding], candidate: dict[str, Any], attempts: int, r
     conf = Confirmation(attempts=attempts, budget_s=budget_s, max_reruns=max_reruns)
     groups: dict[tuple[str, str, str, str], list[Finding]] = defaultdict(list)
     for f in findings:
-        if f.category == "regression" and "recompiles" not in f.evidence:
+        if f.category == "regression" and "recompiles" not in f.evidence and "new_contracts" not in f.evidence:
             groups[(f.kind, f.name, f.variant, f.dtype)].append(f)
     conf.groups = len(groups)
     if not groups or attempts <= 0:

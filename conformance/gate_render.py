@@ -4,7 +4,8 @@ All three show the same thing: findings grouped by op (or model) × variant × d
 (:func:`opdb.findings.group_findings`), the largest group first, each with its evidence (size,
 worst error, first error message, the flake re-runs) and, when :class:`Links` are given, the
 repro command of its first item and a link to the report. Drift says "error grew Nx while
-passing", flaky groups say they are flaky: neither is shown as a status change.
+passing", flaky groups say they are flaky: neither is shown as a status change. A ``contract``
+status names the contracts its items failed: "pass -> contract (out)".
 
 Example::
 

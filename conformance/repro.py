@@ -1,6 +1,11 @@
 """Repro: a standalone script (inputs saved next to it) that reproduces one stored result on
 its target and prints both results and the error.
 
+When the stored item failed contract checks (:mod:`conformance.contracts`), the script also
+runs the item as the sweep does (:func:`conformance.sweep.evaluate`, on the sample regenerated
+from the same seed, with only those contracts) and prints each one's outcome and detail; it
+exits nonzero while a value or a contract still fails. That part needs the harness installed.
+
 The script is built from data only: every stored value enters it as a Python literal (``repr``
 of a checked int, float or str) or as escaped docstring text, op names are resolved only when the
 dispatcher or ``op_db`` knows them, and the inputs file is read by a decoder that admits tensors
@@ -16,6 +21,7 @@ import ast
 import inspect
 import json
 import math
+import re
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -26,6 +32,7 @@ from opdb import Store
 from opdb.blobs import decode_inputs, dump_inputs, load_inputs
 from opdb.queries import op_result
 
+from .contracts import CONTRACTS
 from .inputs.opinfo import DEFAULT_SEED, by_name, samples
 from .targets import get_target
 
@@ -117,12 +124,52 @@ except Exception as exc:
     raise SystemExit(1)
 print("target result:", dev)
 ATOL, RTOL = RECORD["atol"], RECORD["rtol"]
+failing = False
 try:
     torch.testing.assert_close(dev, cpu, atol=ATOL, rtol=RTOL, equal_nan=True, check_stride=False)
     print(f"within tolerance (atol={{ATOL!r}}, rtol={{RTOL!r}})")
 except AssertionError as err:
     print("MISMATCH:", err)
-    raise SystemExit(1)
+    failing = True
+'''
+
+# Appended when the stored item failed contracts: the item evaluated as the sweep evaluates it.
+_CONTRACTS_PART = '''
+
+# -- the contracts the stored item failed, checked as the sweep checks them --------------------
+from conformance.inputs.opinfo import samples
+from conformance.sweep import SweepConfig, evaluate
+from conformance.targets import get_target
+
+
+def nth(it, n):
+    for i, s in enumerate(it):
+        if i == n:
+            return s
+    raise SystemExit(f"sample {n} no longer exists for this OpInfo (torch changed?)")
+
+
+target = get_target(RECORD["target"], RECORD["build_spec"], tuple(RECORD["imports"]))
+sample = nth(samples(info, getattr(torch, RECORD["dtype"]), thorough=RECORD["thorough"], seed=RECORD["seed"],
+                     requires_grad=VARIANT == "backward"), RECORD["sample"])
+config = SweepConfig(thorough=RECORD["thorough"], seed=RECORD["seed"], contracts=tuple(RECORD["contracts"]))
+row = evaluate(target, info, RECORD["op"], VARIANT, RECORD["dtype"], RECORD["sample"], sample, config)
+checks = row["contracts"] or {}
+print(f"sweep status: {row['status']}")
+for name in RECORD["contracts"]:
+    check = checks.get(name)
+    if check is None:
+        print(f"contract {name}: not checked ({row['status']}: {row['error']})")
+        failing = True
+        continue
+    print(f"contract {name}: {check['outcome']}" + (f": {check['detail']}" if check["detail"] else ""))
+    if check["outcome"] == "fail":
+        print(f"CONTRACT FAILED: {name}")
+        failing = True
+'''
+
+_END = '''
+raise SystemExit(1 if failing else 0)
 '''
 
 
@@ -178,12 +225,22 @@ def write_repro(store: Store, result_id: int, out_dir: str | Path) -> Path:
     record = {"result": int(result_id), "op": op, "variant": variant, "device": str(target.device),
               "sized_out": bool(target.compiler),
               "inputs": inputs, "atol": _tol(row.get("atol"), where, "atol"), "rtol": _tol(row.get("rtol"), where, "rtol")}
+    failed = _contracts(row.get("contract_failed"), where)
+    if failed and variant != "schema":
+        # what the script needs to evaluate the item as the sweep did: the same target (the values
+        # get_target accepted above), the same sample (dtype, index, seed) and those contracts
+        record.update(contracts=failed, target=_field(run, "target", f"{where}: its run"),
+                      build_spec=_opt_str(config.get("build_spec") or run.get("build"), where, "build"),
+                      imports=_imports(config.get("imports"), where), dtype=str(row["dtype"]),
+                      sample=_int(row.get("sample"), where, "sample"), seed=seed,
+                      thorough=bool(config.get("thorough")))
     doc = _doc_text(
         f"Reproduces opdb result {int(result_id)}: {op} ({variant}, {row.get('dtype')}, sample {row.get('sample')}) "
         f"on target {run.get('target')}\n(build {run.get('build')}). Recorded status: {row.get('status')}.\n"
         f"Recorded error: {str(row.get('error') or '')[:500]}\nRun: python {script.name}")
     text = _TEMPLATE.format(doc=doc, setup=setup, record=_literal(record), decoder=inspect.getsource(decode_inputs),
                             resolve=resolve, wrapped=wrapped.format(fn="fn"))
+    text += (_CONTRACTS_PART if "contracts" in record else "") + _END
     _check_script(text, record)
     out.mkdir(parents=True, exist_ok=True)
     (out / inputs).write_bytes(blob)
@@ -196,6 +253,38 @@ def _field(row: dict[str, Any], name: str, where: str) -> str:
     if not isinstance(value, str):
         raise ValueError(f"{where}: field {name} is {value!r}, not a string")
     return value
+
+
+_MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*\Z")
+
+
+def _contracts(value: Any, where: str) -> list[str]:
+    """The stored ``contract_failed`` as contract names, each one :data:`CONTRACTS` knows."""
+    if value is None or value == "":
+        return []
+    if not isinstance(value, str):
+        raise ValueError(f"{where}: field contract_failed is {value!r}, not a string")
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    bad = [n for n in names if n not in CONTRACTS]
+    if bad:
+        raise ValueError(f"{where}: field contract_failed names {bad[0]!r}, not a contract "
+                         f"(expected some of {', '.join(CONTRACTS)})")
+    return [c for c in CONTRACTS if c in names]
+
+
+def _opt_str(value: Any, where: str, name: str) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"{where}: field {name} is {value!r}, not a string")
+    return value
+
+
+def _imports(value: Any, where: str) -> list[str]:
+    """The run's ``--import`` modules: dotted Python names only."""
+    mods = list(value or ())
+    for m in mods:
+        if not (isinstance(m, str) and _MODULE.match(m)):
+            raise ValueError(f"{where}: its run's config imports {m!r}, not a dotted module name")
+    return mods
 
 
 def _int(value: Any, where: str, name: str) -> int:

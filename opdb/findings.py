@@ -22,6 +22,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .queries_contracts import ordered_contracts
+
 ERROR_CHARS = 240  # of a group's first error message
 #: Display order of the categories (worst first).
 CATEGORIES = ("regression", "drift", "flaky", "improvement", "new", "removed")
@@ -57,6 +59,12 @@ class FindingGroup:
     reruns: dict[str, list[str]] = field(default_factory=dict)  # flaky: representative -> re-run statuses
     drift: dict[str, Any] = field(default_factory=dict)  # drift: median_error_ratio, p_value, samples, ...
     recompiles: list[Any] = field(default_factory=list)  # a model's recompiles, baseline and candidate
+    contracts: list[str] = field(default_factory=list)  # the contracts the candidate's items failed
+    baseline_contracts: list[str] = field(default_factory=list)  # ... and the baseline's, where they failed some
+
+    def _status(self, status: str, contracts: list[str]) -> str:
+        """A status, with the failed contracts named when it is ``contract``."""
+        return f"{status} ({', '.join(contracts)})" if status == "contract" and contracts else status
 
     @property
     def size(self) -> int:
@@ -68,17 +76,21 @@ class FindingGroup:
         if self.category == "drift":
             ratio = self.drift.get("median_error_ratio")
             return f"error grew {ratio:.3g}x while passing" if isinstance(ratio, (int, float)) else "error grew"
+        before = self._status(self.baseline, self.baseline_contracts)
+        after = self._status(self.candidate, self.contracts)
         if self.category == "flaky":
-            return f"{self.baseline} -> {self.candidate}, not reproduced on every re-run"
+            return f"{before} -> {after}, not reproduced on every re-run"
         if self.category == "new":
-            return f"new: {self.candidate}"
+            return f"new: {after}"
         if self.category == "removed":
-            return f"removed (was {self.baseline})"
-        if self.baseline == self.candidate:  # worse at the same status: a model that recompiles more
+            return f"removed (was {before})"
+        if self.baseline == self.candidate:  # worse at the same status: more recompiles, another contract
             if len(self.recompiles) == 2:
                 return f"recompiles {self.recompiles[0]} -> {self.recompiles[1]} (still {self.candidate})"
+            if before != after:
+                return f"{before} -> {after}"
             return f"worse at the same status ({self.candidate})"
-        return f"{self.baseline} -> {self.candidate}"
+        return f"{before} -> {after}"
 
     @property
     def first_key(self) -> str:
@@ -113,6 +125,10 @@ def group_findings(findings: Iterable[Mapping[str, Any]]) -> list[FindingGroup]:
             g.drift = dict(ev)
         if isinstance(ev.get("recompiles"), list) and not g.recompiles:
             g.recompiles = list(ev["recompiles"])
+        for attr, name in (("contracts", "contract_failed"), ("baseline_contracts", "baseline_contract_failed")):
+            names = [n.strip() for n in str(ev.get(name) or "").split(",") if n.strip()]
+            if names:
+                setattr(g, attr, ordered_contracts([*getattr(g, attr), *names]))
     rank = {c: i for i, c in enumerate(CATEGORIES)}
     return sorted(groups.values(), key=lambda g: (rank.get(g.category, len(rank)), -g.size, g.name, g.variant,
                                                   g.dtype, g.baseline, g.candidate))

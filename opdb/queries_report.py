@@ -174,7 +174,7 @@ def run_ops(store: Store, run_id: str) -> list[str]:
 #: Columns of one op sample row as :func:`op_sample_stream` encodes it (a JSON array).
 SAMPLE_COLUMNS = ("id", "variant", "dtype", "sample", "status", "max_abs_err", "max_rel_err", "ulp_err",
                   "mismatch_frac", "arbiter_err", "cpu_arbiter_err", "atol", "rtol", "tol_source",
-                  "comparator", "checks", "native_ops", "fallback_ops", "signature", "error",
+                  "comparator", "checks", "contracts", "native_ops", "fallback_ops", "signature", "error",
                   "duration_s", "seed", "proof")
 
 
@@ -183,7 +183,8 @@ def op_sample_stream(store: Store, run_id: str) -> Iterator[tuple[str, int, str,
     op, each op's failing samples first.
 
     ``row_json`` is a JSON array in :data:`SAMPLE_COLUMNS` order; ``checks`` is a string of the
-    failed structural checks (nan/dtype/shape/stride) or ''; ``proof`` says what ran the item
+    failed structural checks (nan/dtype/shape/stride) or ''; ``contracts`` the names of the
+    contracts the item failed (a list, in the order they were checked); ``proof`` says what ran the item
     (``inductor: 1 graphs on cpu`` for a compiler target, else the outputs' device).
     """
     failing = sorted(FAILING)
@@ -195,6 +196,9 @@ def op_sample_stream(store: Store, run_id: str) -> Iterator[tuple[str, int, str,
                        case when dtype_ok = 0 then 'dtype ' else '' end ||
                        case when shape_ok = 0 then 'shape ' else '' end ||
                        case when stride_ok = 0 then 'stride' else '' end),
+                  json(case when json_valid(contracts) and json_type(contracts) = 'object' then (
+                      select json_group_array(c.key) from json_each(contracts) c
+                      where c.type = 'object' and json_extract(c.value, '$.outcome') = 'fail') else '[]' end),
                   case when json_valid(native_ops) then json(native_ops) else native_ops end,
                   case when json_valid(fallback_ops) then json(fallback_ops) else fallback_ops end,
                   signature, error, duration_s, seed,

@@ -135,6 +135,24 @@ class MatrixPage(Page):
 
 
 @dataclass
+class ContractCell:
+    """One contract over the items of one op × dtype: its aggregate outcome, what the cell says
+    (the failing count, or the reason for n/a) and the first item's detail as its tooltip."""
+
+    outcome: str  # fail | pass | n/a | "" (no item checked it)
+    text: str
+    title: str
+
+
+@dataclass
+class ContractRow:
+    """One dtype of an op's contract table: a cell per contract, in the table's column order."""
+
+    dtype: str
+    cells: list[ContractCell]
+
+
+@dataclass
 class OpPage(Page):
     """``<build>/ops/<op>.html``: every sample of one OpInfo op (one part of them, if many)."""
 
@@ -151,6 +169,8 @@ class OpPage(Page):
     part: int  # 1-based
     parts: list[Link]  # one link per part (empty when there is one part)
     other_builds: list[Link]  # the same op's page in the other rendered builds, by start time
+    contracts: list[str]  # the contract table's columns (none: no item checked one)
+    contract_rows: list[ContractRow]  # one per dtype
 
 
 @dataclass

@@ -133,8 +133,11 @@ def test_stochastic_rounding_build_gates_clean(tmp_path):
 def test_flaky_defect_is_reported_as_flaky(tmp_path):
     flaky = "[[defects]]\nop = \"aten::exp.default\"\nkind = \"wrong_result\"\nmagnitude = 0.5\nprobability = 0.5\n"
     db = tmp_path / "f.sqlite"
-    a = _run(db, _manifest(tmp_path, "clean", ""), ops=("exp",), max_samples=None)
-    b = _run(db, _manifest(tmp_path, "flaky", flaky), ops=("exp",), max_samples=None)
+    # Without contracts: determinism and variants call the op again within the item, so a defect
+    # that strikes every other call is 'contract' on every re-run (confirmed, rightly); the flake
+    # confirmation of the values is what is under test here.
+    a = _run(db, _manifest(tmp_path, "clean", ""), ops=("exp",), max_samples=None, contracts=("none",))
+    b = _run(db, _manifest(tmp_path, "flaky", flaky), ops=("exp",), max_samples=None, contracts=("none",))
     with Store.open(db) as st:
         result = run_gate(st, a, b)
         flakes = list(st.db.query("select * from flakes where run_id = ?", [b]))

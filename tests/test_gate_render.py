@@ -4,6 +4,7 @@ flaky said as what they are, a Markdown short enough for a PR comment."""
 
 from __future__ import annotations
 
+import json
 import xml.etree.ElementTree as ET
 
 from conformance.gate import Confirmation, Finding, GateResult
@@ -101,3 +102,70 @@ def test_no_findings_is_one_passing_case():
     suite = ET.fromstring(junit(r))
     assert suite.get("failures") == "0" and [c.get("name") for c in suite.findall("testcase")] == ["no-regressions"]
     assert "| regression | 0 | 0 |" in markdown(r)
+
+
+def _contract_db(tmp_path):
+    """Two finished runs of one selection: add's out items go pass -> contract (out) and
+    contract (out) -> contract (aliasing, out); mul's function item stays contract (out)."""
+    from opdb import Store
+
+    def row(run, op, variant, i, status, failed=None):
+        return {"run_id": run, "item_key": f"{op}|{variant}|float32|{i}", "op": op, "variant": variant,
+                "dtype": "float32", "sample": i, "status": status, "duration_s": 0.01,
+                "contract_failed": failed, "max_rel_err": 0.0,
+                "error": f"contract {failed.split(',')[0]}: the target replaced the out tensor's storage"
+                if failed else None}
+
+    st = Store.open(tmp_path / "g.sqlite")
+    runs = []
+    for build in ("2.32.0", "2.33.0"):
+        runs.append(st.start_run(target="cpu", build=build, torch_version="t", config={"seed": 0}))
+    base, cand = runs
+    st.insert("op_results", [row(base, "add", "out", 0, "pass"), row(base, "add", "out", 1, "contract", "out"),
+                             row(base, "mul", "function", 0, "contract", "out"),
+                             row(cand, "add", "out", 0, "contract", "out"),
+                             row(cand, "add", "out", 1, "contract", "aliasing,out"),
+                             row(cand, "mul", "function", 0, "contract", "out")])
+    for r in runs:
+        st.finish_run(r)
+    return st, base, cand
+
+
+def test_contract_regressions_name_their_contracts_in_every_rendering(tmp_path):
+    from conformance.gate import run_gate
+
+    st, base, cand = _contract_db(tmp_path)
+    reruns = []
+
+    def rerun(candidate, keys, attempts):  # the re-runs still fail: the regression is confirmed
+        reruns.extend(keys)
+        return {k: ["contract"] for k in keys}
+
+    result = run_gate(st, base, cand, attempts=1, rerun=rerun)
+    assert result.verdict == "fail"
+    regs = {f.item_key: f for f in result.of("regression")}
+    assert set(regs) == {"add|out|float32|0", "add|out|float32|1"}  # mul stays contract (out): no finding
+    first = regs["add|out|float32|0"].evidence
+    assert first["contract_failed"] == "out" and first["error"].startswith("contract out:")
+    second = regs["add|out|float32|1"].evidence
+    assert (second["contract_failed"], second["baseline_contract_failed"], second["new_contracts"]) == (
+        "aliasing,out", "out", ["aliasing"])
+    assert reruns == ["add|out|float32|0"]  # a status that did not change is not re-run
+    lines = summary_lines(result)
+    assert "  REGRESSION add [out, float32] pass -> contract (out) (1 items)" in lines
+    assert "  REGRESSION add [out, float32] contract (out) -> contract (aliasing, out) (1 items)" in lines
+    md = markdown(result)
+    assert "| op | `add` | out | float32 | pass → contract \\(out\\) | 1 |" in md
+    assert "contract \\(out\\) → contract \\(aliasing, out\\)" in md
+    suite = ET.fromstring(junit(result))
+    names = {c.get("name") for c in suite.iter("testcase")}
+    assert names == {"out|float32|pass -> contract (out)", "out|float32|contract (out) -> contract (aliasing, out)"}
+    assert suite.get("failures") == "2"
+    # the stored decision reads back the same way (the report's regressions page groups it)
+    from opdb.findings import group_findings
+    from opdb.queries_report import gate_items
+
+    stored = [{**r, "evidence": json.loads(r["evidence"])} for r in gate_items(st, base, cand)
+              if r["category"] == "regression"]
+    assert sorted(g.transition for g in group_findings(stored)) == [
+        "contract (out) -> contract (aliasing, out)", "pass -> contract (out)"]

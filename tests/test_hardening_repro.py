@@ -151,3 +151,79 @@ def test_schema_result_repro_round_trip_loads_weights_only(tmp_path):
     assert "weights_only=True" in script.read_text() and "weights_only=False" not in script.read_text()
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and "tensor([1., 3., 5.])" in out.stdout, out.stdout + out.stderr
+
+
+# A device backend whose abs(out=) replaces the out tensor's storage: the values stay right, the
+# out contract does not (an importable module, as `--import` names one).
+BREAKS_OUT = '''
+import torch
+import neuron_emu  # noqa: F401
+
+_lib = torch.library.Library("aten", "IMPL")
+
+
+def _abs_out(self, *, out):
+    out.set_(torch.ops.aten.abs.default(self.cpu()).to(self.device))
+    return out
+
+
+_lib.impl("abs.out", _abs_out, "PrivateUse1")
+'''
+
+
+def _contract_db(tmp_path, contract_failed: str):
+    db = tmp_path / "c.sqlite"
+    with Store.open(db) as st:
+        run = st.start_run(target="device:neuron", build="-", torch_version=torch.__version__,
+                           config={"seed": 0, "imports": ["neuron_emu", "repro_breaks_out"]})
+        st.insert("op_results", [{"run_id": run, "item_key": "abs|out|float32|0", "op": "abs", "variant": "out",
+                                  "dtype": "float32", "sample": 0, "seed": 0, "status": "contract",
+                                  "contract_failed": contract_failed, "atol": 1e-5, "rtol": 1.3e-6,
+                                  "error": "contract out: the target replaced the out tensor's storage"}])
+        rid = next(iter(st.db.query("select id from op_results")))["id"]
+    return db, rid
+
+
+def test_contract_failure_is_reproduced_by_the_script(tmp_path, monkeypatch):
+    """An item whose values pass but whose out contract failed: the script's value check passes,
+    then it evaluates the item as the sweep does, prints the out contract's failure and exits 1."""
+    mods = tmp_path / "mods"
+    mods.mkdir()
+    (mods / "repro_breaks_out.py").write_text(BREAKS_OUT)
+    import os
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(mods), os.environ.get("PYTHONPATH", "")])}
+    db, rid = _contract_db(tmp_path, "out")
+    # write_repro resolves the run's target in this process: run it in a child, so the broken
+    # kernel never reaches this one
+    made = subprocess.run([sys.executable, "-m", "conformance", "repro", str(rid), "--db", str(db), "--out",
+                           str(tmp_path / "repro")], capture_output=True, text=True, timeout=300, env=env)
+    assert made.returncode == 0, made.stdout + made.stderr
+    script = tmp_path / "repro" / f"repro_{rid}.py"
+    text = script.read_text()
+    assert "evaluate(target, info" in text and "'contracts': ['out']" in text
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                         env=env)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "within tolerance" in out.stdout  # the values pass ...
+    assert "sweep status: contract" in out.stdout  # ... the contract does not
+    assert "contract out: fail: " in out.stdout and "replaced the out tensor's storage" in out.stdout
+    assert "CONTRACT FAILED: out" in out.stdout
+    # the same item on a backend that keeps the contract: the script says so and exits 0
+    (mods / "repro_breaks_out.py").write_text("import neuron_emu  # noqa: F401\n")
+    ok = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                        env=env)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "contract out: pass" in ok.stdout and "CONTRACT FAILED" not in ok.stdout
+
+
+@pytest.mark.parametrize("stored", ["strides", "out,\nimport os", "out'); import os; ('"])
+def test_unknown_contract_names_are_refused(tmp_path, stored):
+    db, rid = _db(tmp_path)
+    import sqlite3
+
+    with sqlite3.connect(db) as con:
+        con.execute("update op_results set contract_failed = ? where id = ?", [stored, rid])
+    r = _repro(db, rid, tmp_path / "repro")
+    assert r.exit_code == 2, r.output
+    assert r.output.count("\n") == 1 and f"result {rid}: field contract_failed" in r.output, r.output

@@ -68,11 +68,23 @@ OPS_B = {
 }
 OPS_C = {**OPS_B, ("sin", "bfloat16"): ["pass", "pass"]}
 
+# (op, dtype, sample) -> the contract checks stored with that item of build 2.33.0 (statuses stay
+# those of OPS_B: a failed contract on a mismatch item is still a mismatch)
+_NA_OUT = {"outcome": "n/a", "detail": "no out= variant"}
+CONTRACTS_B = {
+    ("sin", "bfloat16", 0): {"metadata": {"outcome": "pass", "detail": ""}, "aliasing": {"outcome": "pass", "detail": ""},
+                             "out": _NA_OUT},
+    ("sin", "bfloat16", 1): {"metadata": {"outcome": "pass", "detail": ""},
+                             "aliasing": {"outcome": "fail", "detail": "output 0 shares storage with input(s) [0] "
+                                                                        "on the target, none on the CPU " + SCRIPT},
+                             "out": _NA_OUT},
+    ("sin", "float32", 0): {"metadata": {"outcome": "pass", "detail": ""}, "out": _NA_OUT},
+}
 NATIVE = {"add": ["aten::add.Tensor"], "sin": ["aten::sin.default"], "cumsum": ["aten::cumsum.default"],
           "nn.functional.conv2d": ["aten::convolution.default"], "nn.functional.relu": ["aten::relu.default"]}
 
 
-def _op_rows(run_id: str, table: dict) -> list[dict]:
+def _op_rows(run_id: str, table: dict, contracts: dict | None = None) -> list[dict]:
     rows = []
     for (op, dtype), statuses in table.items():
         for i, status in enumerate(statuses):
@@ -91,6 +103,10 @@ def _op_rows(run_id: str, table: dict) -> list[dict]:
                 "signature": "f32[4,4]", "seed": 7, "duration_s": 0.5 if op == "nn.functional.conv2d" else 0.01,
                 "nan_agree": 1, "dtype_ok": 1, "shape_ok": 0 if status == "crash" else 1, "stride_ok": 1,
             })
+            checks = (contracts or {}).get((op, dtype, i))
+            if checks:
+                rows[-1]["contracts"] = checks
+                rows[-1]["contract_failed"] = ",".join(k for k, v in checks.items() if v["outcome"] == "fail") or None
     return rows
 
 
@@ -132,7 +148,7 @@ def make_report_db(path: Path) -> Path:
             _run(RUN_C, "2.34.0", "ops", "2026-11-03T10:00:00+00:00"),
             _run(RUN_C_BAD, "2.34.0", "ops", "2026-11-03T12:00:00+00:00", status="interrupted"),
         ])
-        st.insert("op_results", _op_rows(RUN_A, OPS_A) + _op_rows(RUN_B, OPS_B) + _op_rows(RUN_C, OPS_C)
+        st.insert("op_results", _op_rows(RUN_A, OPS_A) + _op_rows(RUN_B, OPS_B, CONTRACTS_B) + _op_rows(RUN_C, OPS_C)
                   + [{"run_id": RUN_C_BAD, "item_key": "add|function|float32|0", "op": "add",
                       "variant": "function", "dtype": "float32", "sample": 0, "status": "crash"}])
         st.insert("model_results", [
@@ -323,6 +339,84 @@ def test_matrix_rows_and_worst_cells(site_dir):
     assert set(rows["add"][keys.index("classes")]) == {"functional", "core"}
     assert rows["add"][0][0] == "ops/add.html"
     assert {f["label"] for f in spec["filters"]} >= {"has status", "class", "kind"}
+
+
+def test_contract_outcomes_aggregate_per_op_and_dtype(report_db):
+    """fail beats pass beats n/a, with the count and the first item's detail; an unchecked
+    contract is absent; rows of other runs and unreadable JSON are left out."""
+    from opdb import queries_contracts as qk
+    from opdb.store import now
+
+    with Store.open(report_db) as st:
+        got = {(o.op, o.dtype, o.contract): o for o in qk.contract_outcomes(st, RUN_B)}
+        assert set(got) == {("sin", "bfloat16", c) for c in ("metadata", "aliasing", "out")} | {
+            ("sin", "float32", "metadata"), ("sin", "float32", "out")}
+        alias = got[("sin", "bfloat16", "aliasing")]
+        assert (alias.outcome, alias.items, alias.checked) == ("fail", 1, 2) and alias.detail.startswith("output 0")
+        assert (got[("sin", "bfloat16", "metadata")].outcome, got[("sin", "bfloat16", "metadata")].items) == ("pass", 2)
+        out = got[("sin", "bfloat16", "out")]
+        assert (out.outcome, out.items, out.detail) == ("n/a", 2, "no out= variant")
+        assert qk.contract_outcomes(st, RUN_A) == []
+        assert [o.op for o in qk.contract_outcomes(st, RUN_B, op="add")] == []
+        assert qk.matrix_contract_failures(st, RUN_B) == [("sin", "bfloat16", "aliasing", 1)]
+        # a row whose contracts column is not a JSON object is left out, not an SQL error
+        run = st.start_run(target="cpu", build="junk", torch_version=TV, config={})
+        st.insert("op_results", [{"run_id": run, "item_key": "abs|function|float32|0", "op": "abs",
+                                  "variant": "function", "dtype": "float32", "sample": 0, "status": "pass",
+                                  "contracts": "not json", "recorded_at": now()},
+                                 {"run_id": run, "item_key": "abs|function|float32|1", "op": "abs",
+                                  "variant": "function", "dtype": "float32", "sample": 1, "status": "pass",
+                                  "contracts": '{"out": "fail"}'}])
+        assert qk.contract_outcomes(st, run) == []
+        rows = [json.loads(r[5]) for r in q.op_sample_stream(st, run)]
+        assert [r[q.SAMPLE_COLUMNS.index("contracts")] for r in rows] == [[], []]
+
+
+def test_contract_names_match_the_harness():
+    from conformance.contracts import CONTRACTS
+    from opdb.queries_contracts import CONTRACTS as STORED
+
+    assert STORED == CONTRACTS
+
+
+def test_op_page_contract_table_and_sample_column(site_dir):
+    html = read(site_dir, "2.33.0/ops/sin.html")
+    table = html[html.index('<section id="contracts">'):html.index('<section id="errors">')]
+    heads = re.findall(r"<th>([^<]*)</th>", table)
+    assert heads == ["op × dtype", "metadata", "aliasing", "out", "sin bfloat16", "sin float32"]
+    rows = {dtype: re.findall(r'<td class="contract([^"]*)" title="([^"]*)">([^<]*)</td>', body)
+            for dtype, body in re.findall(r'<tr data-dtype="([^"]+)">(.*?)</tr>', table)}
+    bf = rows["bfloat16"]
+    assert [c[0] for c in bf] == [" ct-pass", " ct-fail", " ct-na"]
+    assert bf[1][2] == "fail 1/2" and "1 of 2 items fail; first: output 0 shares storage" in bf[1][1]
+    assert "&lt;script&gt;" in bf[1][1] and SCRIPT not in table  # the stored detail is escaped
+    assert bf[2][2] == "n/a: no out= variant"
+    f32 = rows["float32"]
+    assert [c[0] for c in f32] == [" ct-pass", "", " ct-na"]  # aliasing: no float32 item checked it
+    assert "no float32 item checked it" in f32[1][1]
+    spec = data_block(html, "samples-data")
+    keys = [c["key"] for c in spec["columns"]]
+    failed = {(r[keys.index("dtype")], r[keys.index("sample")]): r[keys.index("contracts")] for r in spec["rows"]}
+    assert failed == {("bfloat16", 0): [], ("bfloat16", 1): ["aliasing"], ("float32", 0): [], ("float32", 1): []}
+    assert {"col": keys.index("contracts"), "label": "failed contract", "mode": "has"} in spec["filters"]
+    # an op no contract was checked for has no contract table
+    assert 'id="contracts"' not in read(site_dir, "2.33.0/ops/add.html")
+
+
+def test_matrix_contract_filter_and_tooltip(site_dir):
+    spec = data_block(read(site_dir, "2.33.0/matrix.html"), "matrix-data")
+    keys = [c["key"] for c in spec["columns"]]
+    rows = {r[0][1]: r for r in spec["rows"]}
+    assert rows["sin"][keys.index("contracts")] == ["aliasing"]
+    assert rows["add"][keys.index("contracts")] == [] and rows["aten::conv2d.default"][keys.index("contracts")] == []
+    failing = rows["sin"][keys.index("dtype:bfloat16")]
+    assert failing[1].endswith("; failed contracts: aliasing 1") and failing[3] == ["aliasing"]
+    assert "contract" not in rows["sin"][keys.index("dtype:float32")][1]
+    assert len(rows["sin"][keys.index("dtype:float32")]) == 3  # no failed contract: no list
+    filt = next(f for f in spec["filters"] if f["label"] == "fails contract")
+    # the filter keeps the rows holding the contract and marks the cells (element 3) that fail it
+    assert (filt["col"], filt["mode"], filt["cells"]) == (keys.index("contracts"), "has", 3)
+    assert {f["label"]: f["col"] for f in spec["filters"]}["has status"] == keys.index("statuses")
 
 
 def test_op_page_samples_histogram_and_repro(site_dir, report_db):

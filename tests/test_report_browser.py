@@ -131,6 +131,28 @@ def test_index_and_summary_numbers(site, page, shot):
     assert page.url.endswith("2.33.0/matrix.html")
 
 
+def test_matrix_contract_filter_keeps_rows_and_dims_other_cells(site, page):
+    out, _ = site
+    page.goto(url(out, "2.33.0/matrix.html"))
+    assert page.locator("#matrix td.cell.dim").count() == 0
+    page.select_option('select[data-filter="fails contract"]', "aliasing")
+    assert page.locator('#matrix tbody td[data-col="op"]').all_inner_texts() == ["sin"]
+    row = page.locator("#matrix tbody tr").first
+    failing = row.locator('td[data-col="dtype:bfloat16"]')
+    assert "dim" not in failing.get_attribute("class") and "failed contracts: aliasing 1" in failing.get_attribute("title")
+    assert "dim" in row.locator('td[data-col="dtype:float32"]').get_attribute("class")
+    page.select_option('select[data-filter="fails contract"]', "")
+    assert page.locator("#matrix td.cell.dim").count() == 0 and shown(page) > 5
+
+
+def test_op_page_contract_table_and_failed_contract_filter(site, page):
+    out, _ = site
+    page.goto(url(out, "2.33.0/ops/sin.html"))
+    assert page.locator("#contracts td.contract.ct-fail").all_inner_texts() == ["fail 1/2"]
+    page.select_option('select[data-filter="failed contract"]', "aliasing")
+    assert shown(page, "#samples .datatable") == 1
+
+
 def test_matrix_filter_sort_and_follow_link(site, page, shot):
     out, db = site
     page.goto(url(out, "2.33.0/matrix.html"))

@@ -6,6 +6,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from opdb import queries_contracts as qk
 from opdb import queries_counts as qc
 from opdb import queries_report as q
 from opdb.status import WORST_RANK, ordered, worst
@@ -29,8 +30,14 @@ def _grouped(items: Cells) -> dict[str, dict[str, Counter]]:
     return out
 
 
-def _row_cells(by_dtype: dict[str, Counter], col: dict[str, int]) -> tuple[list[Any], list[str], int, str | None]:
-    """One row's dtype cells ([worst, tooltip, samples] or None), its statuses, samples and worst."""
+Failures = dict[str, dict[str, int]]  # dtype -> failed contract -> items
+
+
+def _row_cells(by_dtype: dict[str, Counter], col: dict[str, int],
+               failures: Failures | None = None) -> tuple[list[Any], list[str], int, str | None]:
+    """One row's dtype cells ([worst, tooltip, samples] or None), its statuses, samples and worst;
+    a cell whose items failed contracts names them, with their counts, in its tooltip, and lists
+    them as a fourth element (the 'fails contract' filter dims the other cells)."""
     cells_out: list[Any] = [None] * len(col)
     present: set[str] = set()
     total = 0
@@ -40,7 +47,11 @@ def _row_cells(by_dtype: dict[str, Counter], col: dict[str, int]) -> tuple[list[
         total += n
         present.update(cnt)
         tip = f"{d}: " + ", ".join(f"{s} {k}" for s, k in ordered(dict(cnt)))
-        cells_out[col[d]] = [w, tip, n]
+        failed = (failures or {}).get(d)
+        names = qk.ordered_contracts(failed or ())
+        if names:
+            tip += "; failed contracts: " + ", ".join(f"{c} {failed[c]}" for c in names)
+        cells_out[col[d]] = [w, tip, n, names] if names else [w, tip, n]
     return cells_out, sorted(present, key=lambda s: WORST_RANK.get(s, 99)), total, worst(present)
 
 
@@ -67,14 +78,18 @@ def _rows(b: BuildScope) -> tuple[list[list[Any]], list[str], int, int]:
         return [[href, name], flags]
 
     cells = q.matrix_cells(b.store, rid)
+    failures: dict[str, Failures] = {}
+    for op, dtype, contract, n in qk.matrix_contract_failures(b.store, rid):
+        failures.setdefault(op, {}).setdefault(dtype, {})[contract] = n
     ov_cells = b.reached().cells()
     dtypes = sorted({c[1] or "-" for c in cells} | {c[1] or "-" for c in ov_cells})
     col = {d: i for i, d in enumerate(dtypes)}
     n_op = n_aten = 0
     for name, by_dtype in sorted(_grouped(cells).items()):
-        c, present, total, w = _row_cells(by_dtype, col)
+        c, present, total, w = _row_cells(by_dtype, col, failures.get(name))
+        failed = qk.ordered_contracts(k for d in failures.get(name, {}).values() for k in d)
         rows.append([[f"ops/{b.op_slug(name)}.html", name], "OpInfo", op_classes.get(name, []),
-                     "sampled", total, w, *c, present, []])
+                     "sampled", total, w, *c, failed, present, []])
         n_op += 1
     by_overload = _grouped(ov_cells)
     seen = set()
@@ -83,12 +98,12 @@ def _rows(b: BuildScope) -> tuple[list[list[Any]], list[str], int, int]:
         c, present, total, w = _row_cells(by_overload.get(r["name"], {}), col)
         link, flags = aten(r["name"])
         rows.append([link, "ATen", ov_classes.get(r["name"], []), r["state"] or "",
-                     total or (r["samples"] or 0), w, *c, present, flags])
+                     total or (r["samples"] or 0), w, *c, [], present, flags])
         n_aten += 1
     for name in sorted(set(by_overload) - seen):
         c, present, total, w = _row_cells(by_overload[name], col)
         link, flags = aten(name)
-        rows.append([link, "ATen", ov_classes.get(name, []), "exercised", total, w, *c, present, flags])
+        rows.append([link, "ATen", ov_classes.get(name, []), "exercised", total, w, *c, [], present, flags])
         n_aten += 1
     return rows, dtypes, n_op, n_aten
 
@@ -103,11 +118,13 @@ def pages(b: BuildScope) -> Iterator[tuple[str, MatrixPage]]:
                {"key": "samples", "label": "samples", "kind": "int"},
                {"key": "worst", "label": "worst", "kind": "status"},
                *({"key": f"dtype:{d}", "label": d, "kind": "cell"} for d in dtypes),
+               {"key": "contracts", "label": "failed contracts", "kind": "list", "hidden": True},
                {"key": "statuses", "label": "statuses", "kind": "list", "hidden": True},
                {"key": "lists", "label": "lists", "kind": "list", "hidden": True}]
     filters = [{"col": 1, "label": "kind", "mode": "eq"},
                {"col": len(columns) - 2, "label": "has status", "mode": "has"},
                {"col": len(columns) - 1, "label": "overload", "mode": "has"},
+               {"col": len(columns) - 3, "label": "fails contract", "mode": "has", "cells": 3},
                {"col": 2, "label": "class", "mode": "has"},
                {"col": 3, "label": "coverage", "mode": "eq"}]
     info = b.info

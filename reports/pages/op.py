@@ -6,11 +6,12 @@ import itertools
 from collections import Counter
 from collections.abc import Iterator
 
+from opdb import queries_contracts as qk
 from opdb import queries_report as q
 from opdb.status import FAILING, ordered
 
 from .. import charts
-from ..contexts import Link, OpPage
+from ..contexts import ContractCell, ContractRow, Link, OpPage
 from ..html import table_spec
 from ..scope import BuildScope
 
@@ -23,18 +24,57 @@ REPRO_LIST = 50  # repro commands listed in the page itself (the table has all)
 SAMPLE_KINDS = {"id": "int", "sample": "int", "status": "status", "max_abs_err": "num", "max_rel_err": "num",
                 "ulp_err": "num", "mismatch_frac": "num", "arbiter_err": "num", "cpu_arbiter_err": "num",
                 "atol": "num", "rtol": "num", "native_ops": "list", "fallback_ops": "list", "error": "pre",
-                "duration_s": "num", "seed": "text", "tol_source": "pre"}  # a seed is an id: no digit grouping
+                "duration_s": "num", "seed": "text", "tol_source": "pre",  # a seed is an id: no digit grouping
+                "contracts": "list"}
+DETAIL_CHARS = 300  # of a contract's first detail, in its cell's tooltip
+REASON_CHARS = 80  # of an n/a contract's reason, in its cell
 
 
 def pages(b: BuildScope) -> Iterator[tuple[str, OpPage]]:
     if not b.info.op_run:
         return
     op_classes = b.classes("opinfo")
+    outcomes: dict[str, list[qk.ContractOutcome]] = {}
+    for o in qk.contract_outcomes(b.store, b.info.op_run["id"]):
+        outcomes.setdefault(o.op, []).append(o)
     for op, group in itertools.groupby(q.op_sample_stream(b.store, b.info.op_run["id"]), key=lambda r: r[0]):
-        yield from _op_pages(b, op, list(group), op_classes.get(op, []))
+        yield from _op_pages(b, op, list(group), op_classes.get(op, []), outcomes.get(op, []))
 
 
-def _op_pages(b: BuildScope, op: str, rows: list[tuple], classes: list[str]) -> Iterator[tuple[str, OpPage]]:
+def _clip(text: str, chars: int = DETAIL_CHARS) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= chars else text[:chars - 1] + "…"
+
+
+def contract_table(outcomes: list[qk.ContractOutcome]) -> tuple[list[str], list[ContractRow]]:
+    """The op's contract table: its columns (the contracts any item checked) and one row per
+    dtype, each cell the contract's aggregate outcome over the dtype's items (blank: not checked)."""
+    names = qk.ordered_contracts(o.contract for o in outcomes)
+    by = {(o.dtype, o.contract): o for o in outcomes}
+    rows = []
+    for dtype in sorted({o.dtype for o in outcomes}):
+        cells = []
+        for name in names:
+            o = by.get((dtype, name))
+            if o is None:
+                cells.append(ContractCell("", "", f"{name}: no {dtype} item checked it"))
+            elif o.outcome == "fail":
+                cells.append(ContractCell("fail", f"fail {o.items}/{o.checked}",
+                                          f"{name}: {o.items} of {o.checked} items fail; first: {_clip(o.detail)}"))
+            elif o.outcome == "pass":
+                cells.append(ContractCell("pass", f"pass {o.items}/{o.checked}",
+                                          f"{name}: {o.items} of {o.checked} items pass"
+                                          + (f"; {o.checked - o.items} n/a" if o.checked > o.items else "")))
+            else:
+                cells.append(ContractCell(o.outcome, f"{o.outcome}: {_clip(o.detail, REASON_CHARS)}" if o.detail else o.outcome,
+                                          f"{name}: {o.outcome} for all {o.checked} items"
+                                          + (f"; first reason: {_clip(o.detail)}" if o.detail else "")))
+        rows.append(ContractRow(dtype, cells))
+    return names, rows
+
+
+def _op_pages(b: BuildScope, op: str, rows: list[tuple], classes: list[str],
+              outcomes: list[qk.ContractOutcome]) -> Iterator[tuple[str, OpPage]]:
     info = b.info
     b.op_pages.add(op)
     slug = b.op_slug(op)
@@ -55,7 +95,9 @@ def _op_pages(b: BuildScope, op: str, rows: list[tuple], classes: list[str]) -> 
                     "after": q.SAMPLE_COLUMNS.index("status")})
     filters = [{"col": q.SAMPLE_COLUMNS.index("status"), "label": "status", "mode": "eq"},
                {"col": q.SAMPLE_COLUMNS.index("dtype"), "label": "dtype", "mode": "eq"},
-               {"col": q.SAMPLE_COLUMNS.index("variant"), "label": "variant", "mode": "eq"}]
+               {"col": q.SAMPLE_COLUMNS.index("variant"), "label": "variant", "mode": "eq"},
+               {"col": q.SAMPLE_COLUMNS.index("contracts"), "label": "failed contract", "mode": "has"}]
+    contracts, contract_rows = contract_table(outcomes)
     nparts = max(1, -(-len(rows) // OP_PART_ROWS))
     names = [f"{slug}.html"] + [f"{slug}.{k}.html" for k in range(2, nparts + 1)]
     parts = [Link(n, f"part {k + 1}") for k, n in enumerate(names)] if nparts > 1 else []
@@ -72,4 +114,4 @@ def _op_pages(b: BuildScope, op: str, rows: list[tuple], classes: list[str]) -> 
             n_failing=n_failing,
             samples_json=table_spec(columns, rows_json, filters=filters, id="samples-table",
                                     failing=sorted(FAILING), db=b.db_label),
-            part=k + 1, parts=parts, other_builds=others)
+            part=k + 1, parts=parts, other_builds=others, contracts=contracts, contract_rows=contract_rows)

@@ -207,7 +207,11 @@
         if (v !== null && v !== undefined) td.appendChild(el("span", "badge st-" + String(v).replace(/[^a-z_]/g, ""), v));
         break;
       case "cell":
-        if (v) { td.className = "cell st-" + String(v[0]).replace(/[^a-z_]/g, ""); td.setAttribute("title", v[1]); td.setAttribute("data-status", v[0]); td.textContent = fmtInt(v[2]); }
+        if (v) {
+          td.className = "cell st-" + String(v[0]).replace(/[^a-z_]/g, ""); td.setAttribute("title", v[1]); td.setAttribute("data-status", v[0]); td.textContent = fmtInt(v[2]);
+          var mark = this.cellMark();  // a filter that selects cells too: the others are dimmed
+          if (mark && !(Array.isArray(v[mark.at]) && v[mark.at].indexOf(mark.value) >= 0)) td.className += " dim";
+        }
         else td.className = "cell none";
         break;
       case "num": td.className = "n"; td.textContent = fmtNum(v); if (typeof v === "number") td.setAttribute("title", String(v)); break;
@@ -223,6 +227,17 @@
       default: td.textContent = v === null || v === undefined ? "" : String(v);
     }
     return td;
+  };
+
+  // The value of an active filter whose spec has "cells": N (the index, in a cell's array, of the
+  // list it matches), or null.
+  DataTable.prototype.cellMark = function () {
+    var filters = this.spec.filters || [];
+    for (var i = 0; i < filters.length; i++) {
+      var f = filters[i], s = this.selects[f.col];
+      if (f.cells !== undefined && s && s.value) return { at: f.cells, value: s.value };
+    }
+    return null;
   };
 
   DataTable.prototype.draw = function () {
