@@ -26,9 +26,9 @@ from pathlib import Path
 import sqlite_utils
 
 
-def run(db: Path, args: argparse.Namespace, contracts: str) -> float:
+def run(db: Path, args: argparse.Namespace, contracts: str, run_id: str) -> float:
     cmd = [sys.executable, "-m", "conformance", "run", "--target", "neuron-emu", "--no-schema", "--quiet",
-           "--exit-zero", "-n", str(args.workers), "--db", str(db), "--contracts", contracts]
+           "--exit-zero", "-n", str(args.workers), "--db", str(db), "--contracts", contracts, "--run-id", run_id]
     if args.build:
         cmd += ["--build", args.build]
     if args.shard:
@@ -45,20 +45,20 @@ def run(db: Path, args: argparse.Namespace, contracts: str) -> float:
     return took
 
 
-def flagged(db: Path) -> None:
+def flagged(db: Path, run_id: str) -> None:
     d = sqlite_utils.Database(db)
-    run_id = d.execute("select id from runs order by started_at desc limit 1").fetchone()[0]
     pairs: dict[str, set[tuple[str, str]]] = defaultdict(set)
     outcomes: dict[str, Counter[str]] = defaultdict(Counter)
     items = Counter()
     for op, dtype, status, contracts in d.execute(
-            "select op, dtype, status, contracts from op_results where run_id = ?", [run_id]).fetchall():
+            "select op, dtype, status, contracts from op_results where run_id = ? and variant != 'canary'",
+            [run_id]).fetchall():
         items[status] += 1
         for name, c in json.loads(contracts or "{}").items():
             outcomes[name][c["outcome"]] += 1
             if c["outcome"] == "fail":
                 pairs[name].add((op, dtype))
-    print(f"statuses: {dict(items)}")
+    print(f"run {run_id}: statuses {dict(items)}")
     print(f"{'contract':14s} {'op x dtype flagged':>18s}  {'items pass / fail / n/a':>24s}")
     for name in ("metadata", "aliasing", "noncontiguous", "variants", "out", "errors", "determinism"):
         o = outcomes[name]
@@ -78,15 +78,16 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         db = Path(a.keep) if a.keep else Path(tmp) / "bench.sqlite"
         times: dict[str, list[float]] = {"default": [], "none": []}
+        stamp = time.strftime("%Y%m%dT%H%M%S")
         for rep in range(a.reps):
             for mode in (("none", "default") if rep % 2 else ("default", "none")):
-                took = run(db, a, mode)
+                took = run(db, a, mode, f"bench-{stamp}-{mode}-{rep + 1}")
                 times[mode].append(took)
                 print(f"rep {rep + 1}: contracts {mode:7s} {took:7.1f} s", flush=True)
         with_c, without = statistics.median(times["default"]), statistics.median(times["none"])
         print(f"median with contracts {with_c:.1f} s, without {without:.1f} s: "
               f"contracts add {100 * (with_c / without - 1):.0f}%")
-        flagged(db)
+        flagged(db, f"bench-{stamp}-default-{a.reps}")
 
 
 if __name__ == "__main__":
