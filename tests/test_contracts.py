@@ -172,3 +172,11 @@ def test_each_contract_fails_where_it_is_broken(target, op, dtype, contract):
         assert f"contract {contract}:" in r["error"]
     # values stay right: a broken contract is never reported as a mismatch of values
     assert not [r for r in rows if r["status"] == "mismatch"], [(r["item_key"], r["error"]) for r in rows]
+
+
+def test_tolerance_follows_the_result_dtype():
+    # exp of an int64 tensor is a float32 tensor: compared with float32's tolerance, not exactly
+    rows = _rows(CpuTarget(), "exp", "int64", SweepConfig(max_samples=1, variants=("function",), contracts=("none",)))
+    assert rows and all(r["atol"] > 0 and r["rtol"] > 0 for r in rows), rows
+    ints = _rows(CpuTarget(), "abs", "int64", SweepConfig(max_samples=1, variants=("function",), contracts=("none",)))
+    assert all(r["atol"] == 0 and r["rtol"] == 0 for r in ints), ints
