@@ -10,7 +10,8 @@ against what the CPU does with the same input (the harness knows nothing of the 
 contract        what the target must do                      items
 ==============  ===========================================  ===============================
 metadata        outputs with the CPU's strides and storage   every item
-                offset (or the meta kernels' prediction)
+                offset (or the meta kernels' prediction),
+                in a layout the target's own ops accept
 aliasing        outputs share storage with the inputs the    function, inplace
                 CPU's share it with (views stay views, an
                 in-place op returns ``self``), and inputs
@@ -58,6 +59,7 @@ import torch
 
 from .compare import Meta, compare, leaves
 from .execute import Outcome, clone_sample, err, invoke, on_device, phase, to_cpu
+from .ledger import torch_default
 from .targets import Target
 
 #: Every contract, in the order rows and reports show them.
@@ -155,7 +157,17 @@ class Subject:
         return self.target.device
 
     def close(self, a: Any, b: Any) -> tuple[bool, str]:
+        """``a`` against ``b`` with the item's tolerance (the ledger's, for target vs CPU)."""
         ev = compare(b, a, atol=self.atol, rtol=self.rtol, per_tensor=self.per_tensor, comparator=self.comparator)
+        return ev.close, ev.detail
+
+    def same(self, a: Any, b: Any) -> tuple[bool, str]:
+        """``a`` against ``b``, two results of the same device, with torch.testing's default
+        tolerance for the dtype: a ledger entry that accepts a device's numerics against the
+        CPU does not let its own variants or layouts disagree with each other."""
+        dtype = next((str(x.dtype).removeprefix("torch.") for x in leaves(b) if isinstance(x, torch.Tensor)), "float32")
+        tol = torch_default(dtype)
+        ev = compare(b, a, atol=tol.atol, rtol=tol.rtol, per_tensor=self.per_tensor, comparator=self.comparator)
         return ev.close, ev.detail
 
     def on_device(self, sample: Any | None = None) -> Any:
@@ -192,13 +204,16 @@ def _metadata(s: Subject) -> Check | None:
         return _na("no tensor output")
     if not any(x.layout == torch.strided for x in cpu):
         return _na("no strided tensor output")
+    unusable = _unusable(s)
     diffs = [(i, dm, dm.layout_differs(Meta.of(c))) for i, (c, dm) in enumerate(zip(cpu, o.device_meta, strict=False))]
     diffs = [(i, d, why) for i, d, why in diffs if why]
     if not diffs:
-        return PASS
+        return _fail(unusable) if unusable else PASS
     predicted = _meta_prediction(s)
     if isinstance(predicted, list):
         still = [(i, why) for i, d, why in diffs if i >= len(predicted) or d.layout_differs(predicted[i])]
+        if not still and unusable:
+            return _fail(unusable)
         if not still:
             return Check("pass", "layout differs from the CPU's but matches the meta kernels' prediction: "
                          + "; ".join(f"output {i}: {why}" for i, _, why in diffs))
@@ -206,6 +221,24 @@ def _metadata(s: Subject) -> Check | None:
                                f"{_layout(predicted[i]) if i < len(predicted) else 'nothing'})" for i, why in still))
     return _fail("; ".join(f"output {i}: {why} (target vs CPU)" for i, _, why in diffs)
                  + f"; no meta prediction: {predicted}")
+
+
+def _unusable(s: Subject) -> str:
+    """Why an output in a layout other than contiguous cannot be used on the target (its own
+    elementwise ops reject it, as a channels_last result on a device without channels_last
+    kernels does), or ""."""
+    problems = []
+    for i, x in enumerate(t for t in leaves(s.outcome.device_result) if isinstance(t, torch.Tensor)):
+        if x.layout != torch.strided or x.numel() < 2 or x.is_contiguous():
+            continue
+        phase("target")
+        try:
+            torch.eq(x, x)
+            s.target.synchronize()
+        except Exception as exc:  # noqa: BLE001
+            problems.append(f"output {i} (strides {list(x.stride())}) is rejected by the target's own ops: "
+                            f"torch.eq(output, output) raises {err(exc)}")
+    return "; ".join(problems)
 
 
 def _layout(m: Meta) -> str:
@@ -322,7 +355,7 @@ def _noncontiguous(s: Subject) -> Check | None:
         except Exception as exc:  # noqa: BLE001
             got, why = None, f"they raise {err(exc)}"
         if got is not None:
-            ok, why = s.close(got, s.outcome.target)
+            ok, why = s.same(got, s.outcome.target)
             if ok:
                 continue
         # The CPU itself may give other values for another layout (e.g. a summation order):
@@ -376,10 +409,10 @@ def _variants(s: Subject) -> Check | None:
     (a variant the CPU's own variants disagree on for this sample proves nothing)."""
     o = s.outcome
     if s.variant in ("inplace", "out"):
-        ok, why = s.close(o.target, _function_on_target(s))
+        ok, why = s.same(o.target, _function_on_target(s))
         if ok:
             return PASS
-        if not s.close(o.cpu, _function_on_cpu(s))[0]:
+        if not s.same(o.cpu, _function_on_cpu(s))[0]:
             return _na(f"the CPU's {s.variant} variant differs from its function variant on this sample")
         return _fail(f"the {s.variant} variant differs from the function variant on the target ({why})")
     if s.variant != "function":
@@ -397,7 +430,7 @@ def _variants(s: Subject) -> Check | None:
         except Exception as exc:  # noqa: BLE001
             got, target_error = None, err(exc)
         if target_error is None:
-            ok, why = s.close(got, o.target)
+            ok, why = s.same(got, o.target)
             if ok:
                 continue
         phase("cpu")
@@ -405,7 +438,7 @@ def _variants(s: Subject) -> Check | None:
             cpu = invoke(fn, "function", s.on_cpu(), "cpu", None)
         except Exception:  # noqa: BLE001 - the CPU has no such variant for this sample
             continue
-        if not s.close(cpu, o.cpu)[0]:
+        if not s.same(cpu, o.cpu)[0]:
             continue  # the CPU's own variants disagree here
         problems.append(f"the {label} raises on the target: {target_error}" if target_error else
                         f"the {label} differs from the function on the target ({why})")
