@@ -125,45 +125,46 @@ def _op_names() -> tuple[dict[str, str], dict[tuple[str, str], str]]:
 def _parse_output(out: str):
     """pytest ``-rA -v`` output -> ({(kind, device): Counter}, [failure dicts]).
 
-    The ``-rA`` summary (one line per item, with the first error line) is used when present; a run
-    stopped by ``--timeout`` has none, and then the ``-v`` progress lines give the outcomes."""
+    Outcomes come from the ``-v`` progress lines (the ``-rA`` summary folds skips into one line per
+    reason, without test ids); causes from the ``-rA`` summary, one line per failed item with its
+    first error line.  A run stopped by ``--timeout`` has no summary: its causes read "cause not
+    captured"."""
     import collections
     import re
     counts: dict[tuple[str, str], collections.Counter] = collections.defaultdict(collections.Counter)
     failures: list[dict] = []
-    summary = re.compile(r"(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) \S*::TestCommon(PRIVATEUSE1|CPU)::(\w+)"
-                         r"(?: - (.*))?$")
-    progress_xdist = re.compile(r"\[gw\d+\] \[ *\d+%\] (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) "
-                                r"\S*::TestCommon(PRIVATEUSE1|CPU)::(\w+)\s*$")
-    progress_plain = re.compile(r"\S*::TestCommon(PRIVATEUSE1|CPU)::(\w+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)")
-    lines = out.splitlines()
-    have_summary = any(summary.match(ln) for ln in lines)
-    seen: set[str] = set()
-    for ln in lines:
-        cause = None
-        if have_summary:
-            m = summary.match(ln)
-            fields = m and (m.group(1), m.group(2), m.group(3))
-            cause = m and m.group(4)
-        else:
-            m = progress_xdist.match(ln)
-            fields = m and (m.group(1), m.group(2), m.group(3))
-            if not m:
-                m = progress_plain.match(ln)
-                fields = m and (m.group(3), m.group(1), m.group(2))
+    words = "PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS"
+    summary = re.compile(rf"({words}) \S*::TestCommon(PRIVATEUSE1|CPU)::(\w+)(?: - (.*))?$")
+    progress_xdist = re.compile(rf"\[gw\d+\] \[ *\d+%\] ({words}) \S*::TestCommon(PRIVATEUSE1|CPU)::(\w+)\s*$")
+    progress_plain = re.compile(rf"\S*::TestCommon(PRIVATEUSE1|CPU)::(\w+) ({words})")
+    causes: dict[tuple[str, str], str] = {}
+    outcomes: dict[tuple[str, str], str] = {}
+    have_summary = False
+    for ln in out.splitlines():
+        m = summary.match(ln)
+        if m:
+            have_summary = True
+            if m.group(4):
+                causes.setdefault((m.group(2), m.group(3)), m.group(4))
+            continue
+        m = progress_xdist.match(ln)
+        fields = m and (m.group(1), m.group(2), m.group(3))
+        if not m:
+            m = progress_plain.match(ln)
+            fields = m and (m.group(3), m.group(1), m.group(2))
         if not fields or not fields[2].startswith(_KINDS):
             continue
-        outcome, device, test_id = _OUTCOMES[fields[0]], _DEVICES[fields[1]], fields[2]
-        key = f"{device}::{test_id}"
-        if key in seen:  # an ERROR in teardown after a PASSED: count the item once, as failed
-            if outcome != "failed":
-                continue
-        seen.add(key)
+        outcome = _OUTCOMES[fields[0]]
+        key = (fields[1], fields[2])
+        if key not in outcomes or outcome == "failed":  # an ERROR in teardown after PASSED: failed, once
+            outcomes[key] = outcome
+    for (cls, test_id), outcome in outcomes.items():
+        device = _DEVICES[cls]
         kind, op, dtype = _parse_id(test_id)
         counts[(kind, device)][outcome] += 1
         if outcome in ("failed", "xpassed"):
-            cause = cause or ("unexpected success" if outcome == "xpassed" else
-                              "?" if have_summary else "cause not captured (run stopped)")
+            cause = causes.get((cls, test_id)) or ("unexpected success" if outcome == "xpassed" else
+                                                   "?" if have_summary else "cause not captured (run stopped)")
             failures.append({"test": kind, "id": test_id, "op": op, "dtype": dtype, "device": device,
                              "cause": cause})
     return counts, failures
@@ -232,6 +233,8 @@ def _main() -> int:
     ap.add_argument("--timeout", type=float, default=0, metavar="S", help="stop pytest after S seconds")
     ap.add_argument("--merge", nargs="+", metavar="PATH",
                     help="merge --json files: OUT IN... (no tests are run)")
+    ap.add_argument("--from-raw", default="", metavar="PATH",
+                    help="count a kept --raw output instead of running pytest (wall_s is then null)")
     ap.add_argument("pytest_args", nargs="*", help="after --: passed to pytest (e.g. -n 1)")
     a = ap.parse_args()
 
@@ -256,7 +259,7 @@ def _main() -> int:
                         tgt[k] = tgt.get(k, 0) + v
             merged["failures"] += d["failures"]
             merged["timed_out"] |= bool(d.get("timed_out"))
-            merged["wall_s"] += d.get("wall_s", 0.0)
+            merged["wall_s"] += d.get("wall_s") or 0.0
         merged["device_only"] = _device_only(merged["failures"])
         Path(a.merge[0]).write_text(json.dumps(merged, indent=1) + "\n")
         print(f"{len(merged['failures'])} failed items; {len(merged['device_only'])} op x dtype pairs fail a test "
@@ -281,6 +284,13 @@ def _main() -> int:
     raw = Path(a.raw) if a.raw else Path(os.devnull)
     t0 = time.monotonic()
     timed_out = False
+    if a.from_raw:
+        try:
+            out = Path(a.from_raw).read_text()
+        except OSError as e:
+            print(f"testcommon_neuron: --from-raw: cannot read {a.from_raw}: {e}", file=sys.stderr)
+            return 2
+        return _report(a, out, None, timed_out=False)
     # pytest writes straight into the raw file, so a stopped run still leaves what it got done.
     with open(a.raw or os.devnull, "w") as sink, subprocess.Popen(
             cmd, env=env, cwd=repo, stdout=subprocess.PIPE if not a.raw else sink, stderr=subprocess.STDOUT,
@@ -293,6 +303,12 @@ def _main() -> int:
             piped, _ = proc.communicate()
     wall = time.monotonic() - t0
     out = raw.read_text() if a.raw else (piped or "")
+    return _report(a, out, wall, timed_out=timed_out)
+
+
+def _report(a, out: str, wall: float | None, *, timed_out: bool) -> int:
+    import json
+    from pathlib import Path
     counts, failures = _parse_output(out)
     if not counts:
         print(out[-4000:])
@@ -311,11 +327,13 @@ def _main() -> int:
                                                                       "xfailed", "xpassed")}
         Path(a.json).write_text(json.dumps(
             {"build": a.build, "dtypes": a.dtypes, "dtype_policy": a.dtype_policy, "ops": a.ops or "all of op_db",
-             "shard": a.shard or "0/1", "cpu_too": a.cpu_too, "timed_out": timed_out, "wall_s": round(wall, 1),
+             "shard": a.shard or "0/1", "cpu_too": a.cpu_too, "timed_out": timed_out,
+             "wall_s": None if wall is None else round(wall, 1),
              "counts": by_kind, "failures": failures}, indent=1) + "\n")
     _print_summary(f"build {a.build}  dtypes {a.dtypes} ({a.dtype_policy})  ops {a.ops or 'all of op_db'}"
                    + (f"  shard {a.shard} (op_db index mod N)" if a.shard else "")
-                   + f"  wall {wall:.0f}s" + ("  STOPPED BY --timeout" if timed_out else ""), counts, failures)
+                   + ("" if wall is None else f"  wall {wall:.0f}s") + ("  STOPPED BY --timeout" if timed_out else ""),
+                   counts, failures)
     return 0 if not failures else 1
 
 
