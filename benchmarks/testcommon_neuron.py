@@ -72,8 +72,9 @@ that are not device bugs.  ``--shard K/N`` takes the OpInfos whose op_db index i
 ``--json PATH`` writes the counts and one record per failed item, ``{"test", "op" (OpInfo name and
 variant joined with '.'), "dtype", "device" ("neuron"|"cpu"), "cause" (first error line)}``;
 ``--merge OUT IN...`` merges such files (shards) into one and adds ``device_only``: the op x dtype
-pairs failing a test on neuron that the same op and dtype pass on the CPU device (a ``test_dtypes``
-failure stands for the dtypes its message names).  ``--timeout S`` stops pytest after S
+pairs failing a test on neuron that the same op and dtype pass on the CPU device (neither fail nor
+xfail; a ``test_dtypes`` failure stands for the dtypes its message names).  The JSON also lists the
+xfailed items (``"xfailed"``).  ``--timeout S`` stops pytest after S
 seconds; what finished is still counted (its causes then read "cause not captured").
 Exit code: 0 when nothing failed, 1 otherwise, 2 on bad arguments or no test result.
 """
@@ -123,7 +124,7 @@ def _op_names() -> tuple[dict[str, str], dict[tuple[str, str], str]]:
 
 
 def _parse_output(out: str):
-    """pytest ``-rA -v`` output -> ({(kind, device): Counter}, [failure dicts]).
+    """pytest ``-rA -v`` output -> ({(kind, device): Counter}, [failure dicts], [xfailed item dicts]).
 
     Outcomes come from the ``-v`` progress lines (the ``-rA`` summary folds skips into one line per
     reason, without test ids); causes from the ``-rA`` summary, one line per failed item with its
@@ -133,6 +134,7 @@ def _parse_output(out: str):
     import re
     counts: dict[tuple[str, str], collections.Counter] = collections.defaultdict(collections.Counter)
     failures: list[dict] = []
+    xfailed: list[dict] = []
     words = "PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS"
     summary = re.compile(rf"({words}) \S*::TestCommon(PRIVATEUSE1|CPU)::(\w+)(?: - (.*))?$")
     progress_xdist = re.compile(rf"\[gw\d+\] \[ *\d+%\] ({words}) \S*::TestCommon(PRIVATEUSE1|CPU)::(\w+)\s*$")
@@ -167,7 +169,9 @@ def _parse_output(out: str):
                                                    "?" if have_summary else "cause not captured (run stopped)")
             failures.append({"test": kind, "id": test_id, "op": op, "dtype": dtype, "device": device,
                              "cause": cause})
-    return counts, failures
+        elif outcome == "xfailed":
+            xfailed.append({"test": kind, "id": test_id, "op": op, "dtype": dtype, "device": device})
+    return counts, failures, xfailed
 
 
 def _print_summary(header: str, counts: dict, failures: list[dict]) -> None:
@@ -189,9 +193,10 @@ def _print_summary(header: str, counts: dict, failures: list[dict]) -> None:
         print(f"        {', '.join(ids[cause][:6])}{' ...' if n > 6 else ''}")
 
 
-def _device_only(failures: list[dict]) -> list[dict]:
-    """The op x dtype pairs that fail a test on neuron which the same op and dtype do not fail on the
-    CPU device, with the tests.  A ``test_dtypes`` failure stands for the dtypes its message names."""
+def _device_only(failures: list[dict], xfailed: list[dict]) -> list[dict]:
+    """The op x dtype pairs that fail a test on neuron which the same op and dtype neither fail nor
+    xfail (an OpInfo's expected failure for the CPU) on the CPU device, with the tests.  A
+    ``test_dtypes`` failure stands for the dtypes its message names."""
     import re
 
     def pairs(f):
@@ -200,6 +205,7 @@ def _device_only(failures: list[dict]) -> list[dict]:
         return [(f["op"], d) for d in sorted(set(re.findall(r"torch\.(\w+)", f["cause"])))] or [(f["op"], None)]
 
     on_cpu = {(f["test"], p) for f in failures if f["device"] == "cpu" for p in pairs(f)}
+    on_cpu |= {(f["test"], (f["op"], f["dtype"])) for f in xfailed if f["device"] == "cpu"}
     found: dict[tuple, set] = {}
     for f in failures:
         if f["device"] == "neuron":
@@ -242,7 +248,8 @@ def _main() -> int:
         if len(a.merge) < 2:
             print("testcommon_neuron: --merge: expected OUT IN...", file=sys.stderr)
             return 2
-        merged: dict = {"inputs": [], "counts": {}, "failures": [], "timed_out": False, "wall_s": 0.0}
+        merged: dict = {"inputs": [], "counts": {}, "failures": [], "xfailed": [], "timed_out": False,
+                        "wall_s": 0.0}
         for p in a.merge[1:]:
             try:
                 d = json.loads(Path(p).read_text())
@@ -258,9 +265,10 @@ def _main() -> int:
                     for k, v in c.items():
                         tgt[k] = tgt.get(k, 0) + v
             merged["failures"] += d["failures"]
+            merged["xfailed"] += d.get("xfailed", [])
             merged["timed_out"] |= bool(d.get("timed_out"))
             merged["wall_s"] += d.get("wall_s") or 0.0
-        merged["device_only"] = _device_only(merged["failures"])
+        merged["device_only"] = _device_only(merged["failures"], merged["xfailed"])
         Path(a.merge[0]).write_text(json.dumps(merged, indent=1) + "\n")
         print(f"{len(merged['failures'])} failed items; {len(merged['device_only'])} op x dtype pairs fail a test "
               "on neuron that the CPU device passes (needs --cpu-too runs)")
@@ -309,13 +317,13 @@ def _main() -> int:
 def _report(a, out: str, wall: float | None, *, timed_out: bool) -> int:
     import json
     from pathlib import Path
-    counts, failures = _parse_output(out)
+    counts, failures, xfailed = _parse_output(out)
     if not counts:
         print(out[-4000:])
         return 2
     if a.json:
         names, warning_dtype = _op_names()
-        for f in failures:
+        for f in failures + xfailed:
             if f["op"] not in names:
                 raise RuntimeError(f"test id {f['id']!r}: no OpInfo is named {f['op']!r}")
             if f["test"] == "test_out_warning":  # the test picks its dtype itself; test_dtypes probes several
@@ -329,7 +337,7 @@ def _report(a, out: str, wall: float | None, *, timed_out: bool) -> int:
             {"build": a.build, "dtypes": a.dtypes, "dtype_policy": a.dtype_policy, "ops": a.ops or "all of op_db",
              "shard": a.shard or "0/1", "cpu_too": a.cpu_too, "timed_out": timed_out,
              "wall_s": None if wall is None else round(wall, 1),
-             "counts": by_kind, "failures": failures}, indent=1) + "\n")
+             "counts": by_kind, "failures": failures, "xfailed": xfailed}, indent=1) + "\n")
     _print_summary(f"build {a.build}  dtypes {a.dtypes} ({a.dtype_policy})  ops {a.ops or 'all of op_db'}"
                    + (f"  shard {a.shard} (op_db index mod N)" if a.shard else "")
                    + ("" if wall is None else f"  wall {wall:.0f}s") + ("  STOPPED BY --timeout" if timed_out else ""),
