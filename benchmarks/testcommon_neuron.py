@@ -74,8 +74,10 @@ variant joined with '.'), "dtype", "device" ("neuron"|"cpu"), "cause" (first err
 ``--merge OUT IN...`` merges such files (shards) into one and adds ``device_only``: the op x dtype
 pairs failing a test on neuron that the same op and dtype pass on the CPU device (neither fail nor
 xfail; a ``test_dtypes`` failure stands for the dtypes its message names).  The JSON also lists the
-xfailed items (``"xfailed"``).  ``--timeout S`` stops pytest after S
-seconds; what finished is still counted (its causes then read "cause not captured").
+xfailed items (``"xfailed"``).  ``dtype`` is the test's dtype; for ``test_out_warning`` the one the
+test picks (float32, else the first listed); ``null`` for ``test_dtypes`` (its cause names the dtypes).
+``--timeout S`` stops pytest after S seconds; what finished is still counted (its causes then read
+"cause not captured").  ``--from-raw PATH`` recounts a kept ``--raw`` output without running pytest.
 Exit code: 0 when nothing failed, 1 otherwise, 2 on bad arguments or no test result.
 """
 
