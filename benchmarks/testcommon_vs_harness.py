@@ -44,9 +44,12 @@ def main() -> None:
     a = ap.parse_args()
 
     failures: list[dict] = []
+    merged_pairs: list[dict] = []
     for p in a.testcommon:
         f, _ = load_testcommon(p)
         failures.extend(f)
+        data = json.loads(p.read_text())
+        merged_pairs += data.get("device_only", []) if isinstance(data, dict) else []
     on_cpu = {(f["test"], f["op"], f["dtype"]) for f in failures if f.get("device") == "cpu"}
     device = [f for f in failures if f.get("device") != "cpu" and (f["test"], f["op"], f["dtype"]) not in on_cpu]
     excluded = sum(1 for f in failures if f.get("device") != "cpu" and (f["test"], f["op"], f["dtype"]) in on_cpu)
@@ -76,6 +79,11 @@ def main() -> None:
         f["dtype"] = f["dtype"] or DTYPES
         by_test[f["test"]].add((f["op"], f["dtype"]))
         causes[(f["op"], f["dtype"])].append(f"{f['test']}: {f.get('cause', '')[:140]}")
+    if merged_pairs:  # a --merge file: its own list (CPU xfails left out, test_dtypes by the dtypes it names)
+        by_test = defaultdict(set)
+        for m in merged_pairs:
+            for test in m["tests"]:
+                by_test[test].add((m["op"], m["dtype"]))
     pairs = set().union(*by_test.values()) if by_test else set()
     print(f"TestCommon on the device: {len(device)} failed test items on {len(pairs)} op x dtype pairs "
           f"({excluded} more failed the same test on the CPU device too: left out)")

@@ -228,17 +228,31 @@ def _unusable(s: Subject) -> str:
     elementwise ops reject it, as a channels_last result on a device without channels_last
     kernels does), or ""."""
     problems = []
+    cpu = [t for t in leaves(s.outcome.cpu) if isinstance(t, torch.Tensor)]
     for i, x in enumerate(t for t in leaves(s.outcome.device_result) if isinstance(t, torch.Tensor)):
-        if x.layout != torch.strided or x.numel() < 2 or x.is_contiguous():
+        if x.layout != torch.strided or x.numel() < 2 or x.is_contiguous() or i >= len(cpu):
+            continue
+        probe = _probe_op(cpu[i])  # an elementwise op the CPU runs on its own output
+        if probe is None:
             continue
         phase("target")
         try:
-            torch.eq(x, x)
+            probe(x, x)
             s.target.synchronize()
         except Exception as exc:  # noqa: BLE001
             problems.append(f"output {i} (strides {list(x.stride())}) is rejected by the target's own ops: "
-                            f"torch.eq(output, output) raises {err(exc)}")
+                            f"torch.{probe.__name__}(output, output) raises {err(exc)}")
     return "; ".join(problems)
+
+
+def _probe_op(t: torch.Tensor) -> Callable[..., Any] | None:
+    for op in (torch.eq, torch.mul):
+        try:
+            op(t, t)
+            return op
+        except Exception:  # noqa: BLE001 - the CPU has no such kernel for the dtype
+            continue
+    return None
 
 
 def _layout(m: Meta) -> str:
@@ -641,6 +655,8 @@ def bitwise_equal(a: Any, b: Any) -> bool:
             continue
         if x.dtype != y.dtype or x.shape != y.shape:
             return False
+        if x.dtype == torch.complex32:  # exact in complex64; the CPU has no ComplexHalf equal
+            x, y = x.to(torch.complex64), y.to(torch.complex64)
         if x.is_complex():
             x, y = torch.view_as_real(x.resolve_conj()), torch.view_as_real(y.resolve_conj())
         if x.is_floating_point():

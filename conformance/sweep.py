@@ -167,7 +167,11 @@ def run_group(target: Target, group: Group, config: SweepConfig, *, skip: Contai
                     continue
                 if on_start:
                     on_start(key)
-                row, out = _evaluate(target, info, group.op, variant, group.dtype, index, sample, config, peer)
+                try:
+                    row, out = _evaluate(target, info, group.op, variant, group.dtype, index, sample, config, peer)
+                except Exception as exc:  # noqa: BLE001 - the harness failed on this item, not the sample generator
+                    yield _harness_error(group, variant, index, exc, config)
+                    continue
                 if variant == "function" and out.cpu_error is None and out.target_error is None:
                     peer = {"cpu": out.cpu, "target": out.target}
                 yield row
@@ -181,13 +185,24 @@ def run_group(target: Target, group: Group, config: SweepConfig, *, skip: Contai
                     continue
                 if on_start:
                     on_start(key)
-                yield evaluate(target, info, group.op, "backward", group.dtype, index, sample, config)
+                try:
+                    row = evaluate(target, info, group.op, "backward", group.dtype, index, sample, config)
+                except Exception as exc:  # noqa: BLE001
+                    row = _harness_error(group, "backward", index, exc, config)
+                yield row
     except Exception as exc:  # noqa: BLE001 - the sample generator itself failed
         key = str(group.item("function", -1))
         if key not in skip:
             yield {"item_key": key, "op": group.op, "variant": "function", "dtype": group.dtype, "sample": -1,
                    "status": decide_unrun("cpu").value, "error": f"sample generation failed: {type(exc).__name__}: {exc}"[:2000],
                    "duration_s": 0.0, "seed": config.seed}
+
+
+def _harness_error(group: Group, variant: str, index: int, exc: Exception, config: SweepConfig) -> dict[str, Any]:
+    """The row of an item the harness itself failed on (an error of the infrastructure, named so)."""
+    return {"item_key": str(group.item(variant, index)), "op": group.op, "variant": variant, "dtype": group.dtype,
+            "sample": index, "status": decide_unrun("harness").value, "duration_s": 0.0, "seed": config.seed,
+            "error": f"infra: the harness failed on this item: {type(exc).__name__}: {exc}"[:2000]}
 
 
 class OpInfoSweep:
