@@ -196,8 +196,9 @@ def check(subject: Subject, wanted: Collection[str]) -> dict[str, Check]:
 # -- metadata --------------------------------------------------------------------------------
 
 def _metadata(s: Subject) -> Check | None:
-    if s.variant == "backward":
-        return None  # torch.autograd.grad promises no layout for the gradients it returns
+    if s.variant == "backward":  # torch.autograd.grad promises no layout for the gradients it
+        unusable = _unusable(s)   # returns, but they must be usable on the target
+        return _fail(unusable) if unusable else None
     o = s.outcome
     cpu = [x for x in leaves(o.cpu) if isinstance(x, torch.Tensor)]
     if not cpu or not o.device_meta:

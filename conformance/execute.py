@@ -378,6 +378,7 @@ def run_backward(target: Target, info: Any, sample: Any) -> Outcome:
                     out.duration_s = time.perf_counter() - t0
                 out.proof = _proof(target, grads_dev)
             out.device_meta = [Meta.of(g) for g in grads_dev if isinstance(g, torch.Tensor)]
+            out.device_result = grads_dev
             out.target = to_cpu(grads_dev)
             out.native, out.fallback, out.reached = _trace_of(trace)
         except Exception as exc:  # noqa: BLE001
