@@ -58,7 +58,7 @@ from typing import Any, Literal
 import torch
 
 from .compare import Meta, compare, leaves
-from .execute import Outcome, clone_sample, err, invoke, on_device, phase, to_cpu
+from .execute import Outcome, clone_sample, err, invoke, on_device, phase, signature, to_cpu
 from .ledger import torch_default
 from .targets import Target
 
@@ -633,7 +633,7 @@ def _errors(s: Subject) -> Check | None:
             continue
         checked += 1
         shapes = [list(x.shape) for x in leaves(result) if isinstance(x, torch.Tensor)]
-        problems.append(f"error input {i} ({_describe(e.sample_input)}): the CPU raises {err(cpu_exc)}; "
+        problems.append(f"error input {i} ({signature(e.sample_input)}): the CPU raises {err(cpu_exc)}; "
                         f"the target returns {shapes or type(result).__name__}")
     if not checked:
         return _na(f"the CPU accepts every error_input with {s.dtype} tensors")
@@ -645,12 +645,6 @@ def _dtype_of(sample: Any) -> torch.dtype | None:
         if isinstance(x, torch.Tensor):
             return x.dtype
     return None
-
-
-def _describe(sample: Any) -> str:
-    from .execute import signature
-
-    return signature(sample)
 
 
 # -- determinism -----------------------------------------------------------------------------
