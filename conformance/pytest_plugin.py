@@ -8,6 +8,7 @@ imported when the plugin is used.
 
 from __future__ import annotations
 
+import traceback
 import uuid
 from pathlib import Path
 from typing import Any
@@ -164,13 +165,18 @@ class ConformanceItem(pytest.Item):
 
     def runtest(self) -> None:
         from conformance.inputs.opinfo import by_name
-        from conformance.sweep import evaluate
+        from conformance.sweep import evaluate, harness_error
         from conformance.verdict import Status
+        from conformance.work import Group
 
         s: _Session = self.config._conformance
         sample = s.samples(self.op, self.dtype)[self.index]
-        row = evaluate(s.target(), by_name()[self.op], self.op, self.variant, self.dtype, self.index, sample,
-                       s.config)
+        try:
+            row = evaluate(s.target(), by_name()[self.op], self.op, self.variant, self.dtype, self.index, sample,
+                           s.config)
+        except Exception as exc:  # the harness failed on this item: recorded as `conformance run` records it
+            row = harness_error(Group(self.op, self.dtype), self.variant, self.index, exc, s.config)
+            row["error"] = f"{row['error']}\n{traceback.format_exc()}"[:4000]
         s.record(row)
         status = Status(row["status"])
         self.user_properties.append(("status", status.value))

@@ -170,7 +170,7 @@ def run_group(target: Target, group: Group, config: SweepConfig, *, skip: Contai
                 try:
                     row, out = _evaluate(target, info, group.op, variant, group.dtype, index, sample, config, peer)
                 except Exception as exc:  # noqa: BLE001 - the harness failed on this item, not the sample generator
-                    yield _harness_error(group, variant, index, exc, config)
+                    yield harness_error(group, variant, index, exc, config)
                     continue
                 if variant == "function" and out.cpu_error is None and out.target_error is None:
                     peer = {"cpu": out.cpu, "target": out.target}
@@ -188,7 +188,7 @@ def run_group(target: Target, group: Group, config: SweepConfig, *, skip: Contai
                 try:
                     row = evaluate(target, info, group.op, "backward", group.dtype, index, sample, config)
                 except Exception as exc:  # noqa: BLE001
-                    row = _harness_error(group, "backward", index, exc, config)
+                    row = harness_error(group, "backward", index, exc, config)
                 yield row
     except Exception as exc:  # noqa: BLE001 - the sample generator itself failed
         key = str(group.item("function", -1))
@@ -198,7 +198,7 @@ def run_group(target: Target, group: Group, config: SweepConfig, *, skip: Contai
                    "duration_s": 0.0, "seed": config.seed}
 
 
-def _harness_error(group: Group, variant: str, index: int, exc: Exception, config: SweepConfig) -> dict[str, Any]:
+def harness_error(group: Group, variant: str, index: int, exc: Exception, config: SweepConfig) -> dict[str, Any]:
     """The row of an item the harness itself failed on (an error of the infrastructure, named so)."""
     return {"item_key": str(group.item(variant, index)), "op": group.op, "variant": variant, "dtype": group.dtype,
             "sample": index, "status": decide_unrun("harness").value, "duration_s": 0.0, "seed": config.seed,

@@ -20,7 +20,7 @@ def test_plugin_collects_runs_and_records(pytester, tmp_path, xdist):
     result = pytester.runpytest_subprocess(*args)
     outcomes = result.parseoutcomes()
     assert outcomes.get("passed", 0) >= 6, result.stdout.str()
-    assert "failed" not in outcomes
+    assert "failed" not in outcomes, result.stdout.str()
     with Store.open(db) as st:
         rows = list(st.db.query("select op, dtype, variant, status, run_id, shard from op_results"))
         runs = st.runs()
