@@ -2,9 +2,14 @@
 
 A regression is an item whose status got worse (by :data:`~conformance.verdict.SEVERITY`,
 e.g. pass -> mismatch, pass -> contract, or native pass -> pass_fallback), an item still at
-``contract`` that now fails a contract it passed (its evidence names both sets), an op x variant x dtype whose error grew
-significantly while still inside tolerance (a one-sided sign test over its paired samples with a
-minimum effect size, so noise does not trip it), or a model whose recompiles grew.
+``contract`` that now fails a contract it passed (its evidence names both sets), or a model whose
+recompiles grew. Numerics are judged per op x variant x dtype on the items whose status did not
+change, from their error fingerprints against the float64 arbiter (:mod:`conformance.fingerprint`:
+paired sign tests over fixed element probes of every sample, noise-calibrated, with minimum
+effects on the RMS error and the bias over all elements): ``drift`` when the group passed and its
+error grew, ``worsened`` when it was already failing and got worse -- both fail the gate, one
+finding per group. Runs stored without fingerprints fall back to a sign test on the samples' max
+errors (passing items only).
 
 Before status regressions are declared they are confirmed per op x variant x dtype group: up to
 :data:`PER_GROUP` representative items of the group are re-run on the candidate with the same
@@ -36,9 +41,10 @@ from typing import Any
 
 from opdb import Store
 from opdb.queries import gate_pairs, latest_run, results_by_key
-from opdb.status import PASSED, SEVERITY, Status
+from opdb.status import FAILS_GATE, NUMERICS, PASSED, SEVERITY, Status
 from opdb.store import now
 
+from .fingerprint import shift, sign_test_p
 from .work import ItemKey
 
 MIN_EFFECT = 2.0  # median error ratio that counts as drift
@@ -65,7 +71,7 @@ class GateError(ValueError):
 
 @dataclass
 class Finding:
-    category: str  # regression | improvement | flaky | new | removed | drift
+    category: str  # regression | drift | worsened | improvement | flaky | new | removed
     kind: str  # op | model | drift
     item_key: str
     name: str
@@ -136,7 +142,7 @@ class GateResult:
 
     def as_json(self) -> dict[str, Any]:
         out = {"baseline": self.baseline["id"], "candidate": self.candidate["id"],
-               "regressions": [f.as_json() for f in self.findings if f.category in ("regression", "drift")],
+               "regressions": [f.as_json() for f in self.findings if f.category in FAILS_GATE],
                "improvements": [f.as_json() for f in self.of("improvement")],
                "flaky": [f.as_json() for f in self.of("flaky")], "flaky_groups": self.flaky_groups(),
                "new": [f.as_json() for f in self.of("new")], "removed": [f.as_json() for f in self.of("removed")],
@@ -206,7 +212,7 @@ def _check_selection(baseline: dict[str, Any], candidate: dict[str, Any]) -> Non
 
 _COLUMNS = {
     "op_results": ("op", "variant", "dtype", "status", "error", "max_abs_err", "max_rel_err", "fallback_ops",
-                   "duration_s", "contract_failed"),
+                   "duration_s", "contract_failed", "fingerprint"),
     "model_results": ("model_id", "mode", "dtype", "status", "error", "max_abs_err", "max_rel_err",
                       "fallback_ops", "first_divergent_op", "recompiles", "duration_s"),
 }
@@ -235,33 +241,64 @@ def _evidence(b: dict[str, Any], c: dict[str, Any]) -> dict[str, Any]:
     return ev
 
 
-def sign_test_p(greater: int, n: int) -> float:
-    """One-sided binomial sign test: P(X >= greater) for X ~ Binomial(n, 1/2)."""
-    return sum(math.comb(n, k) for k in range(greater, n + 1)) / 2**n
+def _drift_max_error(op: str, variant: str, dtype: str, pairs: list[tuple[dict[str, Any], dict[str, Any]]]
+                     ) -> Finding | None:
+    """The test for items stored without fingerprints (runs of older versions): the median ratio
+    of the samples' max errors, with a sign test, on passing items."""
+    ratios = [((c["max_rel_err"] + ERR_FLOOR) / (b["max_rel_err"] + ERR_FLOOR)) for b, c in pairs
+              if b["status"] in _PASSED and b.get("max_rel_err") is not None and c.get("max_rel_err") is not None]
+    changed = [r for r in ratios if r != 1.0]
+    if len(changed) < MIN_PAIRS:
+        return None
+    med = statistics.median(ratios)
+    greater = sum(r > 1 for r in changed)
+    p = sign_test_p(greater, len(changed))
+    if med < MIN_EFFECT or p >= DRIFT_P:
+        return None
+    return Finding("drift", "drift", str(ItemKey(op, variant, dtype, "*")), op, variant, dtype, "pass", "pass",
+                   {"median_error_ratio": med, "p_value": p, "samples": len(ratios), "worse_samples": greater})
 
 
-def _drift(base: dict[str, dict[str, Any]], cand: dict[str, dict[str, Any]]) -> list[Finding]:
-    pairs: dict[tuple[str, str, str], list[float]] = defaultdict(list)
+def _fingerprint(row: dict[str, Any]) -> dict[str, Any] | None:
+    fp = row.get("fingerprint")
+    if isinstance(fp, str):
+        try:
+            fp = json.loads(fp)
+        except ValueError:
+            return None
+    return fp if isinstance(fp, dict) else None
+
+
+def _numerics(base: dict[str, dict[str, Any]], cand: dict[str, dict[str, Any]]) -> list[Finding]:
+    """One finding per op x variant x dtype whose errors moved beyond noise, among the items whose
+    status did not change (a changed status is a regression of its own): ``drift`` when all of
+    them passed on the baseline, ``worsened`` when some were already failing and got worse.
+    Tested on the items' error fingerprints (:func:`conformance.fingerprint.shift`); a group
+    without fingerprints on both sides falls back to the max-error test on passing items."""
+    pairs: dict[tuple[str, str, str], list[tuple[str, dict[str, Any], dict[str, Any]]]] = defaultdict(list)
     for key, b in base.items():
         c = cand.get(key)
-        if c is None or b["status"] != c["status"] or b["status"] not in _PASSED:
+        if c is None or b["status"] != c["status"] or b.get("variant") == "canary":
             continue
-        be, ce = b.get("max_rel_err"), c.get("max_rel_err")
-        if be is None or ce is None:
-            continue
-        pairs[(b["op"], b["variant"], b["dtype"])].append((ce + ERR_FLOOR) / (be + ERR_FLOOR))
+        pairs[(b["op"], b["variant"], b["dtype"])].append((key, b, c))
     out = []
-    for (op, variant, dtype), ratios in sorted(pairs.items()):
-        changed = [r for r in ratios if r != 1.0]
-        if len(changed) < MIN_PAIRS:
+    for (op, variant, dtype), items in sorted(pairs.items()):
+        fps = [(key, b, c, _fingerprint(b), _fingerprint(c)) for key, b, c in items]
+        fps = [x for x in fps if x[3] is not None and x[4] is not None and x[3].get("ref") == x[4].get("ref")]
+        if not fps:
+            f = _drift_max_error(op, variant, dtype, [(b, c) for _, b, c in items])
+            if f is not None:
+                out.append(f)
             continue
-        med = statistics.median(ratios)
-        greater = sum(r > 1 for r in changed)
-        p = sign_test_p(greater, len(changed))
-        if med >= MIN_EFFECT and p < DRIFT_P:
-            out.append(Finding("drift", "drift", str(ItemKey(op, variant, dtype, "*")), op, variant, dtype, "pass", "pass",
-                               {"median_error_ratio": med, "p_value": p, "samples": len(ratios),
-                                "worse_samples": greater}))
+        sh = shift([x[3] for x in fps], [x[4] for x in fps])
+        if not sh.found:
+            continue
+        failing = sorted({x[1]["status"] for x in fps if x[1]["status"] not in _PASSED})
+        cat = "worsened" if failing else "drift"
+        status = failing[0] if failing else "pass"
+        out.append(Finding(cat, "drift", str(ItemKey(op, variant, dtype, "*")), op, variant, dtype, status, status,
+                           {**sh.evidence(), "samples": len(fps), "items": [x[0] for x in fps],
+                            "statuses": sorted({x[1]["status"] for x in fps})}))
     return out
 
 
@@ -309,7 +346,7 @@ def compare_runs(store: Store, baseline: dict[str, Any], candidate: dict[str, An
                 findings.append(Finding("regression", kind, key, name, variant, c["dtype"], b["status"], c["status"],
                                         {"recompiles": [b.get("recompiles"), c.get("recompiles")]}))
         if kind == "op":
-            findings.extend(_drift(base, cand))
+            findings.extend(_numerics(base, cand))
     return findings
 
 
@@ -409,6 +446,19 @@ def confirm(findings: list[Finding], candidate: dict[str, Any], attempts: int, r
     return conf
 
 
+def _fold_flaky(findings: list[Finding]) -> list[Finding]:
+    """A flaky op x variant x dtype is reported once, as flaky: the numerics finding of a group
+    whose status changes the re-runs judged flaky goes into the flaky findings' evidence."""
+    flaky = {(f.name, f.variant, f.dtype) for f in findings if f.category == "flaky" and f.kind == "op"}
+    folded = {(f.name, f.variant, f.dtype): f for f in findings
+              if f.category in NUMERICS and (f.name, f.variant, f.dtype) in flaky}
+    for f in findings:
+        if f.category == "flaky" and (f.name, f.variant, f.dtype) in folded:
+            g = folded[(f.name, f.variant, f.dtype)]
+            f.evidence["numerics"] = {"category": g.category, **g.evidence}
+    return [f for f in findings if f not in folded.values()]
+
+
 def _rerun(candidate: dict[str, Any], keys: list[str], attempts: int) -> dict[str, list[str]]:
     from .run import rerun_items
     from .spec import RunSpec
@@ -447,7 +497,8 @@ def run_gate(store: Store, baseline_ref: str, candidate_ref: str, *, attempts: i
                         f"candidate); nothing to compare")
     result = GateResult(baseline, candidate, findings, common=counts if common_only else None)
     result.confirmation = confirm(findings, candidate, attempts, rerun, budget_s=budget_s, max_reruns=max_reruns)
-    result.verdict = "fail" if any(f.category in ("regression", "drift") for f in findings) else "pass"
+    result.findings = findings = _fold_flaky(findings)
+    result.verdict = "fail" if any(f.category in FAILS_GATE for f in findings) else "pass"
     _store(store, result)
     return result
 
@@ -459,7 +510,7 @@ def _store(store: Store, result: GateResult) -> None:
     marker = {"baseline_run": b, "candidate_run": c, "category": "verdict", "kind": "gate", "item_key": "*",
               "op": "", "variant": "", "dtype": "", "baseline": result.baseline["build"],
               "candidate": result.verdict, "evidence": {
-                  "counts": {cat: len(result.of(cat)) for cat in ("regression", "drift", "flaky", "improvement")},
+                  "counts": {cat: len(result.of(cat)) for cat in (*FAILS_GATE, "flaky", "improvement")},
                   "confirmation": result.confirmation.as_json() if result.confirmation else None,
                   **({"common_only": result.common} if result.common is not None else {})},
               "decided_at": decided}

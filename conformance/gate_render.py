@@ -29,8 +29,9 @@ from typing import TYPE_CHECKING, Any
 from xml.sax.saxutils import escape, quoteattr
 
 from opdb import Store
-from opdb.findings import CATEGORIES, FindingGroup, group_findings
+from opdb.findings import CATEGORIES, FindingGroup, group_findings, numerics_line
 from opdb.queries import result_ids
+from opdb.status import FAILS_GATE, NUMERICS
 
 if TYPE_CHECKING:
     from .gate import Finding, GateResult
@@ -73,10 +74,8 @@ def _num(v: float | None) -> str:
 def evidence(g: FindingGroup) -> str:
     """The numbers behind a group, in one line ('' when there are none)."""
     parts = []
-    if g.category == "drift":
-        d = g.drift
-        parts.append(f"median error ratio {_num(d.get('median_error_ratio'))} over {d.get('samples')} samples "
-                     f"({d.get('worse_samples')} worse, sign-test p={_num(d.get('p_value'))})")
+    if g.category in NUMERICS:
+        parts.append(numerics_line(g.drift))
     if g.max_rel_err is not None:
         parts.append(f"max rel err {_num(g.max_rel_err)}"
                      + (f" (abs {_num(g.max_abs_err)})" if g.max_abs_err is not None else ""))
@@ -91,9 +90,9 @@ def evidence(g: FindingGroup) -> str:
 
 
 def _header(g: FindingGroup) -> str:
-    label = {"regression": "REGRESSION", "drift": "DRIFT", "flaky": "FLAKY"}.get(g.category, g.category.upper())
-    unit = "samples" if g.category == "drift" else "items"
-    size = g.drift.get("samples", g.size) if g.category == "drift" else g.size
+    label = g.category.upper()
+    unit = "samples" if g.category in NUMERICS else "items"
+    size = g.drift.get("samples", g.size) if g.category in NUMERICS else g.size
     mark = ", unconfirmed" if g.unconfirmed else ""
     return f"  {label} {g.name} [{g.variant}, {g.dtype}] {g.transition} ({size} {unit}{mark})"
 
@@ -125,7 +124,7 @@ def summary_lines(result: GateResult, links: Links | None = None, top: int = CON
     if result.confirmation is not None:
         lines.append(result.confirmation.line())
         lines.append(_explained(result, grouped))
-    for cats in (("regression", "drift"), ("flaky",)):
+    for what, cats in (("failing", FAILS_GATE), ("flaky", ("flaky",))):
         shown = [g for g in grouped if g.category in cats]
         for g in shown[:top]:
             lines.append(_header(g))
@@ -135,7 +134,7 @@ def summary_lines(result: GateResult, links: Links | None = None, top: int = CON
                 lines.append(f"      {detail}")
         if len(shown) > top:
             rest = shown[top:]
-            lines.append(f"  and {len(rest)} more {'/'.join(cats)} groups ({sum(g.size for g in rest)} items)"
+            lines.append(f"  and {len(rest)} more {what} groups ({sum(g.size for g in rest)} items)"
                          + (f": {links.report}" if links.report else ""))
     if links.report:
         lines.append(f"  report: {links.report}")
@@ -172,7 +171,7 @@ def markdown(result: GateResult, links: Links | None = None, top: int = MD_GROUP
     if links.report:
         out += ["", f"Report: {_md_code(links.report)}" if "://" not in links.report
                 else f"Report: <{links.report.replace('>', '%3E').replace(' ', '%20')}>"]
-    for title, cats in (("Regressions", ("regression", "drift")), ("Flaky", ("flaky",))):
+    for title, cats in (("Regressions", FAILS_GATE), ("Flaky", ("flaky",))):
         shown = [g for g in grouped if g.category in cats]
         if not shown:
             continue
@@ -201,7 +200,7 @@ def junit(result: GateResult, links: Links | None = None) -> str:
     """One test case per group: regressions and drift fail, flaky groups are skipped."""
     links = links or Links()
     cases, failures, skipped = [], 0, 0
-    for g in groups(result, ("regression", "drift", "flaky")):
+    for g in groups(result, (*FAILS_GATE, "flaky")):
         name = quoteattr(f"{g.variant}|{g.dtype}|{g.transition}")
         keys = g.item_keys[:JUNIT_KEYS]
         body = "\n".join([f"{g.transition}: {g.size} items", evidence(g), links.repro_of(g),

@@ -24,6 +24,7 @@ import torch
 from . import comparators, contracts
 from .compare import arbitrate, compare, leaves
 from .execute import run_backward, run_item, signature
+from .fingerprint import fingerprint
 from .inputs.opinfo import DEFAULT_SEED, by_name, cpu_dtypes, samples, variant_fn
 from .ledger import Ledger
 from .select import VARIANTS, parse_dtypes, select_ops
@@ -80,10 +81,15 @@ def _evaluate(target: Target, info: Any, op: str, variant: str, dtype: str, inde
         per_tensor = comparators.per_tensor_fn(kind, inp)
         ev = compare(out.cpu, out.target, atol=tol.atol, rtol=tol.rtol, device_meta=out.device_meta,
                      per_tensor=per_tensor, comparator=kind)
-        if not ev.close and out.arbiter is not None and ev.dtype_ok and ev.shape_ok and kind == "allclose":
-            arb = out.arbiter()
-            if arb is not None:
-                ev = arbitrate(ev, out.cpu, out.target, arb, atol=tol.atol)
+        measurable = ev.dtype_ok and ev.shape_ok and kind == "allclose"
+        # The float64 arbiter: the rule that forgives a target more accurate than the CPU, and the
+        # reference of the error fingerprint (the CPU's result where there is no arbiter).
+        arb = out.arbiter() if measurable and out.arbiter is not None else None
+        if not ev.close and arb is not None:
+            ev = arbitrate(ev, out.cpu, out.target, arb, atol=tol.atol)
+        if measurable:
+            row["fingerprint"] = fingerprint(out.target, out.cpu if arb is None else arb,
+                                             ref_kind="cpu" if arb is None else "float64")
         row.update(ev.row())
         close = ev.close
         error = None if close else ev.detail

@@ -26,7 +26,7 @@ from .queries_contracts import ordered_contracts
 
 ERROR_CHARS = 240  # of a group's first error message
 #: Display order of the categories (worst first).
-CATEGORIES = ("regression", "drift", "flaky", "improvement", "new", "removed")
+CATEGORIES = ("regression", "worsened", "drift", "flaky", "improvement", "new", "removed")
 
 
 def _num(v: Any) -> float | None:
@@ -73,9 +73,15 @@ class FindingGroup:
     @property
     def transition(self) -> str:
         """What changed, said as what it is: a status change, or an error that grew while passing."""
-        if self.category == "drift":
+        if self.category in ("drift", "worsened"):
+            while_ = "while passing" if self.category == "drift" else f"while failing ({self.candidate})"
             ratio = self.drift.get("median_error_ratio")
-            return f"error grew {ratio:.3g}x while passing" if isinstance(ratio, (int, float)) else "error grew"
+            if isinstance(ratio, (int, float)):
+                return f"error grew {ratio:.3g}x {while_}"
+            test = str(self.drift.get("test") or "")
+            what = {"magnitude": "error grew", "bias": "error biased",
+                    "magnitude+bias": "error grew and biased"}.get(test, "error changed")
+            return f"{what} {while_}"
         before = self._status(self.baseline, self.baseline_contracts)
         after = self._status(self.candidate, self.contracts)
         if self.category == "flaky":
@@ -95,6 +101,27 @@ class FindingGroup:
     @property
     def first_key(self) -> str:
         return self.item_keys[0] if self.item_keys else ""
+
+
+def _g(v: Any) -> str:
+    return "?" if _num(v) is None else f"{float(v):.3g}"
+
+
+def numerics_line(ev: Mapping[str, Any]) -> str:
+    """The numbers behind a drift/worsened finding, in one line: the error fingerprints of the
+    two runs (RMS, bias, p99 in eps of the dtype) and the paired test that decided."""
+    if "median_error_ratio" in ev:  # a run without fingerprints: the max-error sign test
+        return (f"median error ratio {_g(ev.get('median_error_ratio'))} over {ev.get('samples')} samples "
+                f"({ev.get('worse_samples')} worse, sign-test p={_g(ev.get('p_value'))})")
+    b, c = ev.get("baseline") or {}, ev.get("candidate") or {}
+    ratio = ev.get("rms_ratio")
+    return (f"RMS error {_g(b.get('rms_eps'))} -> {_g(c.get('rms_eps'))} eps"
+            + (f" (x{_g(ratio)})" if ratio is not None else "")
+            + f", bias {_g(b.get('bias_eps'))} -> {_g(c.get('bias_eps'))} eps, p99 {_g(b.get('p99_eps'))} -> "
+            f"{_g(c.get('p99_eps'))} eps over {c.get('elements')} elements of {ev.get('samples')} samples; "
+            f"{ev.get('changed_pairs')} of {ev.get('probe_pairs')} probe pairs changed ({ev.get('worse_pairs')} "
+            f"larger, {ev.get('up_pairs')} up; sign-test p={_g(ev.get('p_magnitude'))} magnitude, "
+            f"{_g(ev.get('p_bias'))} bias)")
 
 
 def group_findings(findings: Iterable[Mapping[str, Any]]) -> list[FindingGroup]:
@@ -121,7 +148,7 @@ def group_findings(findings: Iterable[Mapping[str, Any]]) -> list[FindingGroup]:
             g.unconfirmed += 1
         if "reruns" in ev:
             g.reruns[f.get("item_key") or ""] = list(ev["reruns"])
-        if g.category == "drift":
+        if g.category in ("drift", "worsened"):
             g.drift = dict(ev)
         if isinstance(ev.get("recompiles"), list) and not g.recompiles:
             g.recompiles = list(ev["recompiles"])

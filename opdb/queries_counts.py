@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .status import FAILING
+from .status import FAILING, FAILS_GATE
 from .store import Store
 
 CANARY = "canary"  # the variant of canary items (conformance.run.run_canaries)
@@ -211,7 +211,7 @@ def gate_counts(store: Store, baseline_run: str, candidate_run: str) -> GateCoun
 
 
 def gate_findings(store: Store, baseline_run: str, candidate_run: str,
-                  categories: Sequence[str] = ("regression", "drift")) -> list[dict[str, Any]]:
+                  categories: Sequence[str] = FAILS_GATE) -> list[dict[str, Any]]:
     """The gate's stored items of ``categories`` for the pair (evidence parsed), in the gate's order."""
     marks = ", ".join("?" for _ in categories)
     rows = list(store.db.query(

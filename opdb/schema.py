@@ -100,6 +100,10 @@ OP_RESULTS = {
     # "n/a", "detail": why}} -- out=, metadata, aliasing, noncontiguous, variants, errors, determinism
     "contracts": str,
     "contract_failed": str,  # the failed contracts' names, comma-separated (NULL: none failed)
+    # JSON (schema v6): the error fingerprint of the item's floating outputs against the float64
+    # arbiter (conformance/fingerprint.py): "ref", "n", "bias", "rms", "p99", "max" (in eps of the
+    # output dtype), "nonfinite", "probes" (base64 float32 signed errors at fixed positions)
+    "fingerprint": str,
 }
 
 MODEL_RESULTS = {
@@ -224,7 +228,12 @@ def _v5(db: sqlite_utils.Database) -> None:
             db["op_results"].add_column(col, str)
 
 
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3, _v4, _v5]
+def _v6(db: sqlite_utils.Database) -> None:
+    if "fingerprint" not in db["op_results"].columns_dict:
+        db["op_results"].add_column("fingerprint", str)
+
+
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3, _v4, _v5, _v6]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

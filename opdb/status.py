@@ -141,3 +141,9 @@ def _check() -> None:
 
 
 _check()
+
+
+#: The gate's finding categories that fail it: status regressions, and errors that grew (while
+#: failing: ``worsened``, or while passing: ``drift``).
+FAILS_GATE = ("regression", "worsened", "drift")
+NUMERICS = ("worsened", "drift")  # findings about a group's error fingerprint, one per group

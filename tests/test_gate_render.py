@@ -50,7 +50,7 @@ def test_console_groups_largest_first_with_evidence_and_and_more():
     assert "repro: conformance repro 7 --db o.sqlite" in detail
     # 30 one-item groups + drift + the model: 34 groups, 15 shown
     more = next(line for line in lines if line.startswith("  and "))
-    assert more == "  and 19 more regression/drift groups (19 items): site/2.33.0/regressions.html"
+    assert more == "  and 19 more failing groups (19 items): site/2.33.0/regressions.html"
     assert "  regression      231   (33 groups)" in lines
     # what the re-runs moved, so two gates of the same data that count differently say why
     assert any(line.startswith("  237 regression(s) before confirmation: the re-runs judged 6 item(s) in 1 group(s) "

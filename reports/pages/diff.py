@@ -54,7 +54,7 @@ COLUMNS = [{"key": "category", "label": "category", "kind": "text"},
            {"key": "item_key", "label": "item", "kind": "text"},
            {"key": "evidence", "label": "evidence", "kind": "pre"}]
 FILTERS = [{"col": 0, "label": "category", "mode": "eq"}, {"col": 4, "label": "dtype", "mode": "eq"}]
-CATEGORIES = ["regression", "improvement", "flaky", "drift", "changed", "new", "removed"]  # display order
+CATEGORIES = ["regression", "worsened", "improvement", "flaky", "drift", "changed", "new", "removed"]  # display order
 
 
 def _section(b: BuildScope, kind: str, brun: str, crun: str) -> DiffSection:

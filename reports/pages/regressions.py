@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from opdb import queries_counts as qc
 from opdb.findings import CATEGORIES, FindingGroup, group_findings
 from opdb.queries import result_ids
+from opdb.status import FAILS_GATE
 
 from ..contexts import RegressionGroup, RegressionsPage
 from ..scope import BuildScope
@@ -26,7 +27,7 @@ def pages(b: BuildScope) -> Iterator[tuple[str, RegressionsPage]]:
     ops = set(b.site.op_slugs(info))
     ids: dict[str, int] = {}
     for g in info.gates:
-        rows = qc.gate_findings(b.store, g.baseline_run, g.candidate_run, ("regression", "drift", "flaky"))
+        rows = qc.gate_findings(b.store, g.baseline_run, g.candidate_run, (*FAILS_GATE, "flaky"))
         found += rows
         keys = [r["item_key"] for r in rows if r["kind"] == "op"]
         ids.update(result_ids(b.store, g.candidate_run, keys))
@@ -44,5 +45,5 @@ def pages(b: BuildScope) -> Iterator[tuple[str, RegressionsPage]]:
         **b.base(f"Regressions: {info.build}", "../", "regressions.html"), info=info, baseline=info.previous,
         judged=bool(info.gates) and not info.ungated,
         gate_commands=[f"conformance gate --db {b.db_label} --baseline {x} --candidate {y}" for x, y in info.ungated],
-        counts=counts, groups=[row(g) for g in groups if g.category in ("regression", "drift")],
+        counts=counts, groups=[row(g) for g in groups if g.category in FAILS_GATE],
         flaky=[row(g) for g in groups if g.category == "flaky"])

@@ -1,0 +1,212 @@
+"""Error fingerprints: how a target's floating results err against the float64 arbiter, and
+whether that changed between two runs.
+
+**The fingerprint of one item** (:func:`fingerprint`) looks at every element of its floating
+outputs. Each element's error is ``e = (target - ref) * sign(ref) / max(|ref|, median |ref|) /
+eps(dtype)``: relative to the reference and signed along it (positive: the target's magnitude is
+too large), in units of the output dtype's machine epsilon (about ULPs), with near-zero references
+measured against the tensor's typical magnitude instead (so cancellation does not blow a relative
+error up). Signed along the reference, the mean is the *multiplicative* bias: a kernel that
+scales its results by 1.002, or rounds toward zero, moves it although the errors of a tensor of
+mixed signs would average out. ``ref`` is the float64 arbiter (the same sample computed in
+float64 on the CPU); where there is none (float64 items, gradients) it is the CPU's own result,
+and the fingerprint says which (``"ref"``). Stored per item (``op_results.fingerprint``):
+``n`` (finite elements), ``bias`` (mean signed error), ``rms``, ``p99`` and ``max`` of ``|e|``,
+``nonfinite`` (elements finite on one side only, or NaN against a number) and ``probes``: the
+signed errors at :data:`PROBES` fixed positions spread over all elements (base64 float32; NaN
+where an element is not finite), so two runs of the same seeded sample can be compared element
+by element.
+
+**Comparing two runs** (:func:`shift`) pairs the probes of the items both runs hold (same item
+key, so the same sample) across all samples of an op x variant x dtype. Two one-sided paired sign
+tests -- "|error| grew" and "the signed error moved" -- are calibrated under the null that the two
+runs' errors differ only by exchangeable noise (a deterministic device changes no probe at all).
+A finding needs both significance and an effect, measured on the probe pairs that changed (a
+defect in one kernel an op reaches changes only the samples routed to it; the unchanged samples
+must not dilute it):
+
+- magnitude: ``p < P_MAX`` and the RMS error grew by ``>= GROWTH`` and by ``>= MIN_EPS``;
+- bias: ``p < P_MAX`` and ``|mean error|`` grew by ``>= max(MIN_EPS, BIAS_FRAC x baseline RMS)``.
+
+The evidence also carries both runs' pooled fingerprints over all elements of the group.
+
+``P_MAX = 1e-6`` needs at least 20 changed pairs all one way, and keeps the family-wise false
+alarm rate of a whole sweep (~10,000 groups) below 1% under pure noise. Two identical runs of the
+default sweep give 0 findings (see the closing note of issue #16 for the measured figures).
+
+Example::
+
+    >>> import torch
+    >>> ref = torch.linspace(1, 2, 1000, dtype=torch.float64)
+    >>> fp = fingerprint(ref.float(), ref, ref_kind="float64")
+    >>> fp["n"], fp["rms"] < 0.5
+    (1000, True)
+    >>> worse = fingerprint((ref * 1.002).float(), ref, ref_kind="float64")
+    >>> s = shift([fp], [worse])
+    >>> s.found, s.kind
+    (True, 'magnitude+bias')
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .compare import leaves
+
+PROBES = 64  # signed errors kept per item, at fixed positions
+P_MAX = 1e-6  # one-sided sign-test p-value a shift must beat
+MIN_PAIRS = 20  # changed probe pairs needed before anything is said
+GROWTH = 1.10  # pooled RMS error ratio that counts as "grew"
+MIN_EPS = 1.0  # smallest effect (in eps) that counts, RMS growth or bias shift
+BIAS_FRAC = 0.10  # a bias shift must also reach this fraction of the baseline's RMS error
+
+
+def _floats(value: Any) -> list[torch.Tensor]:
+    out = []
+    for x in leaves(value):
+        if not isinstance(x, torch.Tensor):
+            out.append(None)
+            continue
+        if x.layout != torch.strided:
+            x = x.to_dense()
+        if x.dtype == torch.complex32:
+            x = x.to(torch.complex64)
+        if x.is_complex():
+            x = torch.view_as_real(x.resolve_conj())
+        out.append(x)
+    return out
+
+
+def fingerprint(target: Any, reference: Any, *, ref_kind: str) -> dict[str, Any] | None:
+    """The error fingerprint of ``target``'s floating outputs against ``reference`` (None when
+    there is nothing floating to measure or the structures differ)."""
+    t_l, r_l = _floats(target), _floats(reference)
+    if len(t_l) != len(r_l):
+        return None
+    errs, nonfinite = [], 0
+    for t, r in zip(t_l, r_l, strict=True):
+        if t is None or r is None or not t.is_floating_point() or not r.is_floating_point():
+            continue
+        if t.shape != r.shape:
+            return None
+        if t.numel() == 0:
+            continue
+        eps = torch.finfo(t.dtype).eps
+        t64, r64 = t.detach().double().flatten(), r.detach().double().flatten()
+        fin = torch.isfinite(t64) & torch.isfinite(r64)
+        same = (t64 == r64) | (torch.isnan(t64) & torch.isnan(r64))
+        nonfinite += int((~fin & ~same).sum())
+        e = torch.full_like(t64, math.nan)
+        if fin.any():
+            a = r64[fin].abs()
+            scale = a.median().clamp_min(torch.finfo(t.dtype).tiny)
+            e[fin] = (t64[fin] - r64[fin]) * torch.sign(r64[fin]) / torch.maximum(a, scale) / eps
+        errs.append(e)
+    if not errs:
+        return None
+    e = torch.cat(errs)
+    if not e.numel():
+        return None
+    finite = e[~torch.isnan(e)]
+    n = finite.numel()
+    idx = torch.linspace(0, e.numel() - 1, min(PROBES, e.numel())).round().long()
+    probes = e[idx].float().numpy().tobytes()
+    fp: dict[str, Any] = {"ref": ref_kind, "n": n, "nonfinite": nonfinite,
+                          "probes": base64.b64encode(probes).decode("ascii")}
+    if n:
+        mag = finite.abs()
+        k = max(1, math.ceil(0.99 * n))
+        fp.update(bias=float(finite.mean()), rms=float(finite.square().mean().sqrt()),
+                  p99=float(mag.kthvalue(k).values), max=float(mag.max()))
+    return fp
+
+
+def probes(fp: dict[str, Any]) -> torch.Tensor:
+    raw = base64.b64decode(fp.get("probes") or "")
+    return torch.frombuffer(bytearray(raw), dtype=torch.float32).double() if raw else torch.zeros(0, dtype=torch.float64)
+
+
+def sign_test_p(greater: int, n: int) -> float:
+    """One-sided binomial sign test: P(X >= greater) for X ~ Binomial(n, 1/2)."""
+    return sum(math.comb(n, k) for k in range(greater, n + 1)) / 2**n
+
+
+def _pooled(fps: Sequence[dict[str, Any]]) -> tuple[int, float, float, float]:
+    """(elements, bias, rms, p99) over all elements of ``fps``: bias and rms pooled exactly from the
+    per-item moments, p99 as the largest per-item p99."""
+    n = sum(int(f.get("n") or 0) for f in fps)
+    if not n:
+        return 0, 0.0, 0.0, 0.0
+    bias = sum(f["n"] * f["bias"] for f in fps if f.get("n")) / n
+    rms = math.sqrt(sum(f["n"] * f["rms"] ** 2 for f in fps if f.get("n")) / n)
+    return n, bias, rms, max(f["p99"] for f in fps if f.get("n"))
+
+
+@dataclass(frozen=True)
+class Shift:
+    """How a group's errors moved from the baseline run to the candidate run."""
+
+    pairs: int  # probe pairs finite on both sides
+    changed: int  # of those, pairs whose error changed
+    worse: int  # changed pairs whose |error| grew
+    up: int  # changed pairs whose signed error went up
+    p_magnitude: float
+    p_bias: float
+    baseline: tuple[int, float, float, float]  # pooled (elements, bias, rms, p99)
+    candidate: tuple[int, float, float, float]
+    found: bool
+    kind: str  # "magnitude" | "bias" | "magnitude+bias" | ""
+
+    def evidence(self) -> dict[str, Any]:
+        def fmt(p: tuple[int, float, float, float]) -> dict[str, Any]:
+            return {"elements": p[0], "bias_eps": round(p[1], 4), "rms_eps": round(p[2], 4), "p99_eps": round(p[3], 4)}
+
+        return {"test": self.kind, "baseline": fmt(self.baseline), "candidate": fmt(self.candidate),
+                "probe_pairs": self.pairs, "changed_pairs": self.changed, "worse_pairs": self.worse,
+                "up_pairs": self.up, "p_magnitude": self.p_magnitude, "p_bias": self.p_bias,
+                "rms_ratio": round(self.candidate[2] / self.baseline[2], 4) if self.baseline[2] else None}
+
+
+def shift(baseline: Sequence[dict[str, Any]], candidate: Sequence[dict[str, Any]]) -> Shift:
+    """Compare paired fingerprints (``baseline[i]`` and ``candidate[i]`` of the same item)."""
+    b_p, c_p = [], []
+    for b, c in zip(baseline, candidate, strict=True):
+        pb, pc = probes(b), probes(c)
+        if pb.numel() == pc.numel():
+            b_p.append(pb)
+            c_p.append(pc)
+    eb = torch.cat(b_p) if b_p else torch.zeros(0, dtype=torch.float64)
+    ec = torch.cat(c_p) if c_p else torch.zeros(0, dtype=torch.float64)
+    ok = ~(torch.isnan(eb) | torch.isnan(ec))
+    eb, ec = eb[ok], ec[ok]
+    changed = eb != ec
+    n_changed = int(changed.sum())
+    mag_b, mag_c = eb[changed].abs(), ec[changed].abs()
+    decided = mag_b != mag_c
+    worse = int((mag_c > mag_b).sum())
+    up = int((ec[changed] > eb[changed]).sum())
+    p_mag = sign_test_p(worse, int(decided.sum())) if n_changed else 1.0
+    p_bias = min(1.0, 2 * sign_test_p(max(up, n_changed - up), n_changed)) if n_changed else 1.0
+    kinds = []
+    if n_changed >= MIN_PAIRS:
+        # Effects on the elements that changed: a defect in one of the kernels an op reaches (mm
+        # under matmul) changes only the samples routed to it, and the unchanged ones must not
+        # dilute it.
+        b, c = eb[changed], ec[changed]
+        rms_b, rms_c = float(b.square().mean().sqrt()), float(c.square().mean().sqrt())
+        if p_mag < P_MAX and rms_c >= GROWTH * rms_b and rms_c - rms_b >= MIN_EPS:
+            kinds.append("magnitude")
+        if p_bias < P_MAX and abs(float(c.mean())) - abs(float(b.mean())) >= max(MIN_EPS, BIAS_FRAC * rms_b):
+            kinds.append("bias")
+    return Shift(int(ok.sum()), n_changed, worse, up, p_mag, p_bias, _pooled(baseline), _pooled(candidate),
+                 bool(kinds), "+".join(kinds))
+
+
+__all__ = ["fingerprint", "shift", "Shift", "sign_test_p", "PROBES", "P_MAX", "MIN_PAIRS", "GROWTH", "MIN_EPS",
+           "BIAS_FRAC"]
