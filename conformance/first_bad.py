@@ -127,8 +127,9 @@ def annotate(store: Store, baseline: dict[str, Any], candidate: dict[str, Any], 
     if baseline["build"] == candidate["build"]:
         older = []  # a run of the candidate's own build had the item good: the streak starts at the candidate
     by_build: dict[str, list[dict[str, Any]]] = defaultdict(list)  # latest run first
+    before = set(older)
     for r in runs:
-        if r["build"] in older and r["id"] != candidate["id"]:
+        if r["build"] in before and r["id"] != candidate["id"]:
             by_build[r["build"]].append(r)
     if baseline["build"] in by_build and baseline["target"] == candidate["target"]:
         by_build[baseline["build"]] = [baseline]
