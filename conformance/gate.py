@@ -22,8 +22,9 @@ printed and stored with the decision.
 Refused (:class:`GateError`, exit 2): a run whose canaries failed (``infra``), a run that never
 finished (interrupted, killed, shards missing), a run holding no result items, and two runs whose
 selections (ops, dtypes, variants, seed, sample limits, ...) differ, unless the caller asks to
-compare only the items both hold (``common_only``). Decisions are stored in ``gate_items`` so the
-report's build diff shows exactly what the gate decided.
+compare only the items both hold (``common_only``). Each failing finding's evidence names its first
+bad build, from the stored runs of older builds (:mod:`conformance.first_bad`). Decisions are
+stored in ``gate_items`` so the report's build diff shows exactly what the gate decided.
 
 Example (shell): ``conformance gate --db results/opdb.sqlite --baseline 2.32.0 --candidate 2.33.0``
 """
@@ -84,9 +85,12 @@ class Finding:
 
     def as_json(self) -> dict[str, Any]:
         key = "model" if self.kind == "model" else "op"
-        return {"kind": self.kind, key: self.name, "variant": self.variant, "dtype": self.dtype,
-                "baseline": self.baseline, "candidate": self.candidate, "evidence": self.evidence,
-                "item_key": self.item_key}
+        out = {"kind": self.kind, key: self.name, "variant": self.variant, "dtype": self.dtype,
+               "baseline": self.baseline, "candidate": self.candidate, "evidence": self.evidence,
+               "item_key": self.item_key}
+        if "first_bad_build" in self.evidence:
+            out["first_bad_build"] = self.evidence["first_bad_build"]
+        return out
 
 
 @dataclass
@@ -498,6 +502,9 @@ def run_gate(store: Store, baseline_ref: str, candidate_ref: str, *, attempts: i
     result = GateResult(baseline, candidate, findings, common=counts if common_only else None)
     result.confirmation = confirm(findings, candidate, attempts, rerun, budget_s=budget_s, max_reruns=max_reruns)
     result.findings = findings = _fold_flaky(findings)
+    from .first_bad import annotate  # imports this module (the numerics test)
+
+    annotate(store, baseline, candidate, findings)
     result.verdict = "fail" if any(f.category in FAILS_GATE for f in findings) else "pass"
     _store(store, result)
     return result

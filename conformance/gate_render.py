@@ -1,8 +1,8 @@
 """The gate's decision as people read it: console lines, a Markdown PR comment, JUnit XML.
 
 All three show the same thing: findings grouped by op (or model) × variant × dtype × transition
-(:func:`opdb.findings.group_findings`), the largest group first, each with its evidence (size,
-worst error, first error message, the flake re-runs) and, when :class:`Links` are given, the
+(:func:`opdb.findings.group_findings`), the largest group first, each with its evidence (its
+first bad build, size, worst error, first error message, the flake re-runs) and, when :class:`Links` are given, the
 repro command of its first item and a link to the report. Drift says "error grew Nx while
 passing", flaky groups say they are flaky: neither is shown as a status change. A ``contract``
 status names the contracts its items failed: "pass -> contract (out)".
@@ -73,7 +73,7 @@ def _num(v: float | None) -> str:
 
 def evidence(g: FindingGroup) -> str:
     """The numbers behind a group, in one line ('' when there are none)."""
-    parts = []
+    parts = [f"first bad: {g.first_bad_build}"] if g.first_bad_build else []
     if g.category in NUMERICS:
         parts.append(numerics_line(g.drift))
     if g.max_rel_err is not None:
@@ -175,10 +175,12 @@ def markdown(result: GateResult, links: Links | None = None, top: int = MD_GROUP
         shown = [g for g in grouped if g.category in cats]
         if not shown:
             continue
+        first_bad = cats != ("flaky",)  # since when the items have been bad: failing groups only
         out += ["", f"### {title} (largest first)", "",
-                "| kind | op/model | variant | dtype | change | items |", "|---|---|---|---|---|---|"]
+                "| kind | op/model | variant | dtype | change | items |" + (" first bad build |" if first_bad else ""),
+                "|---|---|---|---|---|---|" + ("---|" if first_bad else "")]
         out += [f"| {_md(g.kind)} | `{_md_code(g.name)}` | {_md(g.variant)} | {_md(g.dtype)} | {_md_change(g)} "
-                f"| {g.size} |" for g in shown[:top]]
+                f"| {g.size} |" + (f" {_md(g.first_bad_build or '-')} |" if first_bad else "") for g in shown[:top]]
         if len(shown) > top:
             rest = shown[top:]
             out += ["", f"and {len(rest)} more groups ({sum(g.size for g in rest)} items)"

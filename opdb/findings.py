@@ -61,6 +61,8 @@ class FindingGroup:
     recompiles: list[Any] = field(default_factory=list)  # a model's recompiles, baseline and candidate
     contracts: list[str] = field(default_factory=list)  # the contracts the candidate's items failed
     baseline_contracts: list[str] = field(default_factory=list)  # ... and the baseline's, where they failed some
+    first_bad: dict[str, int] = field(default_factory=dict)  # first bad build -> items (failing findings)
+    first_bad_unknown: list[str] = field(default_factory=list)  # "unknown before X: run R lacks the item"
 
     def _status(self, status: str, contracts: list[str]) -> str:
         """A status, with the failed contracts named when it is ``contract``."""
@@ -97,6 +99,24 @@ class FindingGroup:
                 return f"{before} -> {after}"
             return f"worse at the same status ({self.candidate})"
         return f"{before} -> {after}"
+
+    @property
+    def first_bad_build(self) -> str:
+        """Since when the group's items have been bad: one build, or each build with its items
+        (most items first), and the first gap that kept the search from going further back;
+        '' when the gate did not say (flaky, improvements, decisions stored before it did)."""
+        if not self.first_bad:
+            return ""
+        if len(self.first_bad) == 1:
+            text = next(iter(self.first_bad))
+        else:
+            text = ", ".join(f"{b} ({n} item{'s' if n != 1 else ''})"
+                             for b, n in sorted(self.first_bad.items(), key=lambda x: (-x[1], x[0])))
+        if self.first_bad_unknown:
+            more = len(self.first_bad_unknown) - 1
+            text += f"; {self.first_bad_unknown[0]}" + (f" (and {more} more item{'s' if more != 1 else ''})"
+                                                         if more else "")
+        return text
 
     @property
     def first_key(self) -> str:
@@ -152,6 +172,11 @@ def group_findings(findings: Iterable[Mapping[str, Any]]) -> list[FindingGroup]:
             g.drift = dict(ev)
         if isinstance(ev.get("recompiles"), list) and not g.recompiles:
             g.recompiles = list(ev["recompiles"])
+        if ev.get("first_bad_build"):
+            fb = str(ev["first_bad_build"])
+            g.first_bad[fb] = g.first_bad.get(fb, 0) + 1
+            if ev.get("first_bad_unknown"):
+                g.first_bad_unknown.append(str(ev["first_bad_unknown"]))
         for attr, name in (("contracts", "contract_failed"), ("baseline_contracts", "baseline_contract_failed")):
             names = [n.strip() for n in str(ev.get(name) or "").split(",") if n.strip()]
             if names:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -98,3 +99,35 @@ def result_ids(store: Store, run_id: str, item_keys: list[str]) -> dict[str, int
         out.update(store.db.execute(f"select item_key, id from op_results where run_id = ? and item_key in ({marks})",
                                     [run_id, *chunk]).fetchall())
     return out
+
+
+def item_history(store: Store, run_ids: list[str], item_keys: list[str]) -> list[dict[str, Any]]:
+    """The rows of ``item_keys`` in each of ``run_ids``, op and model results, in one statement:
+    ``run_id, item_key, status, contract_failed`` (op results) and ``recompiles`` (model results).
+
+    What the gate's first-bad-build search reads: one call per gate, whatever the number of
+    findings (ids and keys travel as two JSON arrays, so no parameter limit applies; each pair is
+    one probe of the ``(run_id, item_key)`` index).
+    """
+    if not run_ids or not item_keys:
+        return []
+    runs, keys = json.dumps(list(dict.fromkeys(run_ids))), json.dumps(list(dict.fromkeys(item_keys)))
+    return list(store.db.query(
+        """select run_id, item_key, status, contract_failed, null as recompiles from op_results
+             where run_id in (select value from json_each(:runs)) and item_key in (select value from json_each(:keys))
+           union all
+           select run_id, item_key, status, null, recompiles from model_results
+             where run_id in (select value from json_each(:runs)) and item_key in (select value from json_each(:keys))""",
+        {"runs": runs, "keys": keys}))
+
+
+def group_errors(store: Store, run_ids: list[str], ops: list[str]) -> list[dict[str, Any]]:
+    """The op results of ``ops`` in each of ``run_ids`` with their status and errors, in one
+    statement (what the first-bad-build search re-tests numerics on: statuses, max errors, error
+    fingerprints)."""
+    if not run_ids or not ops:
+        return []
+    return list(store.db.query(
+        """select run_id, item_key, op, variant, dtype, status, max_rel_err, fingerprint from op_results
+           where run_id in (select value from json_each(:runs)) and op in (select value from json_each(:ops))""",
+        {"runs": json.dumps(list(dict.fromkeys(run_ids))), "ops": json.dumps(sorted(set(ops)))}))

@@ -325,6 +325,7 @@ class RegressionGroup:
     max_rel_err: float | None
     error: str
     repro: str  # `conformance repro` of the group's first item ('' for models and drift)
+    first_bad: str = ""  # since which build the items have been bad (FindingGroup.first_bad_build)
 
 
 @dataclass

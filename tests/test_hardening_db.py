@@ -193,7 +193,7 @@ def test_gate_markdown_escapes_build_names_and_ops():
     assert not re.findall(r"(?<!\\)[<>\[\]*`]", outside), md
     assert not [line for line in md.splitlines() if line.startswith("# ")]
     table_rows = [line for line in md.splitlines() if line.startswith("| op |")]
-    assert len(table_rows) == 1 and len(re.findall(r"(?<!\\)\|", table_rows[0])) == 7  # 6 cells, none split
+    assert len(table_rows) == 1 and len(re.findall(r"(?<!\\)\|", table_rows[0])) == 8  # 7 cells, none split
 
 
 def test_fresh_checkout_creates_the_results_folder(tmp_path, monkeypatch):

@@ -1,4 +1,6 @@
 """``<build>/diff.html``: regressions and fixes against the previous build, as the gate decided them.
+Each failing item shows its first bad build (the build since which it has been bad, as the gate
+found it in the stored runs of older builds).
 
 The page only reads the gate's stored decisions (``gate_items``): what counts as a regression,
 a flake or drift is the gate's call, made once. For a pair of runs the gate has not judged, the
@@ -52,6 +54,7 @@ COLUMNS = [{"key": "category", "label": "category", "kind": "text"},
            {"key": "baseline", "label": "baseline", "kind": "status"},
            {"key": "candidate", "label": "candidate", "kind": "status"},
            {"key": "item_key", "label": "item", "kind": "text"},
+           {"key": "first_bad", "label": "first bad build", "kind": "text"},
            {"key": "evidence", "label": "evidence", "kind": "pre"}]
 FILTERS = [{"col": 0, "label": "category", "mode": "eq"}, {"col": 4, "label": "dtype", "mode": "eq"}]
 CATEGORIES = ["regression", "worsened", "improvement", "flaky", "drift", "changed", "new", "removed"]  # display order
@@ -73,7 +76,7 @@ def _section(b: BuildScope, kind: str, brun: str, crun: str) -> DiffSection:
         return [None, op or ""]
 
     rows = [[g["category"], g["kind"], op_link(g["op"]), g["variant"], g["dtype"], g["baseline"],
-             g["candidate"], g["item_key"], _evidence(g["evidence"])]
+             g["candidate"], g["item_key"], *_evidence(g["evidence"])]
             for g in decided if (g["kind"] or "op") in kinds]
     rank = {c: i for i, c in enumerate(CATEGORIES)}
     rows.sort(key=lambda r: rank.get(r[0], len(rank)))  # worst first; the gate's order within a category
@@ -96,10 +99,26 @@ def _section(b: BuildScope, kind: str, brun: str, crun: str) -> DiffSection:
                        by_op=by_op[:DIFF_OPS], n_ops=len(by_op), n_shown=len(shown))
 
 
-def _evidence(text: str | None) -> str:
+FIRST_BAD = ("first_bad_build", "first_bad_run", "first_bad_unknown", "first_bad_order")  # the column's, not the text's
+
+
+def _evidence(text: str | None) -> tuple[str, str]:
+    """A stored decision's evidence as (first bad build, the rest as text). The first bad build
+    carries the gap that stopped its search ("unknown before X: ..."); its history reads
+    ``build status, ...``, oldest first."""
     data = parse_json(text, text)
     if isinstance(data, dict):
-        return "; ".join(f"{k}: {v}" for k, v in data.items())
+        first_bad = str(data.get("first_bad_build") or "")
+        if first_bad and data.get("first_bad_unknown"):
+            first_bad += f" ({data['first_bad_unknown']})"
+        parts = []
+        for k, v in data.items():
+            if k in FIRST_BAD:
+                continue
+            if k == "history" and isinstance(v, list):
+                v = ", ".join(f"{h[0]} {h[1] or '(no result)'}" for h in v if isinstance(h, list) and len(h) == 2)
+            parts.append(f"{k}: {v}")
+        return first_bad, "; ".join(parts)
     if data is None:
-        return ""
-    return str(data) if not isinstance(data, str) else data
+        return "", ""
+    return "", str(data) if not isinstance(data, str) else data

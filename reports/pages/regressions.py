@@ -1,6 +1,7 @@
 """``<build>/regressions.html``: what the gate found worse than the previous build, grouped by
 op × variant × dtype × transition, the largest group first (:func:`opdb.findings.group_findings`,
-the grouping the console gate prints). Only the gate's stored decisions are read.
+the grouping the console gate prints), each with the first bad build of its items. Only the
+gate's stored decisions are read.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ def pages(b: BuildScope) -> Iterator[tuple[str, RegressionsPage]]:
         return RegressionGroup(grp.category, grp.kind, grp.name,
                                f"ops/{b.op_slug(grp.name)}.html" if grp.kind != "model" and grp.name in ops else None,
                                grp.variant, grp.dtype, grp.transition, grp.size, grp.max_rel_err, grp.error,
-                               f"conformance repro {rid} --db {b.db_label}" if rid is not None else "")
+                               f"conformance repro {rid} --db {b.db_label}" if rid is not None else "",
+                               grp.first_bad_build)
 
     groups = group_findings(found)
     counts = [(c, info.gate_count(c)) for c in CATEGORIES if info.gate_count(c)]
