@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import math
 import os
 import re
 import sqlite3
@@ -37,6 +38,7 @@ NIGHTLY = ["--build", "2.32.0", "--build", "2.33.0", "--ops", "abs", "--ops", "c
            "--ops", "nn.functional.upsample_nearest", "--ops", "aten::_foreach_abs*",
            "--dtypes", "float32,bfloat16,int64", "--models", "mlp", "--model-limit", "1", "-n", "1",
            "--run-id-prefix", "identity"]
+FLOAT_RTOL = 1e-4  # floats agree to this (a result that really changed moves far more)
 # What no two runs share: ids, clocks, durations, latencies, machine, revision, console output.
 VOLATILE = {"id", "recorded_at", "duration_s", "output", "host", "git_sha", "started_at", "finished_at",
             "decided_at", "compile_s", "p50_ms", "p99_ms", "seconds"}
@@ -100,14 +102,26 @@ def _compare(name: str, got: Any, want: Any) -> None:
     if isinstance(want, list) and isinstance(got, list):
         assert len(got) == len(want), f"{name}: {len(got)} rows, expected {len(want)}"
         for i, (g, w) in enumerate(zip(got, want, strict=True)):
-            assert g == w, f"{name}[{i}] differs:\n got {json.dumps(g, sort_keys=True)[:1500]}\n" \
+            assert _same(g, w), f"{name}[{i}] differs:\n got {json.dumps(g, sort_keys=True)[:1500]}\n" \
                            f"want {json.dumps(w, sort_keys=True)[:1500]}"
     elif isinstance(want, dict) and isinstance(got, dict):
         assert sorted(got) == sorted(want), f"{name}: keys {sorted(set(got) ^ set(want))} differ"
         for k in want:
             _compare(f"{name}.{k}", got[k], want[k])
     else:
-        assert got == want, f"{name}: {got!r} != {want!r}"
+        assert _same(got, want), f"{name}: {got!r} != {want!r}"
+
+
+def _same(got: Any, want: Any) -> bool:
+    """Equal, floats up to :data:`FLOAT_RTOL`: float results may differ in their last bits between
+    CPUs (BLAS kernels of another vector width in the model runs)."""
+    if isinstance(got, float) and isinstance(want, float):
+        return math.isclose(got, want, rel_tol=FLOAT_RTOL, abs_tol=1e-12)
+    if isinstance(got, dict) and isinstance(want, dict):
+        return got.keys() == want.keys() and all(_same(got[k], want[k]) for k in want)
+    if isinstance(got, list) and isinstance(want, list):
+        return len(got) == len(want) and all(_same(g, w) for g, w in zip(got, want, strict=True))
+    return got == want
 
 
 @pytest.fixture(scope="module")
