@@ -46,6 +46,7 @@ class Outcome:
     reached: tuple[str, ...] = ()
     duration_s: float = 0.0
     arbiter: Callable[[], Any] | None = None
+    arbiter_result: Any = None  # what the sweep got from ``arbiter`` (shared with the sample's other variants)
     # Proof the target ran the item: "device" (of the outputs) and, on a compiler target,
     # what its backend compiled (Compiled.evidence()); stored as op_results.proof.
     proof: dict[str, Any] = field(default_factory=dict)

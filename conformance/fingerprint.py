@@ -13,9 +13,9 @@ float64 on the CPU); where there is none (float64 items, gradients) it is the CP
 and the fingerprint says which (``"ref"``). Stored per item (``op_results.fingerprint``):
 ``n`` (finite elements), ``bias`` (mean signed error), ``rms``, ``p99`` and ``max`` of ``|e|``,
 ``nonfinite`` (elements finite on one side only, or NaN against a number) and ``probes``: the
-signed errors at :data:`PROBES` fixed positions spread over all elements (base64 float32; NaN
-where an element is not finite), so two runs of the same seeded sample can be compared element
-by element.
+signed errors at up to :data:`PROBES` fixed positions spread over each floating output
+(:data:`MAX_PROBES` per item; base64 float32; NaN where an element is not finite), so two runs of
+the same seeded sample can be compared element by element.
 
 **Comparing two runs** (:func:`shift`) pairs the probes of the items both runs hold (same item
 key, so the same sample) across all samples of an op x variant x dtype. Two one-sided paired sign
@@ -50,16 +50,19 @@ Example::
 from __future__ import annotations
 
 import base64
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from .compare import leaves
 
-PROBES = 64  # signed errors kept per item, at fixed positions
+PROBES = 64  # signed errors kept per output tensor of an item, at fixed positions ...
+MAX_PROBES = 512  # ... and per item (at least 4 per output)
 P_MAX = 1e-6  # one-sided sign-test p-value a shift must beat
 MIN_PAIRS = 20  # changed probe pairs needed before anything is said
 GROWTH = 1.10  # pooled RMS error ratio that counts as "grew"
@@ -83,47 +86,59 @@ def _floats(value: Any) -> list[torch.Tensor]:
     return out
 
 
+@functools.lru_cache(maxsize=4096)
+def _probe_positions(size: int, count: int) -> np.ndarray:
+    """``count`` positions spread evenly over ``size`` elements (all of them when fewer)."""
+    return np.round(np.linspace(0, size - 1, min(count, size))).astype(np.int64)
+
+
 def fingerprint(target: Any, reference: Any, *, ref_kind: str) -> dict[str, Any] | None:
     """The error fingerprint of ``target``'s floating outputs against ``reference`` (None when
-    there is nothing floating to measure or the structures differ)."""
+    there is nothing floating to measure or the structures differ). In numpy: most results are
+    small, and the fingerprint of every item must cost little next to running it."""
     t_l, r_l = _floats(target), _floats(reference)
     if len(t_l) != len(r_l):
         return None
     errs, nonfinite = [], 0
-    for t, r in zip(t_l, r_l, strict=True):
-        if t is None or r is None or not t.is_floating_point() or not r.is_floating_point():
-            continue
-        if t.shape != r.shape:
-            return None
-        if t.numel() == 0:
-            continue
-        eps = torch.finfo(t.dtype).eps
-        t64, r64 = t.detach().double().flatten(), r.detach().double().flatten()
-        fin = torch.isfinite(t64) & torch.isfinite(r64)
-        same = (t64 == r64) | (torch.isnan(t64) & torch.isnan(r64))
-        nonfinite += int((~fin & ~same).sum())
-        e = torch.full_like(t64, math.nan)
-        if fin.any():
-            a = r64[fin].abs()
-            scale = a.median().clamp_min(torch.finfo(t.dtype).tiny)
-            e[fin] = (t64[fin] - r64[fin]) * torch.sign(r64[fin]) / torch.maximum(a, scale) / eps
-        errs.append(e)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        for t, r in zip(t_l, r_l, strict=True):
+            if t is None or r is None or not t.is_floating_point() or not r.is_floating_point():
+                continue
+            if t.shape != r.shape:
+                return None
+            if t.numel() == 0:
+                continue
+            finfo = torch.finfo(t.dtype)
+            t64 = t.detach().to(torch.float64).reshape(-1).numpy()
+            r64 = r.detach().to(torch.float64).reshape(-1).numpy()
+            fin = np.isfinite(t64) & np.isfinite(r64)
+            same = (t64 == r64) | (np.isnan(t64) & np.isnan(r64))
+            nonfinite += int((~fin & ~same).sum())
+            e = np.full(t64.shape, np.nan)
+            if fin.any():
+                rf = r64[fin]
+                a = np.abs(rf)
+                scale = max(float(np.partition(a, a.size // 2)[a.size // 2]), finfo.tiny)  # the (upper) median
+                e[fin] = (t64[fin] - rf) * np.sign(rf) / np.maximum(a, scale) / finfo.eps
+            errs.append(e)
     if not errs:
         return None
-    e = torch.cat(errs)
-    if not e.numel():
+    e = np.concatenate(errs) if len(errs) > 1 else errs[0]
+    if not e.size:
         return None
-    finite = e[~torch.isnan(e)]
-    n = finite.numel()
-    idx = torch.linspace(0, e.numel() - 1, min(PROBES, e.numel())).round().long()
-    probes = e[idx].float().numpy().tobytes()
+    finite = e[~np.isnan(e)]
+    n = int(finite.size)
+    # Probes per output (a small output next to a big one -- a model's logits next to its
+    # gradients, a layer norm's mean next to its result -- is sampled all the same).
+    per = max(4, min(PROBES, MAX_PROBES // len(errs)))
+    picked = np.concatenate([x[_probe_positions(x.size, per)] for x in errs])
     fp: dict[str, Any] = {"ref": ref_kind, "n": n, "nonfinite": nonfinite,
-                          "probes": base64.b64encode(probes).decode("ascii")}
+                          "probes": base64.b64encode(picked.astype(np.float32).tobytes()).decode("ascii")}
     if n:
-        mag = finite.abs()
+        mag = np.abs(finite)
         k = max(1, math.ceil(0.99 * n))
-        fp.update(bias=float(finite.mean()), rms=float(finite.square().mean().sqrt()),
-                  p99=float(mag.kthvalue(k).values), max=float(mag.max()))
+        fp.update(bias=float(finite.sum()) / n, rms=math.sqrt(float(np.dot(finite, finite)) / n),
+                  p99=float(np.partition(mag, k - 1)[k - 1]), max=float(mag.max()))
     return fp
 
 

@@ -19,9 +19,9 @@ the item (op runs and model runs of a build hold different items).
 * a contract regression (still ``contract``, failing contracts it passed): a more severe status,
   or ``contract`` failing every contract the candidate newly failed;
 * a model whose recompiles grew: a status at least as severe with at least as many recompiles;
-* drift / worsened: the build's errors of the op x variant x dtype already moved from the
-  baseline's, by the gate's own numerics test (:func:`conformance.gate._numerics`, the same
-  category).
+* drift / worsened: the build's errors of the op x variant x dtype (of the model item) already
+  moved from the baseline's, by the gate's own numerics test (:func:`conformance.gate._numerics`,
+  :func:`conformance.gate.model_numerics`; the same category).
 
 **The walk.** From the candidate back through the older builds, newest first: a bad build extends
 the streak, the first build that is not bad ends it, and so does a build with no run holding the
@@ -115,6 +115,7 @@ def _walk(states: list[tuple[str, str, bool | None]], candidate: dict[str, Any])
 
 def annotate(store: Store, baseline: dict[str, Any], candidate: dict[str, Any], findings: list[Finding]) -> None:
     """Add the first bad build to the evidence of every failing finding (see the module docstring)."""
+    from .gate import model_numerics  # the gate imports this module
     failing = [f for f in findings if f.category in FAILS_GATE]
     if not failing:
         return
@@ -137,7 +138,7 @@ def annotate(store: Store, baseline: dict[str, Any], candidate: dict[str, Any], 
     older = [b for b in older if by_build.get(b)]
     run_ids = [r["id"] for b in older for r in by_build[b]]
 
-    items = [f for f in failing if f.category not in NUMERICS]
+    items = [f for f in failing if f.category not in NUMERICS or f.kind == "model"]
     rows = {(r["run_id"], r["item_key"]): r for r in item_history(store, run_ids, [f.item_key for f in items])}
     for f in items:
         states, history = [], []
@@ -148,12 +149,18 @@ def annotate(store: Store, baseline: dict[str, Any], candidate: dict[str, Any], 
                 history.append([b, None])
                 continue
             row = rows[(hit["id"], f.item_key)]
+            if f.category in NUMERICS:  # a model's error growth: the gate's own test against the baseline
+                base = rows.get((baseline["id"], f.item_key))
+                states.append((b, hit["id"], hit["id"] != baseline["id"] and base is not None and any(
+                    x.category == f.category for x in [model_numerics(f.item_key, base, row)] if x is not None)))
+                history.append([b, row["status"]])
+                continue
             states.append((b, hit["id"], _bad(f, row)))
             history.append([b, row["status"]])
         f.evidence.update(_walk(states, candidate), history=_last([*history, [candidate["build"], f.candidate]]),
                           first_bad_order=how)
 
-    numerics = [f for f in failing if f.category in NUMERICS]
+    numerics = [f for f in failing if f.category in NUMERICS and f.kind != "model"]
     if numerics:
         _numerics_history(store, baseline, candidate, numerics, older, by_build, how)
 

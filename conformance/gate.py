@@ -48,6 +48,9 @@ from opdb.store import now
 from .fingerprint import shift, sign_test_p
 from .work import ItemKey
 
+LOSS_GROWTH = 2.0  # a model's loss gap must grow this many times at every step ...
+NOISE_K = 3.0  # ... and by more than this many times its run-to-run noise ...
+LOSS_FLOOR = 1e-6  # ... plus this much of the loss (so rounding of a loss near 0 is no finding)
 MIN_EFFECT = 2.0  # median error ratio that counts as drift
 DRIFT_P = 0.01  # one-sided sign-test p-value
 MIN_PAIRS = 5
@@ -218,7 +221,8 @@ _COLUMNS = {
     "op_results": ("op", "variant", "dtype", "status", "error", "max_abs_err", "max_rel_err", "fallback_ops",
                    "duration_s", "contract_failed", "fingerprint"),
     "model_results": ("model_id", "mode", "dtype", "status", "error", "max_abs_err", "max_rel_err",
-                      "fallback_ops", "first_divergent_op", "recompiles", "duration_s"),
+                      "fallback_ops", "first_divergent_op", "recompiles", "duration_s", "loss_curve", "fingerprint",
+                      "noise"),
 }
 
 
@@ -306,6 +310,65 @@ def _numerics(base: dict[str, dict[str, Any]], cand: dict[str, dict[str, Any]]) 
     return out
 
 
+def _json(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return None
+    return value
+
+
+def model_numerics(key: str, b: dict[str, Any], c: dict[str, Any]) -> Finding | None:
+    """A model item at an unchanged status whose error grew beyond the target's run-to-run noise
+    (``noise``: max |second forward - first| / max |first|, measured in each run): ``drift`` when
+    it passes, ``worsened`` when it already failed.
+
+    - output: the error fingerprints of the first forward's output and first step's gradients
+      (against the CPU's) moved, by the
+      paired test of :func:`conformance.fingerprint.shift`, and its RMS or its |bias| grew by more
+      than ``NOISE_K`` times the noise (in eps of the dtype);
+    - loss: the gap between the target's and the CPU's loss curve grew at every training step by
+      ``LOSS_GROWTH`` times and by more than ``NOISE_K`` times the noise (relative to the CPU's
+      loss), however small both gaps are against the model tolerance.
+    """
+    noise = max(float(b.get("noise") or 0.0), float(c.get("noise") or 0.0))
+    try:
+        eps = torch_eps(c["dtype"])
+    except (AttributeError, TypeError):
+        return None
+    ev: dict[str, Any] = {"noise": noise}
+    tests = []
+    fb, fc = _fingerprint(b), _fingerprint(c)
+    if fb is not None and fc is not None and fb.get("ref") == fc.get("ref"):
+        sh = shift([fb], [fc])
+        grew = max(sh.candidate[2] - sh.baseline[2], abs(sh.candidate[1]) - abs(sh.baseline[1]))  # RMS, |bias|
+        if sh.found and grew > NOISE_K * noise / eps:
+            tests.append("output")
+            ev.update(sh.evidence())
+    lb, lc = _json(b.get("loss_curve")) or {}, _json(c.get("loss_curve")) or {}
+    steps = [lb.get("target"), lb.get("cpu"), lc.get("target"), lc.get("cpu")]
+    if all(isinstance(x, list) and x for x in steps) and len({len(x) for x in steps}) == 1:
+        gb = [abs(t - r) for t, r in zip(lb["target"], lb["cpu"], strict=True)]
+        gc = [abs(t - r) for t, r in zip(lc["target"], lc["cpu"], strict=True)]
+        floor = [(NOISE_K * noise + LOSS_FLOOR) * abs(r) for r in lc["cpu"]]
+        if all(y > LOSS_GROWTH * x and y - x > f for x, y, f in zip(gb, gc, floor, strict=True)):
+            tests.append("loss")
+            ev["loss_gap"] = {"baseline": gb, "candidate": gc}
+    if not tests:
+        return None
+    ev["test"] = "+".join(tests)
+    cat = "drift" if b["status"] in _PASSED else "worsened"
+    return Finding(cat, "model", key, c.get("model_id") or ItemKey.parse(key).name, c.get("mode") or "", c["dtype"],
+                   b["status"], c["status"], ev)
+
+
+def torch_eps(dtype: str) -> float:
+    import torch
+
+    return float(torch.finfo(getattr(torch, dtype)).eps)
+
+
 def compare_runs(store: Store, baseline: dict[str, Any], candidate: dict[str, Any], *,
                  common_only: bool = False, counts: dict[str, int] | None = None) -> list[Finding]:
     """Findings before flake confirmation. With ``common_only`` items held by one run only are
@@ -349,6 +412,10 @@ def compare_runs(store: Store, baseline: dict[str, Any], candidate: dict[str, An
             elif kind == "model" and (c.get("recompiles") or 0) > (b.get("recompiles") or 0):
                 findings.append(Finding("regression", kind, key, name, variant, c["dtype"], b["status"], c["status"],
                                         {"recompiles": [b.get("recompiles"), c.get("recompiles")]}))
+            elif kind == "model" and b["status"] == c["status"]:
+                f = model_numerics(key, b, c)
+                if f is not None:
+                    findings.append(f)
         if kind == "op":
             findings.extend(_numerics(base, cand))
     return findings
@@ -453,7 +520,7 @@ def confirm(findings: list[Finding], candidate: dict[str, Any], attempts: int, r
 def _fold_flaky(findings: list[Finding]) -> list[Finding]:
     """A flaky op x variant x dtype is reported once, as flaky: the numerics finding of a group
     whose status changes the re-runs judged flaky goes into the flaky findings' evidence."""
-    flaky = {(f.name, f.variant, f.dtype) for f in findings if f.category == "flaky" and f.kind == "op"}
+    flaky = {(f.name, f.variant, f.dtype) for f in findings if f.category == "flaky"}
     folded = {(f.name, f.variant, f.dtype): f for f in findings
               if f.category in NUMERICS and (f.name, f.variant, f.dtype) in flaky}
     for f in findings:

@@ -91,8 +91,9 @@ def evidence(g: FindingGroup) -> str:
 
 def _header(g: FindingGroup) -> str:
     label = g.category.upper()
-    unit = "samples" if g.category in NUMERICS else "items"
-    size = g.drift.get("samples", g.size) if g.category in NUMERICS else g.size
+    op_numerics = g.category in NUMERICS and g.kind != "model"
+    unit = "samples" if op_numerics else "items"
+    size = g.drift.get("samples", g.size) if op_numerics else g.size
     mark = ", unconfirmed" if g.unconfirmed else ""
     return f"  {label} {g.name} [{g.variant}, {g.dtype}] {g.transition} ({size} {unit}{mark})"
 

@@ -81,8 +81,9 @@ class FindingGroup:
             if isinstance(ratio, (int, float)):
                 return f"error grew {ratio:.3g}x {while_}"
             test = str(self.drift.get("test") or "")
-            what = {"magnitude": "error grew", "bias": "error biased",
-                    "magnitude+bias": "error grew and biased"}.get(test, "error changed")
+            what = {"magnitude": "error grew", "bias": "error biased", "magnitude+bias": "error grew and biased",
+                    "output": "output error grew", "loss": "loss gap grew",
+                    "output+loss": "output error and loss gap grew"}.get(test, "error changed")
             return f"{what} {while_}"
         before = self._status(self.baseline, self.baseline_contracts)
         after = self._status(self.candidate, self.contracts)
@@ -133,8 +134,21 @@ def numerics_line(ev: Mapping[str, Any]) -> str:
     if "median_error_ratio" in ev:  # a run without fingerprints: the max-error sign test
         return (f"median error ratio {_g(ev.get('median_error_ratio'))} over {ev.get('samples')} samples "
                 f"({ev.get('worse_samples')} worse, sign-test p={_g(ev.get('p_value'))})")
+    parts = []
+    gaps = ev.get("loss_gap") or {}
+    if gaps:
+        parts.append(f"loss gap per step {', '.join(_g(x) for x in gaps.get('baseline') or [])} -> "
+                     f"{', '.join(_g(x) for x in gaps.get('candidate') or [])}")
+    if "noise" in ev:
+        parts.append(f"run-to-run noise {_g(ev.get('noise'))}")
+    if "probe_pairs" not in ev:
+        return "; ".join(parts)
     b, c = ev.get("baseline") or {}, ev.get("candidate") or {}
     ratio = ev.get("rms_ratio")
+    return "; ".join(parts + [_fingerprint_line(ev, b, c, ratio)])
+
+
+def _fingerprint_line(ev: Mapping[str, Any], b: Mapping[str, Any], c: Mapping[str, Any], ratio: Any) -> str:
     return (f"RMS error {_g(b.get('rms_eps'))} -> {_g(c.get('rms_eps'))} eps"
             + (f" (x{_g(ratio)})" if ratio is not None else "")
             + f", bias {_g(b.get('bias_eps'))} -> {_g(c.get('bias_eps'))} eps, p99 {_g(b.get('p99_eps'))} -> "

@@ -103,7 +103,8 @@ def result_ids(store: Store, run_id: str, item_keys: list[str]) -> dict[str, int
 
 def item_history(store: Store, run_ids: list[str], item_keys: list[str]) -> list[dict[str, Any]]:
     """The rows of ``item_keys`` in each of ``run_ids``, op and model results, in one statement:
-    ``run_id, item_key, status, contract_failed`` (op results) and ``recompiles`` (model results).
+    ``run_id, item_key, status, contract_failed`` (op results) and ``recompiles``, ``model_id``,
+    ``mode``, ``dtype``, ``loss_curve``, ``fingerprint``, ``noise`` (model results).
 
     What the gate's first-bad-build search reads: one call per gate, whatever the number of
     findings (ids and keys travel as two JSON arrays, so no parameter limit applies; each pair is
@@ -113,10 +114,12 @@ def item_history(store: Store, run_ids: list[str], item_keys: list[str]) -> list
         return []
     runs, keys = json.dumps(list(dict.fromkeys(run_ids))), json.dumps(list(dict.fromkeys(item_keys)))
     return list(store.db.query(
-        """select run_id, item_key, status, contract_failed, null as recompiles from op_results
+        """select run_id, item_key, status, contract_failed, null as recompiles, null as model_id, null as mode,
+                  null as dtype, null as loss_curve, null as fingerprint, null as noise from op_results
              where run_id in (select value from json_each(:runs)) and item_key in (select value from json_each(:keys))
            union all
-           select run_id, item_key, status, null, recompiles from model_results
+           select run_id, item_key, status, null, recompiles, model_id, mode, dtype, loss_curve, fingerprint, noise
+             from model_results
              where run_id in (select value from json_each(:runs)) and item_key in (select value from json_each(:keys))""",
         {"runs": runs, "keys": keys}))
 

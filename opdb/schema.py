@@ -128,6 +128,12 @@ MODEL_RESULTS = {
     "p50_ms": float,
     "p99_ms": float,
     "shapes": str,  # JSON per-shape latency / recompile record
+    # JSON (schema v6): the error fingerprint of the first forward's output and the first step's
+    # gradients against the CPU's (conformance/fingerprint.py), as op_results.fingerprint
+    "fingerprint": str,
+    # (schema v6) the target's run-to-run noise: max |second forward - first| / max |first| on the
+    # same weights and inputs
+    "noise": float,
 }
 
 # Per run and ATen overload: exercised (with counts) or not, with a reason from a fixed vocabulary.
@@ -229,8 +235,10 @@ def _v5(db: sqlite_utils.Database) -> None:
 
 
 def _v6(db: sqlite_utils.Database) -> None:
-    if "fingerprint" not in db["op_results"].columns_dict:
-        db["op_results"].add_column("fingerprint", str)
+    for table, col, typ in (("op_results", "fingerprint", str), ("model_results", "fingerprint", str),
+                            ("model_results", "noise", float)):
+        if col not in db[table].columns_dict:
+            db[table].add_column(col, typ)
 
 
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3, _v4, _v5, _v6]

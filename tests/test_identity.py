@@ -63,6 +63,14 @@ def _rows(con: sqlite3.Connection, table: str, order: str) -> list[dict[str, Any
     return [_clean(dict(r)) for r in con.execute(f"select * from {table} order by {order}")]
 
 
+def _machine_free(row: dict[str, Any]) -> dict[str, Any]:
+    """A model row without what depends on the CPU's BLAS kernels beyond a float tolerance: the
+    error fingerprint's probes and statistics are in eps, where a last-bit difference is a whole
+    unit (the fingerprint's fields are kept, and whether a noise figure was measured)."""
+    fp = row.get("fingerprint")
+    return {**row, "fingerprint": sorted(fp) if isinstance(fp, dict) else fp, "noise": row.get("noise") is not None}
+
+
 def stored_results(db: Path) -> dict[str, Any]:
     con = sqlite3.connect(db)
     try:
@@ -70,7 +78,7 @@ def stored_results(db: Path) -> dict[str, Any]:
         return {
             "runs": _rows(con, "runs", "id"),
             "op_results": _rows(con, "op_results", "run_id, item_key"),
-            "model_results": _rows(con, "model_results", "run_id, item_key"),
+            "model_results": [_machine_free(r) for r in _rows(con, "model_results", "run_id, item_key")],
             "gate_items": _rows(con, "gate_items", "baseline_run, candidate_run, category, item_key"),
             "flakes": _rows(con, "flakes", "run_id, item_key"),
             # 3,110 overloads per run: the reached ones in full, the rest as a digest

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from conformance.fingerprint import MIN_PAIRS, P_MAX, fingerprint, probes, shift
-from conformance.gate import Finding, _fold_flaky, run_gate
+from conformance.gate import Finding, _fold_flaky, model_numerics, run_gate
 from conformance.run import RunSpec, execute_run
 from opdb import Store
 
@@ -41,14 +41,15 @@ def _bf16_mm(seed: int, scale: float = 0.0) -> tuple[dict, dict]:
 
 
 def test_fingerprint_measures_every_element_signed_along_the_reference():
-    ref = torch.tensor([1.0, -2.0, 4.0, 0.0], dtype=torch.float64)
+    ref = torch.tensor([2.0, -2.0, 4.0, 0.0, 8.0, 0.5], dtype=torch.float64)
     fp = fingerprint((ref * 1.5).float(), ref, ref_kind="float64")
     eps = torch.finfo(torch.float32).eps
-    # a scale error reads positive on negative values too; the zero reference is measured against
-    # the median magnitude and has no error
-    assert fp["n"] == 4 and fp["nonfinite"] == 0 and fp["ref"] == "float64"
-    assert fp["bias"] == pytest.approx(0.5 * 3 / 4 / eps) and fp["max"] == pytest.approx(0.5 / eps)
-    assert probes(fp).tolist() == pytest.approx([0.5 / eps] * 3 + [0.0])
+    # a scale error reads positive on negative values too; references below the median magnitude
+    # (2) are measured against it: 0.5 is off by 0.25 of 2, and 0 has no error
+    assert fp["n"] == 6 and fp["nonfinite"] == 0 and fp["ref"] == "float64"
+    want = [0.5 / eps] * 3 + [0.0, 0.5 / eps, 0.125 / eps]
+    assert probes(fp).tolist() == pytest.approx(want)
+    assert fp["bias"] == pytest.approx(sum(want) / 6) and fp["max"] == pytest.approx(0.5 / eps)
     nan = fingerprint(torch.tensor([1.0, float("nan")]), torch.tensor([1.0, 2.0], dtype=torch.float64),
                       ref_kind="cpu")
     assert nan["n"] == 1 and nan["nonfinite"] == 1 and math.isnan(probes(nan)[1])
@@ -140,3 +141,34 @@ def test_a_0_2_percent_error_on_float32_mm_is_flagged_at_mm_float32(store):
     (f,) = result.findings
     assert f.baseline == f.candidate == "mismatch" and "bias" in f.evidence["test"]
     assert f.evidence["p_bias"] < P_MAX and f.evidence["samples"] >= 2
+
+
+def _model_row(status: str, target: list[float], noise: float = 0.0, fp: dict | None = None) -> dict:
+    return {"model_id": "mlp.m0", "mode": "eager", "dtype": "float32", "status": status, "noise": noise,
+            "loss_curve": {"target": target, "cpu": [2.0, 1.5, 1.0]}, "fingerprint": fp}
+
+
+def test_a_model_whose_loss_gap_grows_beyond_its_noise_drifts_inside_its_tolerance():
+    key = "mlp.m0|eager|float32"
+    base = _model_row("pass", [2.0 + 1e-5, 1.5 + 1e-5, 1.0 + 1e-5])
+    worse = _model_row("pass", [2.0 + 1e-4, 1.5 - 1e-4, 1.0 + 1e-4])  # 10x the gap, still a pass
+    f = model_numerics(key, base, worse)
+    assert f is not None and f.category == "drift" and f.kind == "model" and f.evidence["test"] == "loss"
+    assert model_numerics(key, base, base) is None
+    # the same growth inside the target's own run-to-run noise is no finding
+    assert model_numerics(key, {**base, "noise": 1e-4}, {**worse, "noise": 1e-4}) is None
+    # a gap that grew at one step only is no finding
+    assert model_numerics(key, base, _model_row("pass", [2.0 + 1e-4, 1.5 + 1e-5, 1.0 + 1e-5])) is None
+    failing = model_numerics(key, {**base, "status": "mismatch"}, {**worse, "status": "mismatch"})
+    assert failing is not None and failing.category == "worsened"
+
+
+def test_a_model_whose_output_error_grows_is_flagged_by_its_fingerprint():
+    key = "mlp.m0|eager|float32"
+    b_fp, c_fp = _bf16_mm(0, 0.005)
+    f = model_numerics(key, _model_row("pass", [2.0, 1.5, 1.0], fp=b_fp), _model_row("pass", [2.0, 1.5, 1.0], fp=c_fp))
+    assert f is not None and f.evidence["test"] == "output" and f.evidence["p_bias"] < P_MAX
+    # ... unless the target's own noise is as large as the growth
+    noisy = model_numerics(key, _model_row("pass", [2.0, 1.5, 1.0], 0.01, b_fp),
+                           _model_row("pass", [2.0, 1.5, 1.0], 0.01, c_fp))
+    assert noisy is None

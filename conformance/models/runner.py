@@ -50,6 +50,7 @@ from torch.utils._pytree import tree_map
 
 from .. import datafiles
 from ..compare import Evidence, compare, leaves
+from ..fingerprint import fingerprint
 from ..verdict import Status, decide, decide_unrun
 from ..work import NOTHING, Group, ItemKey, Selection
 from .localize import rel_l2
@@ -200,6 +201,7 @@ class SideResult:
     out: Any = None  # first forward output (CPU copy, detached)
     grads: dict[str, torch.Tensor | None] | None = None  # first step's gradients (CPU copies)
     losses: list[float] | None = None
+    again: Any = None  # the first forward repeated on the same weights and inputs (target side)
     first_s: float = 0.0  # wall time of the first forward+backward
     native: set[str] | None = None
     fallback: set[str] | None = None
@@ -209,6 +211,10 @@ class SideResult:
 def train_side(spec: Any, model: nn.Module, fn: Callable[..., Any], inputs: tuple, target: Any | None,
                steps: int, seed: int, *, compiled: bool = False) -> SideResult:
     """Forward + backward (+ SGD step) ``steps`` times on one side.
+
+    On the target side the first forward is repeated once, eager, without gradients, on the same
+    weights, inputs and random seed (buffers such as batch-norm statistics restored after it):
+    the target's own run-to-run noise, against which the gate judges a model's error growth.
 
     The target's op trace covers one step: the first (eager), or the second for a compiled
     callable, run with ``set_stance("eager_on_recompile")`` so that frames a dispatch-tracing
@@ -238,11 +244,48 @@ def train_side(spec: Any, model: nn.Module, fn: Callable[..., Any], inputs: tupl
         if step == 0:
             res.first_s = time.perf_counter() - t0
             res.out = _detach_cpu(out)
+            if target is not None:
+                res.again = _repeat(model, inputs, seed)
             res.grads = {n: (p.grad.detach().to("cpu").clone() if p.grad is not None else None)
                          for n, p in model.named_parameters()}
         res.losses.append(float(loss.detach().float()))
         opt.step()
     return res
+
+
+def _repeat(model: nn.Module, inputs: tuple, seed: int) -> Any:
+    """The first forward once more (eager, no gradients; buffers restored after it)."""
+    buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
+    torch.manual_seed(seed)
+    try:
+        with torch.no_grad():
+            return _detach_cpu(model(*inputs))
+    except Exception:  # noqa: BLE001 - no noise estimate; the parity run already said what failed
+        return None
+    finally:
+        with torch.no_grad():
+            for n, b in model.named_buffers():
+                b.copy_(buffers[n])
+
+
+def run_to_run_noise(first: Any, again: Any) -> float | None:
+    """max |again - first| / max |first| over the floating outputs (None: not measurable)."""
+    if again is None:
+        return None
+    num = den = 0.0
+    a_l, b_l = leaves(first), leaves(again)
+    if len(a_l) != len(b_l):
+        return None
+    for a, b in zip(a_l, b_l, strict=True):
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or not a.is_floating_point() \
+                or a.shape != b.shape or not a.numel():
+            continue
+        a64, b64 = a.double(), b.double()
+        fin = torch.isfinite(a64) & torch.isfinite(b64)
+        if fin.any():
+            num = max(num, float((a64[fin] - b64[fin]).abs().max()))
+            den = max(den, float(a64[fin].abs().max()))
+    return num / den if den else (0.0 if not num else None)
 
 
 def _time_forward(fn: Callable[..., Any], inputs: tuple, target: Any, iters: int) -> list[float]:
@@ -384,6 +427,10 @@ def run_item(target: Any, prep: _Prepared, dtype_name: str, mode: str, config: A
         if not l_close:
             problems.append(f"training: {l_detail}")
         row["loss_curve"] = {"target": tgt.losses, "cpu": cpu.losses}
+        row["noise"] = run_to_run_noise(tgt.out, tgt.again)
+        # the first forward's output and the first step's gradients: the gradients hold most of
+        # a small model's elements, and a paired test needs many
+        row["fingerprint"] = fingerprint((tgt.out, tgt.grads or {}), (cpu.out, cpu.grads or {}), ref_kind="cpu")
         close = not fwd_detail and g_close and l_close
     status = decide(cpu_error=cpu.error, target_error=tgt.error, close=close, fallback=sorted(tgt.fallback or ()),
                     expected_failure=xfail.statuses if xfail else None)
