@@ -14,9 +14,13 @@ Example::
 
 from __future__ import annotations
 
+import sqlite3
+import time
 from collections.abc import Callable
 
 import sqlite_utils
+
+LOCK_WAIT_S = 60.0  # how long a writer waits for another process's write lock (the busy timeout's length)
 
 # Columns shared by every per-item result table: which run, which shard wrote it, and the
 # stable key of the work item (what resume and merge de-duplicate on).
@@ -249,11 +253,47 @@ def version(db: sqlite_utils.Database) -> int:
     return db.execute("PRAGMA user_version").fetchone()[0]
 
 
+def execute_waiting(conn: sqlite3.Connection, sql: str, *, wait_s: float = LOCK_WAIT_S) -> None:
+    """Execute ``sql``, retrying up to ``wait_s`` while another process holds the lock it needs.
+
+    For the two statements SQLite's busy timeout does not wait on: ``BEGIN IMMEDIATE`` (a
+    deferred transaction that reads first and then writes fails at once with "database is
+    locked" in WAL mode when another process wrote in between, so writers take the lock up
+    front) and the switch of a new file to WAL (which needs the file to itself)."""
+    deadline = time.monotonic() + wait_s
+    delay = 0.02
+    while True:
+        try:
+            conn.execute(sql)
+            return
+        except sqlite3.OperationalError as exc:
+            if ("locked" not in str(exc) and "busy" not in str(exc)) or time.monotonic() >= deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
+
+
 def migrate(db: sqlite_utils.Database) -> int:
-    """Bring ``db`` up to ``SCHEMA_VERSION``; returns the version it ends at."""
-    current = version(db)
-    for step, fn in enumerate(MIGRATIONS[current:], start=current + 1):
-        with db.conn:
+    """Bring ``db`` up to ``SCHEMA_VERSION``; returns the version it ends at.
+
+    All missing steps run in one write transaction taken before the version is read, so
+    processes opening one new database at once (pytest-xdist workers, shards) migrate it once,
+    one after the other, and none of them fails with "database is locked"."""
+    if version(db) >= SCHEMA_VERSION:
+        return version(db)
+    conn = db.conn
+    own = not conn.in_transaction
+    if own:
+        execute_waiting(conn, "BEGIN IMMEDIATE")
+    try:
+        current = version(db)  # read under the write lock: another process may have migrated meanwhile
+        for step, fn in enumerate(MIGRATIONS[current:], start=current + 1):
             fn(db)
             db.execute(f"PRAGMA user_version = {step}")
+    except BaseException:
+        if own and conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    if own:
+        conn.execute("COMMIT")
     return version(db)

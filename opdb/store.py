@@ -239,14 +239,7 @@ class Store:
         if conn.in_transaction:
             yield
             return
-        for attempt in range(5):
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-                break
-            except sqlite3.OperationalError:
-                if attempt == 4:
-                    raise
-                time.sleep(0.2 * (attempt + 1))
+        schema.execute_waiting(conn, "BEGIN IMMEDIATE", wait_s=BUSY_TIMEOUT_MS / 1000)
         try:
             yield
         except BaseException:
@@ -390,7 +383,7 @@ def _connect_rw(path: Path, *, wal: bool) -> sqlite3.Connection:
                                isolation_level=None)
         conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         if wal:
-            conn.execute("PRAGMA journal_mode = WAL")
+            schema.execute_waiting(conn, "PRAGMA journal_mode = WAL", wait_s=BUSY_TIMEOUT_MS / 1000)
         conn.execute("PRAGMA synchronous = NORMAL")
     except sqlite3.DatabaseError as exc:
         raise OpdbError(f"{path}: not a usable SQLite database ({exc})") from None

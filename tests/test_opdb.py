@@ -86,6 +86,36 @@ def test_concurrent_writers(tmp_path):
         assert len(st.done_keys("op_results", run)) == 1200
 
 
+def _first_opener(path: str, barrier, errors) -> None:
+    barrier.wait()
+    try:
+        with Store.open(path) as st:
+            st.start_run(target="t", build="b", torch_version="2.13", config={}, run_id="r", shard=str(mp.current_process().pid))
+    except Exception as exc:  # noqa: BLE001 - the test reports what each process met
+        errors.put(f"{type(exc).__name__}: {exc}")
+
+
+def test_processes_creating_one_new_database_at_once(tmp_path):
+    """pytest-xdist workers (and shards) open one new file at the same moment: each must wait for
+    the others' WAL switch and migration, not fail with "database is locked" (CI saw it; before
+    the fix 21 of 30 such trials had a failing process)."""
+    ctx = mp.get_context("fork")
+    for trial in range(8):
+        path = str(tmp_path / f"new{trial}.sqlite")
+        barrier, errors = ctx.Barrier(4), ctx.Queue()
+        procs = [ctx.Process(target=_first_opener, args=(path, barrier, errors)) for _ in range(4)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(120)
+        found = [errors.get() for _ in range(errors.qsize())] if not errors.empty() else []
+        assert not found and all(p.exitcode == 0 for p in procs), (trial, found)
+        with Store.open(path) as st:
+            assert st.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+            assert st.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+            assert st.count("run_shards", run_id="r") == 4
+
+
 def test_resume_bookkeeping(store):
     run = store.start_run(target="t", build="b", torch_version="2.13", config={})
     store.insert("op_results", [_row(run, i) for i in range(3)])
