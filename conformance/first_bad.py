@@ -20,8 +20,8 @@ the item (op runs and model runs of a build hold different items).
   or ``contract`` failing every contract the candidate newly failed;
 * a model whose recompiles grew: a status at least as severe with at least as many recompiles;
 * drift / worsened: the build's errors of the op x variant x dtype (of the model item) already
-  moved from the baseline's, by the gate's own numerics test (:func:`conformance.gate._numerics`,
-  :func:`conformance.gate.model_numerics`; the same category).
+  moved from the baseline's, by the gate's own numerics test (:func:`conformance.numerics.numerics`,
+  :func:`conformance.numerics.model_numerics`; the same category).
 
 **The walk.** From the candidate back through the older builds, newest first: a bad build extends
 the streak, the first build that is not bad ends it, and so does a build with no run holding the
@@ -58,8 +58,10 @@ from opdb import Store
 from opdb.queries import finished_runs, group_errors, item_history
 from opdb.status import FAILS_GATE, NUMERICS, Status, severity
 
+from .numerics import model_numerics, numerics
+
 if TYPE_CHECKING:
-    from .gate import Finding
+    from .finding import Finding
 
 HISTORY = 12  # builds kept in a finding's history (the newest, the candidate last)
 
@@ -115,7 +117,6 @@ def _walk(states: list[tuple[str, str, bool | None]], candidate: dict[str, Any])
 
 def annotate(store: Store, baseline: dict[str, Any], candidate: dict[str, Any], findings: list[Finding]) -> None:
     """Add the first bad build to the evidence of every failing finding (see the module docstring)."""
-    from .gate import model_numerics  # the gate imports this module
     failing = [f for f in findings if f.category in FAILS_GATE]
     if not failing:
         return
@@ -170,8 +171,6 @@ def _numerics_history(store: Store, baseline: dict[str, Any], candidate: dict[st
     """Drift and worsening are properties of a group's errors: a build is bad when the gate's
     numerics test finds its errors moved from the baseline's the same way (the baseline itself
     never is)."""
-    from .gate import _numerics
-
     groups = {(f.name, f.variant, f.dtype) for f in drifts}
     grouped: dict[str, dict[tuple[str, str, str], dict[str, dict[str, Any]]]] = defaultdict(lambda: defaultdict(dict))
     ids = [r["id"] for b in older for r in by_build[b]] + [baseline["id"]]
@@ -190,7 +189,7 @@ def _numerics_history(store: Store, baseline: dict[str, Any], candidate: dict[st
                 history.append([b, None])
                 continue
             bad = hit["id"] != baseline["id"] and any(
-                x.category == f.category for x in _numerics(base, grouped[hit["id"]][g]))
+                x.category == f.category for x in numerics(base, grouped[hit["id"]][g]))
             states.append((b, hit["id"], bad))
             history.append([b, f.category if bad else "no change"])
         f.evidence.update(_walk(states, candidate), history=_last([*history, [candidate["build"], f.category]]),
