@@ -9,11 +9,14 @@ page says so and gives the command that judges it.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
 from opdb import queries_report as q
+from opdb.findings import numerics_line
+from opdb.status import NUMERICS
 
 from ..contexts import DiffOp, DiffPage, DiffSection, Link
 from ..html import dumps, parse_json, table_spec
@@ -76,7 +79,7 @@ def _section(b: BuildScope, kind: str, brun: str, crun: str) -> DiffSection:
         return [None, op or ""]
 
     rows = [[g["category"], g["kind"], op_link(g["op"]), g["variant"], g["dtype"], g["baseline"],
-             g["candidate"], g["item_key"], *_evidence(g["evidence"])]
+             g["candidate"], g["item_key"], *_evidence(g["evidence"], g["category"])]
             for g in decided if (g["kind"] or "op") in kinds]
     rank = {c: i for i, c in enumerate(CATEGORIES)}
     rows.sort(key=lambda r: rank.get(r[0], len(rank)))  # worst first; the gate's order within a category
@@ -102,11 +105,15 @@ def _section(b: BuildScope, kind: str, brun: str, crun: str) -> DiffSection:
 FIRST_BAD = ("first_bad_build", "first_bad_run", "first_bad_unknown", "first_bad_order")  # the column's, not the text's
 
 
-def _evidence(text: str | None) -> tuple[str, str]:
+def _evidence(text: str | None, category: str = "") -> tuple[str, str]:
     """A stored decision's evidence as (first bad build, the rest as text). The first bad build
     carries the gap that stopped its search ("unknown before X: ..."); its history reads
-    ``build status, ...``, oldest first."""
+    ``build status, ...``, oldest first; a numerics finding's fingerprints read as the console
+    says them."""
     data = parse_json(text, text)
+    if isinstance(data, dict) and category in NUMERICS:
+        first_bad, _ = _evidence(json.dumps({k: v for k, v in data.items() if k in FIRST_BAD}))
+        return first_bad, numerics_line(data)
     if isinstance(data, dict):
         first_bad = str(data.get("first_bad_build") or "")
         if first_bad and data.get("first_bad_unknown"):

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from opdb import queries_counts as qc
-from opdb.findings import CATEGORIES, FindingGroup, group_findings
+from opdb.findings import CATEGORIES, FindingGroup, group_findings, numerics_line
 from opdb.queries import result_ids
-from opdb.status import FAILS_GATE
+from opdb.status import FAILS_GATE, NUMERICS
 
 from ..contexts import RegressionGroup, RegressionsPage
 from ..scope import BuildScope
@@ -37,7 +37,8 @@ def pages(b: BuildScope) -> Iterator[tuple[str, RegressionsPage]]:
         rid = ids.get(grp.first_key) if grp.kind == "op" else None
         return RegressionGroup(grp.category, grp.kind, grp.name,
                                f"ops/{b.op_slug(grp.name)}.html" if grp.kind != "model" and grp.name in ops else None,
-                               grp.variant, grp.dtype, grp.transition, grp.size, grp.max_rel_err, grp.error,
+                               grp.variant, grp.dtype, grp.transition, grp.size, grp.max_rel_err,
+                               numerics_line(grp.drift) if grp.category in NUMERICS else grp.error,
                                f"conformance repro {rid} --db {b.db_label}" if rid is not None else "",
                                grp.first_bad_build)
 
