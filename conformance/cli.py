@@ -51,8 +51,11 @@ def handles_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def db_option(required: bool = True, default: str | None = None) -> Callable[..., Any]:
+    # no default= at all when there is none: click 8.5 takes an explicit default=None as a value
+    # and no longer enforces required (`conformance report` without --db gave a traceback)
+    kw: dict[str, Any] = {"default": default, "show_default": True} if default is not None else {}
     return click.option("--db", "db_path", type=click.Path(dir_okay=False), required=required and default is None,
-                        default=default, show_default=True, help="opdb SQLite file.")
+                        help="opdb SQLite file.", **kw)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

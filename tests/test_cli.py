@@ -38,6 +38,18 @@ def test_store_without_db_exits_2():
     assert r.exit_code == 2 and "--db" in r.output
 
 
+def test_every_command_that_needs_a_db_says_so_without_a_traceback():
+    """--db without a default is required (click 8.5 stopped enforcing it when default=None was
+    passed: `conformance report` alone gave a TypeError traceback)."""
+    needs = [path for path, cmd in _commands(main) if any(
+        p.name == "db_path" and p.required for p in cmd.params)]
+    assert ("report",) in needs
+    for path in needs:
+        r = run(*path)
+        assert r.exit_code == 2 and "Missing option '--db'" in r.output, (path, r.output)
+        assert not isinstance(r.exception, TypeError), path
+
+
 def test_non_sqlite_db_exits_2_and_is_untouched(tmp_path):
     p = tmp_path / "x.sqlite"
     p.write_bytes(b"not sqlite at all")
