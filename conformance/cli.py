@@ -68,7 +68,8 @@ def main() -> None:
 
 
 @main.command("ops")
-@click.option("--json", "as_json", is_flag=True, help="One JSON object per overload, one per line.")
+@click.option("--json", "as_json", is_flag=True,
+              help="One JSON object per overload, one per line (with --coverage: its coverage state).")
 @click.option("--store", is_flag=True, help="Write the catalog into --db.")
 @click.option("--no-cache", is_flag=True, help="Re-measure the OpInfo map instead of using the cache.")
 @click.option("--coverage", "coverage_run", metavar="RUN_ID", default=None,
@@ -90,7 +91,7 @@ def ops_cmd(as_json: bool, store: bool, no_cache: bool, coverage_run: str | None
         from conformance import coverage
 
         with Store.open(db_path, create=False) as st:
-            for line in coverage.table_lines(st, coverage_run):
+            for line in (coverage.json_lines if as_json else coverage.table_lines)(st, coverage_run):
                 click.echo(line)
         sys.exit(EXIT_OK)
     ops, summary = catalog.build(use_cache=not no_cache)

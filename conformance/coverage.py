@@ -13,8 +13,9 @@ from __future__ import annotations
 import collections
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from opdb import Store
 from opdb.queries import coverage_rows, op_evidence
@@ -166,8 +167,8 @@ def reachable_share(counts: dict[str, int]) -> str:
     return f"{ex}/{reach} ({100 * ex / max(1, reach):.1f}%)"
 
 
-def table_lines(store: Store, run_id: str) -> list[str]:
-    """The coverage table of a stored run, as text lines (computed first if the run has none)."""
+def stored_rows(store: Store, run_id: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A stored run and its coverage rows, one per overload (computed first if the run has none)."""
     run = store.get_run(run_id)
     if run is None:
         raise ValueError(f"{store.path}: no run with id {run_id!r}")
@@ -175,6 +176,24 @@ def table_lines(store: Store, run_id: str) -> list[str]:
     if not rows:
         compute(store, run_id)
         rows = coverage_rows(store, run_id)
+    return run, rows
+
+
+def json_lines(store: Store, run_id: str) -> Iterator[str]:
+    """Every overload's coverage state in a stored run, one JSON object a line: name, state,
+    detail, sample counts (all / native / fallback / failing), statuses, dtypes and sources."""
+    _, rows = stored_rows(store, run_id)
+    for r in rows:
+        out = {k: r[k] for k in ("name", "state", "detail", "samples", "native_samples", "fallback_samples",
+                                 "failing_samples")}
+        out.update({k: json.loads(r[k] or ("{}" if k == "statuses" else "[]"))
+                    for k in ("statuses", "dtypes", "sources")})
+        yield json.dumps(out, sort_keys=False)
+
+
+def table_lines(store: Store, run_id: str) -> list[str]:
+    """The coverage table of a stored run, as text lines (computed first if the run has none)."""
+    run, rows = stored_rows(store, run_id)
     by_name = {o.name: o for o in catalog.overloads()}
     lines: list[str] = []
     state_counts = collections.Counter(r["state"] for r in rows)

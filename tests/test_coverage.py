@@ -69,6 +69,30 @@ def test_coverage_cli_prints_the_table(tmp_path):
     assert "composite_implicit" in r.output and "backend-reachable overloads exercised" in r.output
 
 
+def test_coverage_cli_json_gives_every_overloads_state(tmp_path):
+    """``ops --coverage RUN --json``: one JSON object per overload (the README promises every
+    overload's state; the flag was ignored and the 28-line table printed)."""
+    import json
+
+    from opdb import Store
+
+    db = tmp_path / "c.sqlite"
+    with Store.open(db) as st:
+        run = st.start_run(target="t", build="b", torch_version=torch.__version__, config={})
+        st.insert("op_results", [{"run_id": run, "item_key": "cumsum|function|float32|0", "op": "cumsum",
+                                  "variant": "function", "dtype": "float32", "status": "pass_fallback",
+                                  "native_ops": [], "fallback_ops": ["aten::cumsum.default"],
+                                  "reached_ops": ["aten::cumsum.default"]}])
+    r = CliRunner().invoke(main, ["ops", "--coverage", run, "--db", str(db), "--json"])
+    assert r.exit_code == 0, r.output
+    rows = [json.loads(line) for line in r.output.splitlines()]
+    assert len(rows) == len(catalog.overloads()) == len({x["name"] for x in rows})
+    cs = next(x for x in rows if x["name"] == "aten::cumsum.default")
+    assert cs["state"] == "exercised" and cs["fallback_samples"] == 1 and cs["dtypes"] == ["float32"]
+    assert cs["statuses"] == {"pass_fallback": 1}
+    assert {x["state"] for x in rows} <= set(STATES)
+
+
 BACKWARD_DEFECT = """
 [build]
 name = "bwd-defect"
