@@ -1,13 +1,14 @@
 """What the contract checks cost: the same op sweep with and without them, in one session.
 
-Runs ``conformance run`` (the OpInfo sweep, no schema search) alternately with the default
-contracts and with ``--contracts none``, ``--reps`` times each, and prints each wall time, the
-medians and their ratio; then, from the last run with contracts, how many op x dtype pairs each
+Runs ``conformance run`` (the OpInfo sweep; with ``--schema`` also the schema-driven search, i.e.
+the default sweep) alternately with the default contracts and with ``--contracts none``, ``--reps``
+times each, and prints each wall time, the medians and their ratio; then, from the last run with contracts, how many op x dtype pairs each
 contract flags (``fail`` on some item) and how many items each checked.
 
 Example (a sixth of the default sweep, 2 workers, twice each way)::
 
     python benchmarks/bench_contracts.py --shard 1/6 --reps 2
+    python benchmarks/bench_contracts.py --shard 1/6 --reps 2 --schema      # the default sweep's share
     python benchmarks/bench_contracts.py --build 2.33.0 --dtypes float32,bfloat16,int64 --reps 1 --keep /tmp/c.sqlite
 """
 
@@ -27,8 +28,8 @@ import sqlite_utils
 
 
 def run(db: Path, args: argparse.Namespace, contracts: str, run_id: str) -> float:
-    cmd = [sys.executable, "-m", "conformance", "run", "--target", "neuron-emu", "--no-schema", "--quiet",
-           "--exit-zero", "-n", str(args.workers), "--db", str(db), "--contracts", contracts, "--run-id", run_id]
+    cmd = [sys.executable, "-m", "conformance", "run", "--target", "neuron-emu", "--quiet", "--exit-zero",
+           *(() if args.schema else ("--no-schema",)), "-n", str(args.workers), "--db", str(db), "--contracts", contracts, "--run-id", run_id]
     if args.build:
         cmd += ["--build", args.build]
     if args.shard:
@@ -73,6 +74,8 @@ def main() -> None:
     ap.add_argument("--ops", action="append", default=[])
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--schema", action="store_true",
+                    help="the default sweep as a nightly runs it (with the schema-driven search), not OpInfo alone")
     ap.add_argument("--keep", default="", help="keep the database of the runs here")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
