@@ -17,6 +17,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import time
 import warnings
 from collections.abc import Callable
@@ -191,8 +192,11 @@ def to_cpu(value: Any) -> Any:
     return tree_map(lambda x: x.detach().to("cpu", copy=True) if isinstance(x, torch.Tensor) else x, value)
 
 
-def run_item(target: Target, info: Any, variant: str, sample: Any, *, want_arbiter: bool = True) -> Outcome:
-    """Run one sample of one OpInfo variant on the CPU and on ``target``."""
+def run_item(target: Target, info: Any, variant: str, sample: Any, *, want_arbiter: bool = True,
+             traced: bool = True) -> Outcome:
+    """Run one sample of one OpInfo variant on the CPU and on ``target``. ``traced=False`` runs
+    the target's call outside its op trace (no overloads are named): for checking whether the
+    trace itself changed the result (:func:`conformance.sweep.evaluate` does)."""
     fn = variant_fn(info, variant)
     if fn is None:
         return Outcome(cpu_error=f"OpInfo {info.name} has no {variant} variant")
@@ -225,7 +229,7 @@ def run_item(target: Target, info: Any, variant: str, sample: Any, *, want_arbit
                 trace = _eager_trace(target, lambda: invoke(
                     fn, variant, on_device(sample, dev), dev, out.cpu, sized_out=True))
             else:
-                with target.trace() as trace:
+                with target.trace() if traced else contextlib.nullcontext() as trace:
                     t0 = time.perf_counter()
                     result = invoke(wrapped, variant, s_dev, dev, out.cpu)
                     target.synchronize()
