@@ -31,6 +31,7 @@ from torch.utils._pytree import tree_map
 from .compare import Meta, leaves
 from .inputs.opinfo import variant_fn
 from .targets import Target
+from .targets.base import Dispatched, OpTrace
 
 _FLOAT_LOW = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -247,6 +248,61 @@ def run_item(target: Target, info: Any, variant: str, sample: Any, *, want_arbit
     if want_arbiter and sample_dtype(sample) in _FLOAT_LOW:
         out.arbiter = lambda: _arbiter(fn, variant, info, sample)
     return out
+
+
+def trace_changes_cpu(info: Any, variant: str, sample: Any, tries: int = 3) -> bool:
+    """Whether running this item under a dispatch mode that only forwards every call changes its
+    result on the CPU (bit for bit, NaN equal to NaN), in any of ``tries`` traced calls.
+
+    PyTorch itself runs some ops differently under any ``TorchDispatchMode`` (torch 2.13:
+    ``linalg.matrix_rank(..., out=)`` with tensor tolerances leaves ``out`` unwritten), and an
+    eager target's op trace is one. Asked of the CPU, not of the target, so that a target whose
+    results vary from call to call is never taken for a trace effect."""
+    fn = variant_fn(info, variant)
+    if fn is None:
+        return False
+
+    def call() -> Any:
+        s = on_device(sample, "cpu")
+        ref = invoke(info.op, "function", s, "cpu", None) if variant == "out" else None
+        return to_cpu(invoke(fn, variant, s, "cpu", ref))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            plain = call()
+            for _ in range(tries):
+                with Dispatched(OpTrace()):
+                    traced = call()
+                if not _identical(plain, traced):
+                    return True
+        except Exception:  # noqa: BLE001 - a reference that fails here says nothing about the trace
+            return False
+    return False
+
+
+def _identical(a: Any, b: Any) -> bool:
+    """Bit-for-bit equal results (NaN equal to NaN); tensors of other layouts by metadata."""
+    la, lb = leaves(a), leaves(b)
+    if len(la) != len(lb):
+        return False
+    for x, y in zip(la, lb, strict=True):
+        if isinstance(x, torch.Tensor) != isinstance(y, torch.Tensor):
+            return False
+        if not isinstance(x, torch.Tensor):
+            if not (x == y or (x != x and y != y)):
+                return False
+            continue
+        if (x.dtype, x.shape, x.layout) != (y.dtype, y.shape, y.layout):
+            return False
+        if x.layout != torch.strided or torch.equal(x, y):
+            continue
+        if x.is_complex():
+            x, y = torch.view_as_real(x), torch.view_as_real(y)
+        if not (x.is_floating_point() and torch.equal(x.isnan(), y.isnan())
+                and torch.equal(x.nan_to_num(0.0), y.nan_to_num(0.0))):
+            return False
+    return True
 
 
 def _eager_trace(target: Target, call: Callable[[], Any]) -> Any:
