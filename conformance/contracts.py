@@ -57,7 +57,7 @@ from typing import Any, Literal
 
 import torch
 
-from .compare import Meta, compare, leaves
+from .compare import Meta, bitwise_equal, compare, leaves
 from .execute import Outcome, clone_sample, err, invoke, on_device, phase, signature, to_cpu
 from .ledger import torch_default
 from .targets import Target
@@ -648,35 +648,6 @@ def _dtype_of(sample: Any) -> torch.dtype | None:
 
 
 # -- determinism -----------------------------------------------------------------------------
-
-def bitwise_equal(a: Any, b: Any) -> bool:
-    """Same structure, dtypes, shapes and bits (NaNs in the same places count as equal)."""
-    la, lb = leaves(a), leaves(b)
-    if len(la) != len(lb):
-        return False
-    for x, y in zip(la, lb, strict=True):
-        if isinstance(x, torch.Tensor) != isinstance(y, torch.Tensor):
-            return False
-        if not isinstance(x, torch.Tensor):
-            if x != y and not (isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y)):
-                return False
-            continue
-        if x.dtype != y.dtype or x.shape != y.shape or x.layout != y.layout:
-            return False
-        if x.layout != torch.strided:
-            x, y = x.to_dense(), y.to_dense()
-        if x.dtype == torch.complex32:  # exact in complex64; the CPU has no ComplexHalf equal
-            x, y = x.to(torch.complex64), y.to(torch.complex64)
-        if x.is_complex():
-            x, y = torch.view_as_real(x.resolve_conj()), torch.view_as_real(y.resolve_conj())
-        if x.is_floating_point():
-            nx, ny = torch.isnan(x), torch.isnan(y)
-            if not torch.equal(nx, ny) or not torch.equal(x[~nx], y[~ny]):
-                return False
-        elif not torch.equal(x, y):
-            return False
-    return True
-
 
 def _determinism(s: Subject) -> Check | None:
     if s.variant != "function" or s.index >= DETERMINISM_SAMPLES:

@@ -28,7 +28,7 @@ import torch
 from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
 from torch.utils._pytree import tree_map
 
-from .compare import Meta, leaves
+from .compare import Meta, bitwise_equal, leaves
 from .inputs.opinfo import variant_fn
 from .targets import Target
 from .targets.base import Dispatched, OpTrace
@@ -274,35 +274,11 @@ def trace_changes_cpu(info: Any, variant: str, sample: Any, tries: int = 3) -> b
             for _ in range(tries):
                 with Dispatched(OpTrace()):
                     traced = call()
-                if not _identical(plain, traced):
+                if not bitwise_equal(plain, traced):
                     return True
         except Exception:  # noqa: BLE001 - a reference that fails here says nothing about the trace
             return False
     return False
-
-
-def _identical(a: Any, b: Any) -> bool:
-    """Bit-for-bit equal results (NaN equal to NaN); tensors of other layouts by metadata."""
-    la, lb = leaves(a), leaves(b)
-    if len(la) != len(lb):
-        return False
-    for x, y in zip(la, lb, strict=True):
-        if isinstance(x, torch.Tensor) != isinstance(y, torch.Tensor):
-            return False
-        if not isinstance(x, torch.Tensor):
-            if not (x == y or (x != x and y != y)):
-                return False
-            continue
-        if (x.dtype, x.shape, x.layout) != (y.dtype, y.shape, y.layout):
-            return False
-        if x.layout != torch.strided or torch.equal(x, y):
-            continue
-        if x.is_complex():
-            x, y = torch.view_as_real(x), torch.view_as_real(y)
-        if not (x.is_floating_point() and torch.equal(x.isnan(), y.isnan())
-                and torch.equal(x.nan_to_num(0.0), y.nan_to_num(0.0))):
-            return False
-    return True
 
 
 def _eager_trace(target: Target, call: Callable[[], Any]) -> Any:
