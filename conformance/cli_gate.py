@@ -16,8 +16,10 @@ from .gate import CONFIRM_BUDGET_S, MAX_RERUNS
 
 
 @main.command("gate")
-@click.option("--baseline", required=True, metavar="RUN|BUILD")
-@click.option("--candidate", required=True, metavar="RUN|BUILD")
+@click.option("--baseline", required=True, metavar="RUN|BUILD",
+              help="The run to compare against: a run id, or a build name (its latest finished run).")
+@click.option("--candidate", required=True, metavar="RUN|BUILD",
+              help="The run under judgement: a run id, or a build name (its latest finished run).")
 @click.option("--reruns", default=3, show_default=True,
               help="Re-runs of each representative item of a regressed op x variant x dtype (timeouts and crashes "
                    "once; 0: no confirmation).")
@@ -82,7 +84,8 @@ def _report_page(site: str | None, build: str) -> str:
 
 
 @ledger_group.command("stale")
-@click.option("--ledger", "ledger_path", default=None, type=click.Path(dir_okay=False))
+@click.option("--ledger", "ledger_path", default=None, type=click.Path(dir_okay=False),
+              help="Ledger TOML to review (default: the shipped conformance/data/ledger.toml).")
 @click.option("--runs", "n_runs", default=3, show_default=True, help="Look at the last N finished runs.")
 @click.option("--target", default=None, help="Only runs of this target.")
 @db_option(default="results/opdb.sqlite")
@@ -104,19 +107,24 @@ def ledger_stale(ledger_path: str | None, n_runs: int, target: str | None, db_pa
 
 
 @main.command("nightly")
-@click.option("--target", default="neuron-emu", show_default=True)
+@click.option("--target", default="neuron-emu", show_default=True,
+              help="neuron-emu | inductor | cuda | cpu | device:TYPE (as for conformance run).")
 @click.option("--build", "builds", multiple=True, help="Build(s) to run, oldest first (default: all shipped).")
-@click.option("--ops", "ops", multiple=True, metavar="GLOB")
-@click.option("--dtypes", "dtypes", multiple=True, metavar="LIST")
-@click.option("--models", "models", multiple=True, default=("all",), show_default=True)
+@click.option("--ops", "ops", multiple=True, metavar="GLOB",
+              help="OpInfo name or aten:: overload globs (repeatable; default: every op, schema search included).")
+@click.option("--dtypes", "dtypes", multiple=True, metavar="LIST", help="Comma-separated dtype names (default: every dtype).")
+@click.option("--models", "models", multiple=True, default=("all",), show_default=True,
+              help="Model families to run (repeatable; all, hf or family names such as mlp, resnet, gpt).")
 @click.option("--model-limit", type=int, default=6, show_default=True,
               help="Graphs per family for the full per-graph protocol (0: the whole corpus; hours on 2 cores).")
 @click.option("--no-models", is_flag=True, help="Skip the model corpus.")
 @click.option("--no-schema", is_flag=True, help="Skip schema-driven coverage.")
-@click.option("-n", "--workers", default=2, show_default=True)
-@click.option("--shard", default="1/1", show_default=True, metavar="K/N")
+@click.option("-n", "--workers", default=2, show_default=True, help="Worker processes per run.")
+@click.option("--shard", default="1/1", show_default=True, metavar="K/N",
+              help="Run this shard of every build's work (merge the shard databases, then --finish).")
 @click.option("--run-id-prefix", default=None, help="Shards of one nightly must share this.")
-@click.option("--site", default="results/site", show_default=True, type=click.Path(file_okay=False))
+@click.option("--site", default="results/site", show_default=True, type=click.Path(file_okay=False),
+              help="Folder the report site is written to.")
 @click.option("--finish", is_flag=True, help="After merging shard DBs: coverage, report and gate only.")
 @db_option(default="results/opdb.sqlite")
 @handles_errors

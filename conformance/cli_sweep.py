@@ -36,7 +36,8 @@ from .cli import EXIT_FAILURES, EXIT_OK, EXIT_USAGE, UsageProblem, db_option, ha
 @click.option("--model-limit", type=int, default=None, help="At most this many graphs per family.")
 @click.option("--model-modes", default="eager,compile", show_default=True,
               help="Model items per graph: eager (parity, grads, training), compile (+ shape sweep, latency).")
-@click.option("-n", "--workers", default=2, show_default=True, type=click.IntRange(1, 64))
+@click.option("-n", "--workers", default=2, show_default=True, type=click.IntRange(1, 64),
+              help="Worker processes running items in parallel (each isolated: a crash or hang loses one item).")
 @click.option("--shard", default="1/1", show_default=True, metavar="K/N",
               help="Run every N-th group starting at the K-th (1 <= K <= N; an empty shard is refused).")
 @click.option("--resume", "resume", default=None, metavar="RUN_ID", help="Continue an interrupted run.")
@@ -44,7 +45,8 @@ from .cli import EXIT_FAILURES, EXIT_OK, EXIT_USAGE, UsageProblem, db_option, ha
 @click.option("--timeout", "timeout_s", default=60.0, show_default=True, help="Seconds per item (finite, above 0).")
 @click.option("--max-samples", type=int, default=None, help="At most this many samples per op x dtype (1 or more).")
 @click.option("--ledger", default=None, type=click.Path(dir_okay=False), help="Tolerance/xfail ledger TOML.")
-@click.option("--seed", type=int, default=None)
+@click.option("--seed", type=int, default=None,
+              help="Seed of the generated inputs (default: the fixed seed every run shares, so runs compare).")
 @click.option("--exit-zero", is_flag=True, help="Exit 0 when the run completes, whatever it found.")
 @click.option("--quiet", is_flag=True, help="No progress line.")
 @db_option(default="results/opdb.sqlite")
@@ -102,7 +104,8 @@ def _modes(text: str) -> tuple[str, ...]:
 
 @main.command("repro")
 @click.argument("result_id", type=int)
-@click.option("--out", "out_dir", default="repro", show_default=True, type=click.Path(file_okay=False))
+@click.option("--out", "out_dir", default="repro", show_default=True, type=click.Path(file_okay=False),
+              help="Folder to write the script and its saved inputs into (created if missing).")
 @db_option(default="results/opdb.sqlite")
 @handles_errors
 def repro_cmd(result_id: int, out_dir: str, db_path: str) -> None:
@@ -140,7 +143,7 @@ def ledger_check(path: str | None) -> None:
 
 
 @ledger_group.command("propose")
-@click.option("--run", "run_id", required=True, metavar="RUN_ID")
+@click.option("--run", "run_id", required=True, metavar="RUN_ID", help="The stored run whose mismatches to read.")
 @click.option("--max-rel", default=0.1, show_default=True, help="Propose nothing for errors above this.")
 @db_option(default="results/opdb.sqlite")
 @handles_errors

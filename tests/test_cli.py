@@ -69,3 +69,16 @@ def test_newer_schema_db_exits_2(tmp_path):
 def test_merge_of_missing_db_exits_2(tmp_path):
     r = run("merge", str(tmp_path / "out.sqlite"), str(tmp_path / "missing.sqlite"))
     assert r.exit_code == 2 and "no such database" in r.output
+
+
+def test_every_option_of_conformance_and_opdb_has_help():
+    """Every option of every command of both console scripts says what it does (sqlite-utils'
+    meta-test): a new option without help fails here, not in a user's terminal."""
+    from opdb.cli import main as opdb_main
+
+    missing = []
+    for script, group in (("conformance", main), ("opdb", opdb_main)):
+        for path, cmd in [((), group), *_commands(group)]:
+            missing += [f"{script} {' '.join(path)} {'/'.join(p.opts)}".replace("  ", " ")
+                        for p in cmd.params if isinstance(p, click.Option) and not (p.help or "").strip()]
+    assert not missing, "options without help: " + "; ".join(missing)
