@@ -6,11 +6,13 @@ infrastructure error (bad flag, bad file, bad database).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sqlite3
 import sys
 from collections.abc import Callable
 from functools import wraps
+from pathlib import Path
 from typing import Any
 
 import click
@@ -48,6 +50,29 @@ def handles_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             fail(f"{where}: damaged SQLite database ({exc})")
 
     return wrapper
+
+
+def check_build(target: str, build: str | None, option: str = "--build") -> None:
+    """Refuse a ``--build`` name the emulated device does not ship, before torch and the
+    emulator load (that took ~7 s before the manifest loader said so).
+
+    Only the names of the shipped manifest files (``neuron_emu/builds/*.toml``) are read, found
+    without importing ``neuron_emu``; a manifest path is checked for existence, its content is
+    left to the emulator's validating loader; other targets judge their own builds.
+    """
+    if target != "neuron-emu" or build in (None, "", "-"):
+        return
+    if build.endswith(".toml") or "/" in build or "\\" in build:
+        if not Path(build).is_file():
+            raise UsageProblem(f"{option} {build!r}: no such build manifest file")
+        return
+    spec = importlib.util.find_spec("neuron_emu")
+    if spec is None or not spec.submodule_search_locations:
+        return  # the target says the emulator is missing
+    names = sorted(p.stem for p in Path(spec.submodule_search_locations[0], "builds").glob("*.toml"))
+    if build not in names:
+        raise UsageProblem(f"{option} {build!r}: no such neuron-emu build; available: {', '.join(names)} "
+                           "(or a path to a manifest .toml)")
 
 
 def db_option(required: bool = True, default: str | None = None) -> Callable[..., Any]:

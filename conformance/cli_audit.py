@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from .cli import EXIT_FAILURES, EXIT_OK, EXIT_USAGE, UsageProblem, handles_errors, main
+from .cli import EXIT_FAILURES, EXIT_OK, EXIT_USAGE, UsageProblem, check_build, handles_errors, main
 
 
 @main.command("audit")
@@ -39,6 +39,7 @@ def audit_cmd(model_ref: str, inputs_ref: str | None, input_shapes: tuple[str, .
 
     Example: conformance audit examples.audit_example:build --input-shape "2,16:int64" --shapes "2,32:int64"
     """
+    check_build(target_name, build)  # before the imports below load torch
     from .audit import AuditInputError, run_audit, text_lines, write_html, write_json
 
     if inputs_ref and input_shapes:

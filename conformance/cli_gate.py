@@ -10,9 +10,9 @@ import click
 
 from opdb import Store
 
-from .cli import EXIT_FAILURES, EXIT_OK, EXIT_USAGE, db_option, handles_errors, main
+from .cli import EXIT_FAILURES, EXIT_OK, EXIT_USAGE, check_build, db_option, handles_errors, main
 from .cli_sweep import ledger_group
-from .gate import CONFIRM_BUDGET_S, MAX_RERUNS
+from .gate_limits import CONFIRM_BUDGET_S, MAX_RERUNS  # not .gate: it imports torch
 
 
 @main.command("gate")
@@ -135,6 +135,8 @@ def nightly_cmd(target: str, builds: tuple[str, ...], ops: tuple[str, ...], dtyp
 
     Example: conformance nightly --build 2.32.0 --build 2.33.0 --ops "nn.functional.*" --model-limit 5
     """
+    for build in builds:  # before the imports below load torch
+        check_build(target, build)
     from .nightly import NightlyResult, NightlySpec, finish_stages, run_nightly
     from .run import stderr_progress
     from .spec import RunSpec
@@ -148,7 +150,7 @@ def nightly_cmd(target: str, builds: tuple[str, ...], ops: tuple[str, ...], dtyp
         with Store.open(db_path) as store:
             finish_stages(store, spec, result, click.echo, db_label=db_path)
     else:
-        result = run_nightly(spec, db_path, progress=stderr_progress, echo=click.echo)
+        result = run_nightly(spec, db_path, progress=stderr_progress(), echo=click.echo)
     if any(s.infra for s in result.summaries.values()):
         sys.exit(EXIT_USAGE)
     sys.exit(result.gate_exit)

@@ -9,7 +9,16 @@ import click
 
 from opdb import Store
 
-from .cli import EXIT_FAILURES, EXIT_OK, EXIT_USAGE, UsageProblem, db_option, handles_errors, main
+from .cli import (
+    EXIT_FAILURES,
+    EXIT_OK,
+    EXIT_USAGE,
+    UsageProblem,
+    check_build,
+    db_option,
+    handles_errors,
+    main,
+)
 
 
 @main.command("run")
@@ -61,6 +70,7 @@ def run_cmd(variants: str, schema: bool | None, model_modes: str, resume: str | 
 
     Example: conformance run --target neuron-emu --build 2.33.0 --ops "nn.functional.*" -n 2
     """
+    check_build(spec_fields["target"], spec_fields["build"])  # before the imports below load torch
     from .run import RunSpec, execute_run, stderr_progress
 
     # the options named like a RunSpec field go to it as they are (a new run option is a field
@@ -72,9 +82,7 @@ def run_cmd(variants: str, schema: bool | None, model_modes: str, resume: str | 
     spec_fields["contracts"] = spec_fields["contracts"] or ("default",)
     spec = RunSpec(**spec_fields, opinfo=opinfo, schema=schema, variants=_variants(variants),
                    model_modes=_modes(model_modes))
-    summary = execute_run(spec, db_path, resume=resume, progress=None if quiet else stderr_progress)
-    if not quiet:
-        click.echo("", err=True)
+    summary = execute_run(spec, db_path, resume=resume, progress=None if quiet else stderr_progress())
     click.echo(summary.render())
     if summary.infra:
         sys.exit(EXIT_USAGE)

@@ -46,6 +46,7 @@ from opdb.store import now
 
 from .finding import Finding
 from .fingerprint import sign_test_p
+from .gate_limits import CONFIRM_BUDGET_S, MAX_RERUNS
 from .numerics import model_numerics, numerics
 from .work import ItemKey
 
@@ -53,8 +54,6 @@ _PASSED = PASSED
 _SEV = SEVERITY
 
 PER_GROUP = 2  # representative items re-run per op x variant x dtype group
-CONFIRM_BUDGET_S = 600.0  # seconds the whole confirmation may spend (default)
-MAX_RERUNS = 500  # re-runs the whole confirmation may do (default)
 _ONCE = (Status.TIMEOUT.value, Status.CRASH.value)  # re-run once: each re-run costs a timeout or a worker
 # The run-config keys that say which items a run holds; two runs gate only when these agree.
 # The contract checks count too: a run without them has no 'contract' items to lose.

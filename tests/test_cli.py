@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import sqlite3
+import subprocess
+import sys
+from pathlib import Path
 
 import click
 import pytest
@@ -82,3 +85,37 @@ def test_every_option_of_conformance_and_opdb_has_help():
             missing += [f"{script} {' '.join(path)} {'/'.join(p.opts)}".replace("  ", " ")
                         for p in cmd.params if isinstance(p, click.Option) and not (p.help or "").strip()]
     assert not missing, "options without help: " + "; ".join(missing)
+
+
+AVAILABLE = "available: 2.31.0, 2.32.0, 2.33.0, ideal (or a path to a manifest .toml)"
+
+
+@pytest.mark.parametrize("args", [
+    ["run", "--build", "9.99.0", "--ops", "abs"],
+    ["nightly", "--build", "2.33.0", "--build", "9.99.0"],
+    ["audit", "examples.audit_example:build", "--input-shape", "2,16:int64", "--build", "9.99.0"],
+])
+def test_unknown_build_is_one_line_exit_2_and_writes_nothing(args, tmp_path):
+    db = tmp_path / "x.sqlite"
+    r = run(*args, *(["--db", str(db)] if args[0] != "audit" else []))
+    assert r.exit_code == 2, r.output
+    assert r.output.splitlines() == [f"error: --build '9.99.0': no such neuron-emu build; {AVAILABLE}"]
+    assert not db.exists()
+
+
+def test_missing_manifest_path_is_one_line_exit_2(tmp_path):
+    r = run("run", "--build", str(tmp_path / "nope.toml"), "--db", str(tmp_path / "x.sqlite"))
+    assert r.exit_code == 2
+    assert r.output.splitlines() == [f"error: --build '{tmp_path / 'nope.toml'}': no such build manifest file"]
+
+
+def test_unknown_build_is_refused_before_torch_loads():
+    """The check reads only the shipped manifests' file names: torch (and the emulator) never
+    load for a build that does not exist (that took ~7 s)."""
+    code = ("import sys\nfrom conformance.cli import main\n"
+            "try:\n    main(['run', '--build', '9.99.0', '--ops', 'abs', '--db', 'never.sqlite'])\n"
+            "except SystemExit as e:\n    print('exit', e.code, 'torch' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900,
+                         cwd=Path(__file__).resolve().parent.parent)
+    assert out.stdout.split() == ["exit", "2", "False"], out.stdout + out.stderr
+    assert "no such neuron-emu build" in out.stderr
