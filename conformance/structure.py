@@ -174,12 +174,37 @@ def unflatten(spec: Spec, values: Iterable[Any]) -> Any:
 _END = object()
 
 
+def map_leaves(fn: Callable[[Any], Any], value: Any) -> Any:
+    """``value`` rebuilt with ``fn`` applied to each leaf."""
+    named, spec = flatten(value)
+    return unflatten(spec, [fn(x) for _, x in named])
+
+
 def map_tensors(fn: Callable[[torch.Tensor], Any], value: Any) -> Any:
     """``value`` with ``fn`` applied to each tensor leaf (other leaves kept)."""
-    named, spec = flatten(value)
-    return unflatten(spec, [fn(x) if isinstance(x, torch.Tensor) else x for _, x in named])
+    return map_leaves(lambda x: fn(x) if isinstance(x, torch.Tensor) else x, value)
 
 
 def label(path: str) -> str:
-    """How a leaf is named in a report: its path, or ``output`` for a bare tensor."""
-    return path or "output"
+    """How an output leaf is named in a report: ``logits``, ``cache.layers[0].keys``,
+    ``output[1]`` (a tuple's second element), ``output`` (a bare tensor)."""
+    return path if path and not path.startswith("[") else f"output{path}"
+
+
+class FlatModule(torch.nn.Module):
+    """``model`` taking its inputs' tensor leaves and returning its outputs' tensor leaves, so that
+    tracers that know only pytree nodes (``torch.export``) see any input/output structure."""
+
+    def __init__(self, model: torch.nn.Module, inputs: tuple) -> None:
+        super().__init__()
+        self.model = model
+        named, self._spec = flatten(tuple(inputs))
+        self._fixed = [x for _, x in named]
+
+    def flat_inputs(self) -> tuple[torch.Tensor, ...]:
+        return tuple(x for x in self._fixed if isinstance(x, torch.Tensor))
+
+    def forward(self, *tensors: torch.Tensor) -> list[torch.Tensor]:
+        it = iter(tensors)
+        args = unflatten(self._spec, [next(it) if isinstance(x, torch.Tensor) else x for x in self._fixed])
+        return tensor_leaves(self.model(*args))

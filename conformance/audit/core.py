@@ -144,7 +144,7 @@ def decide(res: AuditResult) -> None:
     bad_out = [o for o in res.outputs if not o.ok]
     div = f"; first divergent op {res.first_divergent_op}" if res.first_divergent_op else ""
     if bad_out:
-        blockers.append(f"forward parity fails for output(s) {', '.join(str(o.index) for o in bad_out)} "
+        blockers.append(f"forward parity fails for {', '.join(o.name or f'output {o.index}' for o in bad_out)} "
                         f"({bad_out[0].detail}){div}")
     if res.gradients is not None and not res.gradients["ok"]:
         blockers.append(f"gradients diverge ({res.gradients['detail']})" + (div if not bad_out else ""))

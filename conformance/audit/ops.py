@@ -39,10 +39,12 @@ def export_histogram(model: nn.Module, inputs: tuple,
     """The core-ATen histogram of the ``torch.export`` graph and its calls' inputs (recorded by
     running the exported graph on the CPU); (None, {}) when export cannot capture the model."""
     from ..models.tracing import histogram
+    from ..structure import FlatModule
 
+    flat = FlatModule(copy.deepcopy(model), tuple(inputs))  # caches and ModelOutputs in or out: tensors only
     try:
         with silenced():
-            ep = torch.export.export(copy.deepcopy(model), tuple(inputs), strict=False).run_decompositions()
+            ep = torch.export.export(flat, flat.flat_inputs(), strict=False).run_decompositions()
     except Exception as exc:  # noqa: BLE001
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         res.capture = {"method": "eager dispatch trace", "ok": False,
@@ -53,7 +55,7 @@ def export_histogram(model: nn.Module, inputs: tuple,
     rec = Recorder(record=True)
     try:
         with torch.no_grad(), rec:
-            ep.module()(*inputs)
+            ep.module()(*flat.flat_inputs())
     except Exception:  # noqa: BLE001 - export-only ops stay unchecked
         pass
     res.capture = {"method": "torch.export", "ok": True,

@@ -56,7 +56,7 @@ def text_lines(res: AuditResult, *, timings: bool = True) -> list[str]:
     if res.target_error:
         L.append(f"  the model raises on the target: {res.target_error.splitlines()[0][:200]}")
     for o in res.outputs:
-        L.append(f"  output {o.index} [{','.join(map(str, o.shape))}] {o.dtype}: {'pass' if o.ok else 'FAIL'}"
+        L.append(f"  {o.name or f'output {o.index}'} [{','.join(map(str, o.shape))}] {o.dtype}: {'pass' if o.ok else 'FAIL'}"
                  f"  rel err {fmt(o.rel_err)}  max abs err {fmt(o.max_abs_err)}"
                  + (f"  ({o.detail})" if o.detail else ""))
     if res.gradients is not None:

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..compare import leaves
+from ..structure import label, named_leaves, tensor_leaves
 from .results import AuditInputError, AuditResult, OutputParity
 from .trace import error_text, main_dtype
 
@@ -21,17 +21,24 @@ def forward_parity(cpu_out: Any, tgt_out: Any, tol: Any, res: AuditResult) -> bo
     from ..compare import compare
     from ..models.localize import rel_l2
 
-    c_l, t_l = leaves(cpu_out), leaves(tgt_out)
-    if len(c_l) != len(t_l):
+    c_l, t_l = named_leaves(cpu_out), named_leaves(tgt_out)
+    c_paths, t_paths = [p for p, _ in c_l], [p for p, _ in t_l]
+    if c_paths != t_paths:
+        only_t = [label(p) for p in t_paths if p not in c_paths]
+        only_c = [label(p) for p in c_paths if p not in t_paths]
+        why = "; ".join(filter(None, [f"only on the target: {', '.join(only_t[:4])}" if only_t else "",
+                                      f"only on the CPU: {', '.join(only_c[:4])}" if only_c else ""]))
         res.outputs.append(OutputParity(0, [], "", False, None, None,
-                                        f"target returned {len(t_l)} values, CPU {len(c_l)}"))
+                                        f"output structure differs: target returned {len(t_l)} leaves, CPU {len(c_l)}"
+                                        + (f" ({why})" if why else " (same paths, another order)"), name="output"))
         return True
     bad = False
-    for i, (c, t) in enumerate(zip(c_l, t_l, strict=True)):
+    for i, ((path, c), (_, t)) in enumerate(zip(c_l, t_l, strict=True)):
+        name = label(path)
         if not isinstance(c, torch.Tensor):
             ok = c == t
             res.outputs.append(OutputParity(i, [], type(c).__name__, bool(ok), None, None,
-                                            "" if ok else f"{t!r} vs {c!r}"))
+                                            "" if ok else f"{t!r} vs {c!r}", name=name))
             bad |= not ok
             continue
         ev = compare(c, t, atol=tol.atol, rtol=tol.rtol)
@@ -42,13 +49,13 @@ def forward_parity(cpu_out: Any, tgt_out: Any, tol: Any, res: AuditResult) -> bo
         elif not err <= tol.fwd_rtol:
             detail = f"||t - c|| / ||c|| = {err:.3g} > fwd_rtol={tol.fwd_rtol:g}"
         res.outputs.append(OutputParity(i, list(c.shape), str(c.dtype).removeprefix("torch."), not detail,
-                                        err, ev.max_abs_err, detail))
+                                        err, ev.max_abs_err, detail, name=name))
         bad |= bool(detail)
     return bad
 
 
 def training_loss(out: Any) -> torch.Tensor:
-    fl = [o for o in leaves(out) if isinstance(o, torch.Tensor) and o.is_floating_point() and o.requires_grad]
+    fl = [o for o in tensor_leaves(out) if o.is_floating_point() and o.requires_grad]
     if not fl:
         raise AuditInputError("--train: the model's outputs carry no gradient (no float output depends on parameters)")
     return sum(o.float().square().mean() for o in fl)  # type: ignore[return-value]

@@ -51,6 +51,7 @@ class OutputParity:
     rel_err: float | None
     max_abs_err: float | None
     detail: str = ""
+    name: str = ""  # the leaf's path: "logits", "cache.layers[0].keys", "output[1]" (conformance.structure)
 
 
 @dataclass

@@ -12,6 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
 from ..compare import leaves
+from ..structure import map_leaves, map_tensors
 from .results import AuditInputError
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
@@ -78,7 +79,7 @@ def error_text(exc: BaseException) -> str:
 
 
 def to_cpu(tree: Any) -> Any:
-    return tree_map(lambda x: x.detach().to("cpu") if isinstance(x, torch.Tensor) else x, tree)
+    return map_tensors(lambda x: x.detach().to("cpu"), tree)
 
 
 def devices_to(tree: Any, dev: torch.device) -> Any:
@@ -88,7 +89,7 @@ def devices_to(tree: Any, dev: torch.device) -> Any:
         if isinstance(x, torch.device) and x.type == "cpu":
             return dev
         return x
-    return tree_map(one, tree)
+    return map_leaves(one, tree)
 
 
 def main_dtype(model: nn.Module) -> str:

@@ -39,6 +39,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._pytree import tree_flatten, tree_map
 
 from ..compare import leaves
+from ..structure import flatten, map_tensors, named_leaves, tensor_leaves, unflatten
 from .tracing import node_target
 
 
@@ -60,7 +61,7 @@ def rel_l2(cpu: Any, dev: Any) -> float:
     """Worst normwise relative error ``||t - c|| / ||c||`` over the float tensors of an output
     (exact comparison for integer/bool tensors: 0 or inf). NaN/Inf where the CPU has none: inf."""
     worst = 0.0
-    for c, t in zip(leaves(cpu), leaves(dev), strict=False):
+    for (_, c), (_, t) in zip(named_leaves(cpu), named_leaves(dev), strict=False):
         if not (isinstance(c, torch.Tensor) and isinstance(t, torch.Tensor)):
             continue
         if c.shape != t.shape:
@@ -90,30 +91,40 @@ def _shapes(value: Any) -> str:
 
 def trace_graph(model: nn.Module, inputs: tuple, *, backward: bool = False,
                 seed: int = 0) -> tuple[fx.GraphModule, list[Any]]:
-    """The ATen graph to localize over and its flat real inputs (placeholders in order)."""
+    """The ATen graph to localize over and its flat real inputs (placeholders in order).
+
+    Inputs and outputs of any structure (ModelOutput, KV caches: :mod:`conformance.structure`) are
+    traced through their tensor leaves: the graph takes the inputs' tensors and returns the outputs'.
+    """
     params = {n: p.detach().clone().requires_grad_(backward) for n, p in model.named_parameters()}
     buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
-    if not backward:
-        def fwd(params: dict, buffers: dict, args: tuple) -> Any:
-            return functional_call(model, {**params, **buffers}, args)
+    named, in_spec = flatten(tuple(inputs))
+    fixed = [x for _, x in named]
+    tensors = [x for x in fixed if isinstance(x, torch.Tensor)]
 
-        gm = make_fx(fwd, tracing_mode="fake")(params, buffers, tuple(inputs))
-        flat, _ = tree_flatten((params, buffers, tuple(inputs)))
+    def call(params: dict, buffers: dict, args: list, m: nn.Module = model) -> list[torch.Tensor]:
+        it = iter(args)
+        rebuilt = unflatten(in_spec, [next(it) if isinstance(x, torch.Tensor) else x for x in fixed])
+        return tensor_leaves(functional_call(m, {**params, **buffers}, rebuilt))
+
+    if not backward:
+        gm = make_fx(call, tracing_mode="fake")(params, buffers, tensors)
+        flat, _ = tree_flatten((params, buffers, tensors))
         return gm, flat
     # Cotangents for the float outputs, seeded, from a real forward run on a copy.
     with torch.no_grad():
-        out = functional_call(copy.deepcopy(model), {**params, **{k: v.clone() for k, v in buffers.items()}}, tuple(inputs))
+        out = call(params, {k: v.clone() for k, v in buffers.items()}, [t.clone() for t in tensors], copy.deepcopy(model))
     gen = torch.Generator().manual_seed(seed)
-    cots = [torch.randn(o.shape, generator=gen).to(o.dtype) for o in leaves(out) if _float_like(o)]
+    cots = [torch.randn(o.shape, generator=gen).to(o.dtype) for o in out if _float_like(o)]
 
-    def joint(params: dict, buffers: dict, args: tuple, cots: list) -> Any:
-        out = functional_call(model, {**params, **buffers}, args)
-        outs = [o for o in leaves(out) if _float_like(o) and o.requires_grad]
+    def joint(params: dict, buffers: dict, args: list, cots: list) -> Any:
+        out = call(params, buffers, args)
+        outs = [o for o in out if _float_like(o) and o.requires_grad]
         grads = torch.autograd.grad(outs, list(params.values()), grad_outputs=cots[:len(outs)], allow_unused=True)
         return out, grads
 
-    gm = make_fx(joint, tracing_mode="fake")(params, buffers, tuple(inputs), cots)
-    flat, _ = tree_flatten((params, buffers, tuple(inputs), cots))
+    gm = make_fx(joint, tracing_mode="fake")(params, buffers, tensors, cots)
+    flat, _ = tree_flatten((params, buffers, tensors, cots))
     return gm, [x.detach() if isinstance(x, torch.Tensor) else x for x in flat]
 
 
@@ -124,7 +135,7 @@ def localize(model: nn.Module, inputs: tuple, target: Any, dtype: torch.dtype, *
     ``model``/``inputs`` are float32 CPU originals (copied, cast to ``dtype``, never mutated).
     """
     model = copy.deepcopy(model).to(dtype)
-    inputs = tree_map(lambda x: x.to(dtype) if _float_like(x) else x, tuple(inputs))
+    inputs = map_tensors(lambda x: x.to(dtype) if _float_like(x) else x, tuple(inputs))
     gm, flat = trace_graph(model, inputs, backward=backward, seed=seed)
     dev = torch.device(target.device)
 

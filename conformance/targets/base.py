@@ -20,7 +20,8 @@ from typing import Any, ClassVar
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_map
+
+from ..structure import map_tensors
 
 
 class TargetError(ValueError):
@@ -144,7 +145,8 @@ class Target:
 
     # -- execution -------------------------------------------------------------------
     def to_device(self, value: Any) -> Any:
-        return tree_map(lambda x: x.to(self.device) if isinstance(x, torch.Tensor) else x, value)
+        """``value`` with its tensors on the device (caches and ModelOutputs walked: conformance.structure)."""
+        return map_tensors(lambda x: x.to(self.device), value)
 
     def wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """The callable as the target runs it (eager by default; compiled for inductor)."""
