@@ -138,6 +138,10 @@ MODEL_RESULTS = {
     # (schema v6) the target's run-to-run noise: max |second forward - first| / max |first| on the
     # same weights and inputs
     "noise": float,
+    # (schema v7) the forward error as the model tolerance judges it: the worst normwise
+    # ||t - c|| / ||c|| over the float outputs (fwd_rtol bounds it); max_abs_err / max_rel_err
+    # above are element-wise and meaningless near zero
+    "fwd_rel_err": float,
 }
 
 # Per run and ATen overload: exercised (with counts) or not, with a reason from a fixed vocabulary.
@@ -245,7 +249,12 @@ def _v6(db: sqlite_utils.Database) -> None:
             db[table].add_column(col, typ)
 
 
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3, _v4, _v5, _v6]
+def _v7(db: sqlite_utils.Database) -> None:
+    if "fwd_rel_err" not in db["model_results"].columns_dict:
+        db["model_results"].add_column("fwd_rel_err", float)
+
+
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -191,3 +191,25 @@ def test_old_schema_is_migrated_in_place(tmp_path):
     with Store.open(path) as st:
         assert st.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
         assert "coverage" in st.db.table_names() and st.get_run("old")["status"] == "finished"
+
+
+def test_a_v6_database_gains_the_normwise_forward_error(tmp_path):
+    """Schema v7: model rows store the forward error the model tolerance judges (normwise);
+    an older database reads NULL for it (the report shows a dash), its other columns intact."""
+    import sqlite_utils
+
+    from opdb.schema import MIGRATIONS
+
+    path = tmp_path / "v6.sqlite"
+    db = sqlite_utils.Database(path)
+    for step in MIGRATIONS[:6]:
+        step(db)
+    db["model_results"].transform(drop={"fwd_rel_err"})  # _v1 creates today's columns; v6 had none such
+    db.execute("PRAGMA user_version = 6")
+    db["model_results"].insert({"run_id": "r", "item_key": "mlp.x|eager|float32|0", "status": "pass",
+                                "max_rel_err": 73.5})
+    db.conn.close()
+    with Store.open(path) as st:
+        assert st.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        (row,) = st.db.query("select status, max_rel_err, fwd_rel_err from model_results")
+        assert row == {"status": "pass", "max_rel_err": 73.5, "fwd_rel_err": None}

@@ -417,6 +417,8 @@ def run_item(target: Any, prep: _Prepared, dtype_name: str, mode: str, config: A
     if cpu.error is None and tgt.error is None:
         ev, fwd_err, fwd_detail = forward_evidence(cpu.out, tgt.out, tol)
         row["max_abs_err"], row["max_rel_err"] = ev.row()["max_abs_err"], ev.row()["max_rel_err"]
+        # what fwd_rtol judges (normwise); the two above are element-wise evidence only
+        row["fwd_rel_err"] = fwd_err if math.isfinite(fwd_err) else 1e308
         if fwd_detail:
             problems.append(f"forward: {fwd_detail}")
         g_close, g_err, g_detail = grad_evidence(cpu.grads or {}, tgt.grads or {}, tol)
