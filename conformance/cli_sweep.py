@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 from typing import Any
 
@@ -119,13 +120,15 @@ def _modes(text: str) -> tuple[str, ...]:
 def repro_cmd(result_id: int, out_dir: str, db_path: str) -> None:
     """Write a standalone script (inputs saved next to it) that reproduces one result.
 
-    Example: conformance repro 1234 --db results/opdb.sqlite && python repro/repro_1234.py
+    Example: conformance repro 1234 --db results/opdb.sqlite  (prints the command that runs the script)
     """
     from .repro import write_repro
 
     with Store.open(db_path, create=False) as st:
         script = write_repro(st, result_id, out_dir)
-    click.echo(f"wrote {script} (run: python {script})")
+    # the interpreter running this command has torch and the target's package; a bare `python`
+    # (the system's, outside the virtual environment) has neither
+    click.echo(f"wrote {script} (run: {shlex.join([sys.executable, str(script)])})")
 
 
 @main.group("ledger")

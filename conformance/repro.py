@@ -22,6 +22,8 @@ import inspect
 import json
 import math
 import re
+import shlex
+import sys
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -237,7 +239,9 @@ def write_repro(store: Store, result_id: int, out_dir: str | Path) -> Path:
     doc = _doc_text(
         f"Reproduces opdb result {int(result_id)}: {op} ({variant}, {row.get('dtype')}, sample {row.get('sample')}) "
         f"on target {run.get('target')}\n(build {run.get('build')}). Recorded status: {row.get('status')}.\n"
-        f"Recorded error: {str(row.get('error') or '')[:500]}\nRun: python {script.name}")
+        f"Recorded error: {str(row.get('error') or '')[:500]}\n"
+        f"Run it with the Python that wrote it (torch and the target's package are installed there):\n"
+        f"  {shlex.join([sys.executable, str(script.resolve())])}")
     text = _TEMPLATE.format(doc=doc, setup=setup, record=_literal(record), decoder=inspect.getsource(decode_inputs),
                             resolve=resolve, wrapped=wrapped.format(fn="fn"))
     text += (_CONTRACTS_PART if "contracts" in record else "") + _END

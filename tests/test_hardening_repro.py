@@ -227,3 +227,23 @@ def test_unknown_contract_names_are_refused(tmp_path, stored):
     r = _repro(db, rid, tmp_path / "repro")
     assert r.exit_code == 2, r.output
     assert r.output.count("\n") == 1 and f"result {rid}: field contract_failed" in r.output, r.output
+
+
+def test_the_printed_run_command_works_outside_the_virtual_environment(tmp_path):
+    """The hint names the interpreter that wrote the script (a bare `python`, the system's,
+    lacks torch): run as printed, from another folder, with the venv off PATH, it works."""
+    import os
+    import shlex
+
+    db, rid = _db(tmp_path)
+    r = _repro(db, rid, tmp_path / "repro")
+    assert r.exit_code == 0, r.output
+    script = tmp_path / "repro" / f"repro_{rid}.py"
+    assert r.output.strip() == f"wrote {script} (run: {shlex.join([sys.executable, str(script)])})"
+    command = r.output.strip().split("(run: ", 1)[1][:-1]
+    assert f"  {shlex.join([sys.executable, str(script.resolve())])}" in script.read_text()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")} | {"PATH": "/usr/bin:/bin"}
+    out = subprocess.run(shlex.split(command), capture_output=True, text=True, timeout=300, cwd=elsewhere, env=env)
+    assert out.returncode == 0 and "within tolerance" in out.stdout, out.stdout + out.stderr
