@@ -15,10 +15,12 @@ from typing import Literal
 
 from opdb.status import FAILING, SEVERITY, Status
 
-__all__ = ["FAILING", "SEVERITY", "Status", "apply_expected", "decide", "decide_unrun", "is_unsupported_dtype"]
+__all__ = ["FAILING", "SEVERITY", "Status", "apply_expected", "decide", "decide_unrun", "is_unsupported_dtype",
+           "is_unsupported_layout"]
 
-_DTYPE_WORDS = r"(float64|double|complex|ComplexFloat|ComplexDouble|ComplexHalf|Half|BFloat16|float16|bfloat16|" \
-               r"Long|int64|Int|int32|Short|Char|Byte|Bool|channels_last|dtype)"
+# whole words: "Int" must not match "internal" (an internal error is no refused dtype)
+_DTYPE_WORDS = r"(?<![A-Za-z])(float64|double|complex|ComplexFloat|ComplexDouble|ComplexHalf|Half|BFloat16|float16|bfloat16|" \
+               r"Long|int64|Int|int32|Short|Char|Byte|Bool|dtype)(?![a-z])"
 _UNSUPPORTED = [
     re.compile(r"not implemented for '" + _DTYPE_WORDS, re.I),
     re.compile(_DTYPE_WORDS + r".{0,80}(not supported|unsupported|is not available)", re.I),
@@ -27,8 +29,32 @@ _UNSUPPORTED = [
 
 
 def is_unsupported_dtype(message: str) -> bool:
-    """Does a target's error message say the dtype (or memory format) is unsupported?"""
+    """Does a target's error message say the dtype is unsupported?"""
     return any(p.search(message) for p in _UNSUPPORTED)
+
+
+# A memory format or layout as a word of its own (not inside an op name: ``aten::to_sparse``,
+# ``aten::empty.memory_format`` name ops, not what the target refused).
+_LAYOUT_WORDS = r"(?<![\w.:])(channels_last(?:_3d)?|memory[ _]format|(?:tensor )?layout|sparse|mkldnn|nested)(?!\w)"
+_REFUSED = r"(not supported|unsupported|is not available|does not support|doesn't support|supports only)"
+_UNSUPPORTED_LAYOUT = [
+    re.compile(_LAYOUT_WORDS + r".{0,80}?" + _REFUSED, re.I),
+    re.compile(r"(unsupported|not supported|does not support|doesn't support).{0,40}?" + _LAYOUT_WORDS, re.I),
+    re.compile(r"supports only strided tensors", re.I),
+    # the dispatcher's own refusal: no kernel of this op for a sparse/mkldnn/nested tensor on the device
+    re.compile(r"with arguments from the '(Sparse|SparseCsr|Mkldnn|Nested)\w*' backend"),
+]
+
+
+def is_unsupported_layout(message: str) -> bool:
+    """Does a target's error message say an input's memory format or layout is unsupported?
+
+        >>> is_unsupported_layout("neuron: channels_last inputs are not supported by aten::convolution.default")
+        True
+        >>> is_unsupported_layout("internal compiler error in aten::to_sparse.default: unsupported resize")
+        False
+    """
+    return any(p.search(message) for p in _UNSUPPORTED_LAYOUT)
 
 
 NOT_COMPILED = ("infra: the compiler target compiled no graph for this item, so it ran eager; "
@@ -59,7 +85,10 @@ def decide(*, cpu_error: str | None, target_error: str | None, close: bool,
     if target_error is None and graphs == 0:
         return Status.ERROR
     if target_error is not None:
-        status = Status.UNSUPPORTED_DTYPE if is_unsupported_dtype(target_error) else Status.ERROR
+        # from the error the target raised (never from what a device's manifest says): a refused
+        # memory format or layout first, its message may name a dtype too
+        status = (Status.UNSUPPORTED_LAYOUT if is_unsupported_layout(target_error) else
+                  Status.UNSUPPORTED_DTYPE if is_unsupported_dtype(target_error) else Status.ERROR)
     elif not close:
         status = Status.MISMATCH
     elif contracts_failed:

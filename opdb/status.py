@@ -35,6 +35,7 @@ class Status(StrEnum):
     XPASS = "xpass"
     CONTRACT = "contract"
     UNSUPPORTED_DTYPE = "unsupported_dtype"
+    UNSUPPORTED_LAYOUT = "unsupported_layout"
     MISMATCH = "mismatch"
     ERROR = "error"
     TIMEOUT = "timeout"
@@ -81,12 +82,14 @@ INFO: dict[Status, StatusInfo] = {
     Status.CONTRACT: StatusInfo("fail", 3, 5, "#5fa8d3", "#111",
                                 "values match the CPU, but a contract does not (out=, strides, aliasing, "
                                 "non-contiguous inputs, variants, errors, determinism)"),
-    Status.UNSUPPORTED_DTYPE: StatusInfo("fail", 3, 6, "#b79fd6", "#111",
-                                         "the target rejects the dtype (or memory format)"),
-    Status.MISMATCH: StatusInfo("fail", 4, 7, "#ee8434", "#111", "runs, but differs from the CPU"),
-    Status.ERROR: StatusInfo("fail", 4, 8, "#d1495b", "#fff", "raises where the CPU does not"),
-    Status.TIMEOUT: StatusInfo("fail", 5, 9, "#8d1c2e", "#fff", "did not finish within the timeout"),
-    Status.CRASH: StatusInfo("fail", 5, 10, "#4a0d17", "#fff", "killed its worker process"),
+    Status.UNSUPPORTED_DTYPE: StatusInfo("fail", 3, 6, "#b79fd6", "#111", "the target rejects the dtype"),
+    Status.UNSUPPORTED_LAYOUT: StatusInfo("fail", 3, 7, "#d6a0c4", "#111",
+                                          "the target rejects an input's memory format or layout "
+                                          "(channels_last, sparse, ...)"),
+    Status.MISMATCH: StatusInfo("fail", 4, 8, "#ee8434", "#111", "runs, but differs from the CPU"),
+    Status.ERROR: StatusInfo("fail", 4, 9, "#d1495b", "#fff", "raises where the CPU does not"),
+    Status.TIMEOUT: StatusInfo("fail", 5, 10, "#8d1c2e", "#fff", "did not finish within the timeout"),
+    Status.CRASH: StatusInfo("fail", 5, 11, "#4a0d17", "#fff", "killed its worker process"),
 }
 
 #: Every status name, in display order.

@@ -52,6 +52,29 @@ def test_decide_and_decide_unrun_choose_statuses():
     assert verdict.decide_unrun("harness") is Status.ERROR
 
 
+def test_a_refused_layout_is_named_as_such_not_as_a_dtype():
+    """The status names the cause the target's own error gives (never a device manifest): a
+    refused memory format or layout is unsupported_layout, a refused dtype unsupported_dtype."""
+    layout = ["RuntimeError: neuron: channels_last inputs are not supported by aten::convolution.default on "
+              "Neuron SDK build 2.31.0 (manifest rule dtypes.channels_last = 'error')",
+              "RuntimeError: MPS does not support channels_last_3d", "unsupported memory format ChannelsLast3d",
+              "NotImplementedError: Could not run 'aten::_to_copy' with arguments from the 'SparseCUDA' backend",
+              "NotImplementedError: Could not run 'aten::add' on the neuron device with a Sparse tensor: the "
+              "neuron device of this build supports only strided tensors"]
+    for msg in layout:
+        assert verdict.decide(cpu_error=None, target_error=msg, close=False) is Status.UNSUPPORTED_LAYOUT, msg
+    dtype = ["neuron: float64 inputs are not supported by aten::mm.default (manifest rule dtypes.float64 = 'error')",
+             "RuntimeError: \"abs_cpu\" not implemented for 'ComplexHalf'"]
+    for msg in dtype:
+        assert verdict.decide(cpu_error=None, target_error=msg, close=False) is Status.UNSUPPORTED_DTYPE, msg
+    # an op's name is not a refused layout
+    for msg in ["RuntimeError: neuron: internal error in aten::to_sparse.default: unsupported resize",
+                "RuntimeError: neuron: internal error in aten::empty.memory_format (unsupported bf16 resize)"]:
+        assert verdict.decide(cpu_error=None, target_error=msg, close=False) is Status.ERROR, msg
+    assert Status.UNSUPPORTED_LAYOUT in FAILING
+    assert st.severity("unsupported_layout") == st.severity("unsupported_dtype")  # a change of name is no regression
+
+
 def test_generated_css_has_one_rule_per_status(tmp_path):
     source = (TEMPLATES / "report.css").read_text(encoding="utf-8")
     assert not re.search(r"^\.st-", source, re.M), "status colours belong in opdb.status.INFO, not report.css"
