@@ -102,10 +102,14 @@ def trace_graph(model: nn.Module, inputs: tuple, *, backward: bool = False,
     fixed = [x for _, x in named]
     tensors = [x for x in fixed if isinstance(x, torch.Tensor)]
 
-    def call(params: dict, buffers: dict, args: list, m: nn.Module = model) -> list[torch.Tensor]:
-        it = iter(args)
-        rebuilt = unflatten(in_spec, [next(it) if isinstance(x, torch.Tensor) else x for x in fixed])
-        return tensor_leaves(functional_call(m, {**params, **buffers}, rebuilt))
+    def caller(m: nn.Module) -> Any:
+        def call(params: dict, buffers: dict, args: list) -> list[torch.Tensor]:  # make_fx counts its parameters
+            it = iter(args)
+            rebuilt = unflatten(in_spec, [next(it) if isinstance(x, torch.Tensor) else x for x in fixed])
+            return tensor_leaves(functional_call(m, {**params, **buffers}, rebuilt))
+        return call
+
+    call = caller(model)
 
     if not backward:
         gm = make_fx(call, tracing_mode="fake")(params, buffers, tensors)
@@ -113,7 +117,7 @@ def trace_graph(model: nn.Module, inputs: tuple, *, backward: bool = False,
         return gm, flat
     # Cotangents for the float outputs, seeded, from a real forward run on a copy.
     with torch.no_grad():
-        out = call(params, {k: v.clone() for k, v in buffers.items()}, [t.clone() for t in tensors], copy.deepcopy(model))
+        out = caller(copy.deepcopy(model))(params, {k: v.clone() for k, v in buffers.items()}, [t.clone() for t in tensors])
     gen = torch.Generator().manual_seed(seed)
     cots = [torch.randn(o.shape, generator=gen).to(o.dtype) for o in out if _float_like(o)]
 
