@@ -51,6 +51,7 @@ from torch.utils._pytree import tree_map
 from .. import datafiles
 from ..compare import Evidence, compare, leaves
 from ..fingerprint import fingerprint
+from ..structure import label, map_tensors, named_leaves
 from ..verdict import Status, decide, decide_unrun
 from ..work import NOTHING, Group, ItemKey, Selection
 from .localize import rel_l2
@@ -99,11 +100,11 @@ def _cast(tree: Any, dtype: torch.dtype) -> Any:
 
 def _to_cpu(tree: Any) -> Any:
     """Device tensors to the CPU (differentiable: gradients flow back to the device)."""
-    return tree_map(lambda x: x.to("cpu") if isinstance(x, torch.Tensor) else x, tree)
+    return map_tensors(lambda x: x.to("cpu"), tree)
 
 
 def _detach_cpu(tree: Any) -> Any:
-    return tree_map(lambda x: x.detach().to("cpu") if isinstance(x, torch.Tensor) else x, tree)
+    return map_tensors(lambda x: x.detach().to("cpu"), tree)
 
 
 def _err(exc: BaseException) -> str:
@@ -125,12 +126,20 @@ def forward_evidence(cpu_out: Any, tgt_out: Any, tol: ModelTolerance) -> tuple[E
     The evidence fields (max_abs_err, max_rel_err, shapes, dtypes) are the op sweep's; closeness
     is normwise (``rel_l2 <= fwd_rtol``) plus matching structure, shapes and dtypes.
     """
-    ev = compare(cpu_out, tgt_out, atol=tol.atol, rtol=tol.rtol)
+    c_l, t_l = named_leaves(cpu_out), named_leaves(tgt_out)  # ModelOutputs and caches walked
+    ev = compare([x for _, x in c_l], [x for _, x in t_l], atol=tol.atol, rtol=tol.rtol)
     err = rel_l2(cpu_out, tgt_out)
-    if not (ev.shape_ok and ev.dtype_ok) or len(leaves(cpu_out)) != len(leaves(tgt_out)):
+    if [p for p, _ in c_l] != [p for p, _ in t_l]:
+        return ev, err, (ev.detail or "output structure differs") + \
+            f" (target leaves {[label(p) for p, _ in t_l][:6]}, CPU {[label(p) for p, _ in c_l][:6]})"
+    if not (ev.shape_ok and ev.dtype_ok):
         return ev, err, ev.detail or "output structure differs"
     if not err <= tol.fwd_rtol:
-        return ev, err, (f"||t - c|| / ||c|| = {err:.3g} > fwd_rtol={tol.fwd_rtol:g} "
+        where = ""
+        if len(c_l) > 1:  # name the worst leaf
+            worst = max(zip(c_l, t_l, strict=True), key=lambda ct: rel_l2(ct[0][1], ct[1][1]))
+            where = f"{label(worst[0][0])}: "
+        return ev, err, (f"{where}||t - c|| / ||c|| = {err:.3g} > fwd_rtol={tol.fwd_rtol:g} "
                          f"(max abs err {ev.max_abs_err:.3g})")
     return ev, err, ""
 
@@ -273,7 +282,7 @@ def run_to_run_noise(first: Any, again: Any) -> float | None:
     if again is None:
         return None
     num = den = 0.0
-    a_l, b_l = leaves(first), leaves(again)
+    a_l, b_l = [x for _, x in named_leaves(first)], [x for _, x in named_leaves(again)]
     if len(a_l) != len(b_l):
         return None
     for a, b in zip(a_l, b_l, strict=True):
