@@ -177,3 +177,43 @@ def test_execute_run_records_model_rows(tmp_path):
     assert rows["compile"]["recompiles"] == 2
     assert len(json.loads(rows["eager"]["loss_curve"])["target"]) == 3
     assert json.loads(rows["eager"]["params"])["act"] == "relu"
+
+
+# -- what a row says about its failure -------------------------------------------------------
+ERROR_MANIFEST = """
+[build]
+name = "test-models-error"
+inherits = "2.33.0"
+[ops]
+native = ["aten::gelu.default"]
+[[defects]]
+op = "aten::gelu.default"
+kind = "error"
+"""
+
+
+def test_forward_error_is_stored_as_the_tolerance_judges_it(defective, config):
+    """fwd_rel_err is the normwise ||t - c|| / ||c|| that fwd_rtol bounds, not the element-wise
+    max_rel_err (which a near-zero output inflates)."""
+    (bad,) = _rows(defective, GELU_MLP, "float32", config)
+    assert bad["status"] == "mismatch" and 0.015 < bad["fwd_rel_err"] < 0.06  # a 5 % gelu defect, diluted
+    assert f"||t - c|| / ||c|| = {bad['fwd_rel_err']:.3g}" in bad["error"]
+    (ok,) = _rows(get_target("neuron-emu", "2.33.0"), GELU_MLP, "float32", config)  # the build made active again
+    assert ok["status"] == "pass" and ok["fwd_rel_err"] <= 0.015
+
+
+def test_an_error_the_target_raises_is_localized_to_the_op_that_raised(tmp_path, config):
+    path = tmp_path / "test-models-error.toml"
+    path.write_text(ERROR_MANIFEST)
+    (row,) = _rows(get_target("neuron-emu", str(path)), GELU_MLP, "float32", config)
+    assert row["status"] == "error"
+    assert row["first_divergent_op"] == "aten::gelu.default"
+    assert "raises on the target" in row["first_divergent_detail"] and "[2, 16]" in row["first_divergent_detail"]
+
+
+def test_a_kernel_only_an_accelerator_is_handed_is_named(config):
+    """An LSTM cell decomposes to aten::_thnn_fused_lstm_cell only on an accelerator (a graph traced
+    on the CPU never holds it): the op that raised is read from the target's own run."""
+    (row,) = _rows(get_target("neuron-emu", "2.33.0"), "rnn.lstm.h8l1.uni.s4.last", "float32", config)
+    assert row["status"] == "error"
+    assert row["first_divergent_op"] == "aten::_thnn_fused_lstm_cell.default", row.get("first_divergent_detail")

@@ -36,6 +36,7 @@ import torch
 from torch import fx, nn
 from torch.func import functional_call
 from torch.fx.experimental.proxy_tensor import make_fx
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 from ..compare import leaves
@@ -212,3 +213,67 @@ def localize(model: nn.Module, inputs: tuple, target: Any, dtype: torch.dtype, *
 def to_dev_devices(value: Any, dev: torch.device) -> Any:
     """Factory kwargs baked as ``device='cpu'`` by the trace point at the target's device."""
     return tree_map(lambda x: dev if isinstance(x, torch.device) and x.type == "cpu" else x, value)
+
+
+class _RaisingOp(TorchDispatchMode):
+    """Names the first ATen overload whose call raised: the innermost one, since a dispatch mode
+    sees the ops below autograd and composite decompositions (the kernels the device is handed)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+        self.op: str | None = None
+        self.index = -1
+        self.inputs = ""
+        self.error: BaseException | None = None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        self.count += 1
+        try:
+            return func(*args, **(kwargs or {}))
+        except Exception as exc:
+            if self.op is None:
+                self.op = f"{func.namespace}::{func._opname}.{func._overloadname}"
+                self.index, self.inputs, self.error = self.count - 1, _shapes((args, kwargs)), exc
+            raise
+
+
+def raising_op(model: nn.Module, inputs: tuple, target: Any, dtype: torch.dtype, *,
+               loss: Any = None, seed: int = 0) -> Divergence | None:
+    """The ATen op that raises when ``model`` runs on ``target`` (None: nothing raises).
+
+    For an item whose target side raised: a graph traced on the CPU holds the CPU's
+    decompositions, not the kernels the device is handed (an LSTM cell, for one, decomposes to a
+    fused kernel only on an accelerator), so the model itself runs once more on the target,
+    eager, placement, forward and (through ``loss``, else the float outputs' sum) backward, under
+    a dispatch mode that names the op whose call raised. Device-generic: what raised is read
+    from the run, never from what a device says it supports.
+
+        >>> import torch
+        >>> from conformance.targets import get_target
+        >>> raising_op(torch.nn.Linear(4, 2), (torch.randn(3, 4),), get_target("cpu"), torch.float32) is None
+        True
+    """
+    model = copy.deepcopy(model).to(dtype)
+    inputs = tree_map(lambda x: x.to(dtype) if _float_like(x) else x, tuple(inputs))
+    mode = _RaisingOp()
+    torch.manual_seed(seed)
+    try:
+        with mode:
+            m = model.to(target.device)
+            out = m(*target.to_device(inputs))
+            if loss is not None:
+                value = loss(tree_map(lambda x: x.to("cpu") if isinstance(x, torch.Tensor) else x, out))
+            else:
+                value = sum(o.float().sum() for o in leaves(out) if _float_like(o) and o.requires_grad)
+            if isinstance(value, torch.Tensor) and value.requires_grad:
+                value.backward()
+            target.synchronize()
+    except Exception as exc:  # noqa: BLE001 - the target's error is what is being localized
+        if mode.op is None:
+            return None
+        err = mode.error or exc
+        return Divergence(mode.op, "", mode.index, float("inf"), float("inf"),
+                          f"{mode.op} (#{mode.index} of the ATen ops dispatched on the target; inputs "
+                          f"{mode.inputs}) raises on the target: {type(err).__name__}: {err}"[:2000])
+    return None

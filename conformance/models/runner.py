@@ -470,6 +470,24 @@ def run_item(target: Any, prep: _Prepared, dtype_name: str, mode: str, config: A
                     "no op of the eager ATen graph diverges beyond tolerance, locally or along the device's chain"
                     + ("; if the eager item passes, compilation introduces the divergence" if mode == "compile"
                        else "; the error builds up in the training loss/steps rather than in one op"))
+    # Localize an error the target raised to the op that raised it (a graph traced on the CPU
+    # holds the CPU's decompositions, not the kernels the device is handed: the model runs again).
+    elif localize_failures and cpu.error is None and tgt.error is not None:
+        from .localize import raising_op
+
+        try:
+            div = raising_op(prep.model, prep.inputs, target, dtype, loss=spec.loss, seed=seed)
+        except Exception as exc:  # noqa: BLE001
+            row["first_divergent_detail"] = f"localization failed: {_err(exc)}"[:2000]
+        else:
+            if div is not None:
+                row["first_divergent_op"] = div.op
+                row["first_divergent_detail"] = div.detail
+            else:
+                row["first_divergent_detail"] = (
+                    "no ATen op raises when the model runs eager on the target"
+                    + ("; compiling it (torch.compile with the target's backend) raises" if mode == "compile"
+                       else "; the error is raised outside the ops (placement, synchronization or the loss)"))
 
     # Performance: compile counts, shape sweep and latency.
     if tgt.error is None and fn is not None and cpu.error is None:
