@@ -157,3 +157,24 @@ def test_custom_ops_are_risks(tmp_path):
     assert risk and "audit_cpp::shift.default" in risk[0]["what"], data["risks"]
     ops = {o["name"]: o for o in data["ops"]}
     assert ops["audit_cpp::shift.default"]["marked"] in ("fallback", "native")
+
+
+def test_db_fallback_through_out_overload(tmp_path):
+    """The sweep stores a functional overload's fallback under its out= overload (the device's
+    fallback kernel is .out): the audit still marks the functional overload as falling back."""
+    db = tmp_path / "opdb.sqlite"
+    with Store.open(db) as st:
+        run = st.start_run(target="neuron-emu", build="2.33.0", torch_version=torch.__version__, config={})
+        st.insert("coverage", [
+            {"run_id": run, "name": "aten::logical_not.default", "state": "exercised", "samples": 3,
+             "native_samples": 0, "fallback_samples": 0, "failing_samples": 0, "statuses": "{}"},
+            {"run_id": run, "name": "aten::logical_not.out", "state": "exercised", "samples": 9,
+             "native_samples": 0, "fallback_samples": 9, "failing_samples": 0, "statuses": "{}"}])
+        st.finish_run(run)
+    r, data = audit("examples.audit_example:build", "--input-shape", "2,16:int64", "--build", "2.33.0",
+                    "--db", str(db), tmp_path=tmp_path)
+    assert r.exit_code == 0, r.output
+    row = {o["name"]: o for o in data["ops"]}["aten::logical_not.default"]
+    assert row["source"] == f"sweep {run}" and row["marked"] == "fallback", row
+    assert "falls back through aten::logical_not.out" in row["detail"]
+    assert "aten::logical_not.default" in data["fallbacks"]

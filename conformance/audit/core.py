@@ -77,7 +77,8 @@ def _audit(model: nn.Module, inputs: tuple, target: Any, config: AuditConfig) ->
     order = tgt_rec.order if res.target_error is None else cpu_rec.order
     if res.target_error is not None:
         order = list(dict.fromkeys([*tgt_rec.order, *cpu_rec.order]))
-    sweep = sweep_status(config.db_path, target, [*order, *(export_hist or {})], res)
+    placed: dict[str, tuple[str, str]] = {}  # where the stored sweep saw each overload run
+    sweep = sweep_status(config.db_path, target, [*order, *(export_hist or {})], res, placed)
     for name in order:
         row = OpRow(name, eager_calls=counts.get(name, 0) or tgt_rec.counts.get(name, 0),
                     export_calls=None if export_hist is None else export_hist.get(name, 0))
@@ -87,8 +88,12 @@ def _audit(model: nn.Module, inputs: tuple, target: Any, config: AuditConfig) ->
             row.on_target = "native"
         elif name in tgt_rec.counts:
             row.on_target = "native" if res.target_error is None else "reached"
+            if placed.get(name, ("",))[0] == "fallback":  # the device reported the fallback under another overload
+                row.on_target = "fallback"
         if name in sweep:
             row.status, row.source, row.detail = sweep[name]
+            if row.on_target == "fallback" and name not in fallback and placed.get(name, ("", ""))[1]:
+                row.detail = f"{row.detail}; {placed[name][1]}"
         else:
             isolated_check(row, tgt_rec.records.get(name, []), target, tol.fwd_rtol)
         res.ops.append(row)
@@ -99,6 +104,9 @@ def _audit(model: nn.Module, inputs: tuple, target: Any, config: AuditConfig) ->
             row = OpRow(name, eager_calls=0, export_calls=n, on_target="not run")
             if name in sweep:
                 row.status, row.source, row.detail = sweep[name]
+                if name in placed:  # only in the exported graph: where the sweep ran it
+                    row.on_target = placed[name][0]
+                    row.detail = "; ".join(filter(None, [row.detail, placed[name][1]]))
             else:
                 isolated_check(row, export_records.get(name, []), target, tol.fwd_rtol)
             res.ops.append(row)

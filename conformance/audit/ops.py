@@ -64,9 +64,18 @@ def export_histogram(model: nn.Module, inputs: tuple,
     return hist, rec.records
 
 
-def sweep_status(db_path: str | None, target: Any, names: list[str],
-                  res: AuditResult) -> dict[str, tuple[str, str, str]]:
-    """name -> (status, source, detail) for the overloads the build's stored sweep covers."""
+def out_overload(name: str) -> str:
+    """The out= overload of the op ``name`` belongs to (``aten::logical_not_.default`` ->
+    ``aten::logical_not.out``)."""
+    base = name.rsplit(".", 1)[0] if name.count(".") else name
+    return f"{base.removesuffix('_')}.out"
+
+
+def sweep_status(db_path: str | None, target: Any, names: list[str], res: AuditResult,
+                 placement: dict[str, tuple[str, str]] | None = None) -> dict[str, tuple[str, str, str]]:
+    """name -> (status, source, detail) for the overloads the build's stored sweep covers; fills
+    ``placement`` (name -> ("native" | "fallback", why)) with where the sweep saw each run."""
+    placement = {} if placement is None else placement
     if not db_path:
         return {}
     from opdb import Store
@@ -81,9 +90,12 @@ def sweep_status(db_path: str | None, target: Any, names: list[str],
             res.db = {"path": db_path, "run": None,
                       "detail": f"no finished run of {target.name} {target.build}; every op checked in isolation"}
             return {}
-        cov = sweep_coverage(st, run["id"], names)
+        cov = sweep_coverage(st, run["id"], [*names, *(out_overload(n) for n in names)])
     out = {}
-    for name, c in cov.items():
+    for name in dict.fromkeys(names):
+        c = cov.get(name)
+        if c is None:
+            continue
         samples = c["samples"] or 0
         if c["state"] != "exercised" or samples == 0:
             continue
@@ -93,6 +105,16 @@ def sweep_status(db_path: str | None, target: Any, names: list[str],
         else:
             detail = f"{samples} sweep samples" + (f", {failing} failing" if failing else "")
             out[name] = ("pass", f"sweep {run['id']}", detail)
+        # where it runs: its own samples, else (a functional or in-place overload that no sample ran
+        # natively) through its out= overload, as structured kernels do: the device reports the fallback there
+        via = cov.get(out_overload(name)) or {}
+        if c["fallback_samples"]:
+            placement[name] = ("fallback", f"{c['fallback_samples']} of {samples} sweep samples fall back")
+        elif not c["native_samples"] and via.get("fallback_samples"):
+            placement[name] = ("fallback", f"falls back through {out_overload(name)} "
+                                           f"({via['fallback_samples']} of {via['samples']} sweep samples)")
+        elif c["native_samples"]:
+            placement[name] = ("native", "")
     res.db = {"path": db_path, "run": run["id"], "detail": f"{len(out)} of {len(names)} overloads from the sweep "
                                                             f"of run {run['id']} ({run['started_at']})"}
     return out
