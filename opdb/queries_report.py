@@ -230,6 +230,16 @@ def blocking_ops(store: Store, run_id: str, limit: int = 25) -> list[dict[str, A
         [run_id, *failing, limit]))
 
 
+def localized_counts(store: Store, run_id: str) -> tuple[int, int]:
+    """``(failing graphs, those of them localized to a first divergent op)`` of a model run."""
+    failing = sorted(FAILING)
+    marks = ", ".join("?" for _ in failing)
+    n, localized = store.db.execute(
+        f"""select count(*), sum(coalesce(first_divergent_op, '') != '') from model_results
+            where run_id = ? and status in ({marks})""", [run_id, *failing]).fetchone()
+    return int(n or 0), int(localized or 0)
+
+
 def gate_items(store: Store, baseline_run: str, candidate_run: str) -> list[dict[str, Any]]:
     return list(store.db.query(
         """select * from gate_items where baseline_run = ? and candidate_run = ?

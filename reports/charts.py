@@ -13,20 +13,35 @@ Example::
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from markupsafe import Markup, escape
 
 _PALETTE = ("#2b7a3d", "#5aa9e6", "#d1495b", "#edae49", "#6a4c93", "#00798c")
 
 
-def _fmt(v: float) -> str:
+def _fmt(v: float, digits: int = 3) -> str:
     if v == 0:
         return "0"
     a = abs(v)
     if a >= 1000 or a < 0.01:
-        return f"{v:.2g}"
-    return f"{v:.3g}"
+        return f"{v:.{digits - 1}g}"
+    return f"{v:.{digits}g}"
+
+
+def tick_labels(ticks: Sequence[float]) -> list[str]:
+    """One label per tick, with as many significant digits as it takes for no two to read alike
+    (ticks 0.6925 and 0.6930 at 3 digits both read 0.693).
+
+        >>> tick_labels([0.6925, 0.693, 0.6935])
+        ['0.6925', '0.693', '0.6935']
+    """
+    labels = [_fmt(t) for t in ticks]
+    for digits in range(4, 16):
+        if len(set(labels)) == len(labels):
+            break
+        labels = [_fmt(t, digits) for t in ticks]
+    return labels
 
 
 def _ticks(lo: float, hi: float, n: int = 4) -> list[float]:
@@ -50,8 +65,11 @@ def _ticks(lo: float, hi: float, n: int = 4) -> list[float]:
 def line_chart(series: Sequence[tuple[str, Sequence[float | None]]], x_labels: Sequence[str], *,
                title: str, y_label: str = "", y_min: float | None = None, y_max: float | None = None,
                highlight: int | None = None, width: int = 640, height: int = 240,
-               css_class: str = "chart") -> Markup:
-    """Lines over categorical x positions; ``None`` values leave gaps. ``highlight`` marks one x."""
+               css_class: str = "chart", dashed: Collection[str] = ()) -> Markup:
+    """Lines over categorical x positions; ``None`` values leave gaps. ``highlight`` marks one x.
+
+    Series are drawn in order, the last on top; those named in ``dashed`` are dashed (and their
+    dots smaller), so a series drawn over an identical one still shows the one beneath."""
     values = [v for _, vs in series for v in vs if v is not None and math.isfinite(v)]
     if not values or not x_labels:
         return Markup(f'<p class="empty">{escape(title)}: no data yet</p>')
@@ -73,9 +91,10 @@ def line_chart(series: Sequence[tuple[str, Sequence[float | None]]], x_labels: S
            f'width="{width}" height="{height}" xmlns="http://www.w3.org/2000/svg">',
            f'<title>{escape(title)}</title>',
            f'<text x="{left}" y="16" class="ct">{escape(title)}</text>']
-    for t in _ticks(lo, hi):
+    ticks = _ticks(lo, hi)
+    for t, label in zip(ticks, tick_labels(ticks), strict=True):
         out.append(f'<line x1="{left}" x2="{left + pw}" y1="{y(t):.1f}" y2="{y(t):.1f}" class="grid"/>'
-                   f'<text x="{left - 6}" y="{y(t) + 4:.1f}" class="yl">{escape(_fmt(t))}</text>')
+                   f'<text x="{left - 6}" y="{y(t) + 4:.1f}" class="yl">{escape(label)}</text>')
     if y_label:
         out.append(f'<text x="12" y="{top + ph / 2:.0f}" class="yl" '
                    f'transform="rotate(-90 12 {top + ph / 2:.0f})">{escape(y_label)}</text>')
@@ -94,6 +113,8 @@ def line_chart(series: Sequence[tuple[str, Sequence[float | None]]], x_labels: S
     for k, (name, vs) in enumerate(series):
         colour = _PALETTE[k % len(_PALETTE)]
         ename = escape(name)
+        dash = ' stroke-dasharray="6 4"' if name in dashed else ""
+        radius = 2 if dash else 3
         segs: list[list[str]] = [[]]
         for i, v in enumerate(vs[:n]):
             if v is None or not math.isfinite(v):
@@ -103,14 +124,14 @@ def line_chart(series: Sequence[tuple[str, Sequence[float | None]]], x_labels: S
             yv = base - (min(max(v, lo), hi) - lo) * scale
             segs[-1].append(f"{xs[i]},{yv:.1f}")
             if dots:
-                out.append(f'<circle cx="{xs[i]}" cy="{yv:.1f}" r="3" fill="{colour}">'
+                out.append(f'<circle cx="{xs[i]}" cy="{yv:.1f}" r="{radius}" fill="{colour}">'
                            f'<title>{ename} @ {escape(x_labels[i])}: {escape(_fmt(v))}</title></circle>')
         for seg in segs:
             if seg:
-                out.append(f'<polyline fill="none" stroke="{colour}" stroke-width="2" points="{" ".join(seg)}"/>')
+                out.append(f'<polyline fill="none" stroke="{colour}" stroke-width="2"{dash} points="{" ".join(seg)}"/>')
         lx = left + 4 + k * 150
-        out.append(f'<rect x="{lx}" y="{height - 16}" width="10" height="10" fill="{colour}"/>'
-                   f'<text x="{lx + 14}" y="{height - 7}" class="lg">{ename}</text>')
+        out.append(f'<line x1="{lx}" x2="{lx + 18}" y1="{height - 11}" y2="{height - 11}" stroke="{colour}" '
+                   f'stroke-width="3"{dash}/><text x="{lx + 22}" y="{height - 7}" class="lg">{ename}</text>')
     out.append("</svg>")
     return Markup("".join(out))
 

@@ -181,8 +181,8 @@ class FamilyRow:
     counts: list[tuple[str, int]]
     passing: int
     failing: int
-    worst_rel: float | None
-    worst_grad: float | None
+    worst_fwd: float | None  # the worst normwise forward error ||t - c|| / ||c|| (what fwd_rtol judges)
+    worst_grad: float | None  # the worst normwise per-parameter gradient error (what grad_rtol judges)
     compiled: int  # graph results in compile mode
     recompiles: int
     median_p50_ms: float | None
@@ -213,9 +213,10 @@ class GraphCard:
     status: str
     graph_hash: str
     params: str
-    max_abs_err: float | None
+    fwd_rel_err: float | None  # normwise ||t - c|| / ||c|| of the forward, as fwd_rtol judges it
+    max_abs_err: float | None  # element-wise evidence (a relative error near zero means little)
     max_rel_err: float | None
-    grad_max_rel_err: float | None
+    grad_max_rel_err: float | None  # normwise, per parameter, as grad_rtol judges it
     loss_svg: Markup
     compiles: int  # compiles of this graph: the shape sweep's sum, else 1 + recompiles (compile mode)
     recompiles: int
@@ -238,6 +239,8 @@ class ModelsPage(Page):
     latency_note: str  # what latencies mean on this target ('' when nothing to say)
     families: list[FamilyRow]
     blocking: list[dict[str, Any]]  # op, graphs, families, family_list
+    n_failing: int  # failing graph results
+    n_localized: int  # failing graph results localized to a first divergent op
     n_graphs: int
     graphs_json: Markup
 

@@ -721,3 +721,65 @@ def test_a_page_module_must_make_its_own_context(report_db, tmp_path):
     wrong.pages = index.pages
     with Store.open(report_db) as st, pytest.raises(TypeError, match="made a IndexPage, not its NoneType"):
         SiteRenderer(st, tmp_path, db_label="x", pages=[wrong]).render(None)
+
+
+# -- the models pages say what the model tolerance judges ----------------------------------------
+def _models_site(tmp_path: Path) -> Path:
+    with Store.open(tmp_path / "models.sqlite") as st:
+        st.insert("runs", [_run("mm", "1.0", "models", "2026-01-01T00:00:00+00:00")])
+        st.insert("model_results", [
+            # a pass whose element-wise relative error is large on near-zero values
+            _model("mm", 0, "rnn", "pass", max_rel_err=73.5, fwd_rel_err=0.004, grad_max_rel_err=0.01),
+            _model("mm", 1, "rnn", "error", "aten::_thnn_fused_lstm_cell.default", fwd_rel_err=None,
+                   max_abs_err=None, max_rel_err=None, grad_max_rel_err=None, p50_ms=None, p99_ms=None,
+                   loss_curve=None, shapes=None),
+            _model("mm", 2, "rnn", "error", None, fwd_rel_err=None, max_abs_err=None, max_rel_err=None,
+                   p50_ms=None, p99_ms=None, loss_curve=None),
+            # target and CPU losses identical, at values 3 significant digits cannot tell apart
+            _model("mm", 3, "rnn", "pass", fwd_rel_err=0.0, loss_curve={"target": [0.69312, 0.69313, 0.69314],
+                                                                          "cpu": [0.69312, 0.69313, 0.69314]}),
+        ])
+        render_site(st, tmp_path / "site")
+    return tmp_path / "site"
+
+
+def test_models_pages_show_the_normwise_error_the_tolerance_judges(tmp_path):
+    site = _models_site(tmp_path)
+    html = (site / "1.0/models.html").read_text()
+    fam = re.search(r'<tr data-family="rnn">(.*?)</tr>', html, re.S).group(1)
+    assert "73.5" not in fam and "0.004" in fam  # worst forward error: normwise, not element-wise
+    assert "worst fwd rel err ‖t−c‖/‖c‖" in html
+    spec = data_block(html, "graphs-data")
+    keys = [c["key"] for c in spec["columns"]]
+    assert "fwd_rel_err" in keys and "max_rel_err" not in keys
+    assert 73.5 not in [v for row in spec["rows"] for v in row]
+    card = (site / "1.0/models/rnn.html").read_text()
+    assert "forward rel err ‖t−c‖/‖c‖</dt><dd>0.004</dd>" in card
+    assert "element-wise max abs / rel err</dt><dd>1.00e-04 / 73.5</dd>" in card  # kept, labelled as such
+
+
+def test_models_page_counts_localized_failures(tmp_path):
+    html = (_models_site(tmp_path) / "1.0/models.html").read_text()
+    blocking = html[html.index('id="blocking"'):html.index('id="graphs"')]
+    assert "1 of 2 failing graph results localized to a first divergent op" in blocking
+    assert "<code>aten::_thnn_fused_lstm_cell.default</code>" in blocking
+    assert "No failing graph names a first divergent op" not in blocking
+
+
+def test_empty_values_render_as_a_dash_never_a_bare_unit(tmp_path):
+    card = (_models_site(tmp_path) / "1.0/models/rnn.html").read_text()
+    assert "<dd> / </dd>" not in card and "<dd> /  ms</dd>" not in card and not re.search(r"<dd>\s*/\s*(ms)?</dd>", card)
+    assert "latency p50 / p99</dt><dd>—</dd>" in card and "element-wise max abs / rel err</dt><dd>—</dd>" in card
+    assert "forward rel err ‖t−c‖/‖c‖</dt><dd>—</dd>" in card
+
+
+def test_loss_chart_labels_are_distinct_and_the_target_line_shows_over_the_cpu_line(tmp_path):
+    card = (_models_site(tmp_path) / "1.0/models/rnn.html").read_text()
+    svg = card[card.index('id="g4"'):]
+    svg = svg[svg.index("<svg"):svg.index("</svg>")]
+    labels = re.findall(r'class="yl">([^<]+)</text>', svg)
+    assert len(labels) >= 2 and len(set(labels)) == len(labels), labels
+    lines = re.findall(r'<polyline fill="none" stroke="(#[0-9a-f]+)" stroke-width="2"( stroke-dasharray="[^"]+")?', svg)
+    assert len(lines) == 2 and not lines[0][1] and lines[1][1]  # the CPU's first, the target's dashed on top
+    assert svg.index(">cpu</text>") < svg.index(">target</text>")  # both in the legend
+    assert charts.tick_labels([0.69312, 0.69313, 0.69314]) == ["0.69312", "0.69313", "0.69314"]

@@ -75,14 +75,14 @@ def card(g: dict[str, Any]) -> GraphCard:
     series = []
     n = 0
     if isinstance(curve, dict):
-        for key in ("target", "cpu"):
+        for key in ("cpu", "target"):  # the target's line drawn last, dashed: on top of an identical CPU line
             vals = curve.get(key)
             if isinstance(vals, list):
                 vals = [float(v) if isinstance(v, (int, float)) else None for v in vals]
                 series.append((key, vals))
                 n = max(n, len(vals))
     loss_svg = (charts.line_chart(series, [str(i) for i in range(n)], title="loss curve (target vs cpu)",
-                                  width=360, height=180, css_class="chart small")
+                                  width=360, height=180, css_class="chart small", dashed=("target",))
                 if n else Markup('<p class="empty">no loss curve</p>'))
     shapes = _shapes(g["shapes"])
     native = parse_json(g["native_ops"], [])
@@ -91,7 +91,8 @@ def card(g: dict[str, Any]) -> GraphCard:
     return GraphCard(
         id=g["id"], anchor=f"g{g['id']}", model_id=g["model_id"] or "", family=g["family"] or "-",
         dtype=g["dtype"] or "", mode=g["mode"] or "", status=g["status"] or "?",
-        graph_hash=g["graph_hash"] or "", params=g["params"] or "", max_abs_err=g["max_abs_err"],
+        graph_hash=g["graph_hash"] or "", params=g["params"] or "", fwd_rel_err=g["fwd_rel_err"],
+        max_abs_err=g["max_abs_err"],
         max_rel_err=g["max_rel_err"], grad_max_rel_err=g["grad_max_rel_err"], loss_svg=loss_svg,
         compiles=_compiles(g["mode"], recompiles, shapes), recompiles=recompiles,
         compile_s=g["compile_s"], p50_ms=g["p50_ms"], p99_ms=g["p99_ms"], shapes=shapes,

@@ -25,8 +25,8 @@ COLUMNS = [{"key": "model", "label": "model", "kind": "link"},
            {"key": "dtype", "label": "dtype", "kind": "text"},
            {"key": "mode", "label": "mode", "kind": "text"},
            {"key": "status", "label": "status", "kind": "status"},
-           {"key": "max_rel_err", "label": "max rel err", "kind": "num"},
-           {"key": "grad", "label": "grad max rel err", "kind": "num"},
+           {"key": "fwd_rel_err", "label": "fwd rel err ‖t−c‖/‖c‖", "kind": "num"},
+           {"key": "grad", "label": "grad rel err (normwise)", "kind": "num"},
            {"key": "first_divergent_op", "label": "first divergent op", "kind": "text"},
            {"key": "compiles", "label": "compiles", "kind": "int"},
            {"key": "recompiles", "label": "recompiles", "kind": "int"},
@@ -41,13 +41,13 @@ def _family_row(fam: Family) -> FamilyRow:
     graphs = fam.graphs
     counts = Counter(g["status"] or "?" for g in graphs)
     p50s = [g["p50_ms"] for g in graphs if g["p50_ms"] is not None]
-    rels = [g["max_rel_err"] for g in graphs if g["max_rel_err"] is not None]
+    rels = [g["fwd_rel_err"] for g in graphs if g["fwd_rel_err"] is not None]
     grads = [g["grad_max_rel_err"] for g in graphs if g["grad_max_rel_err"] is not None]
     return FamilyRow(
         family=fam.name, href=f"models/{fam.files[0]}", graphs=len(graphs), counts=ordered(dict(counts)),
         passing=sum(n for s, n in counts.items() if s in PASSED),
         failing=sum(n for s, n in counts.items() if s in FAILING),
-        worst_rel=max(rels) if rels else None, worst_grad=max(grads) if grads else None,
+        worst_fwd=max(rels) if rels else None, worst_grad=max(grads) if grads else None,
         compiled=sum(1 for g in graphs if g["mode"] == "compile"),
         recompiles=sum(g["recompiles"] or 0 for g in graphs),
         median_p50_ms=statistics.median(p50s) if p50s else None)
@@ -60,10 +60,12 @@ def pages(b: BuildScope) -> Iterator[tuple[str, ModelsPage]]:
         for name, chunk in fam.parts():
             for c in chunk:
                 table.append([[f"models/{name}#{c.anchor}", c.model_id], fam.name, c.dtype, c.mode,
-                              c.status, c.max_rel_err, c.grad_max_rel_err, c.first_divergent_op,
+                              c.status, c.fwd_rel_err, c.grad_max_rel_err, c.first_divergent_op,
                               c.compiles, c.recompiles, c.p50_ms, c.p99_ms, c.graph_hash[:12]])
+    n_failing, n_localized = q.localized_counts(b.store, run["id"]) if run else (0, 0)
     yield f"{info.slug}/models.html", ModelsPage(
         **b.base(f"Models: {info.build}", "../", "models.html"), info=info, latency_note=latency_note(b),
         families=[_family_row(f) for f in families(b)],
-        blocking=q.blocking_ops(b.store, run["id"]) if run else [], n_graphs=len(b.model_rows()),
+        blocking=q.blocking_ops(b.store, run["id"]) if run else [], n_failing=n_failing, n_localized=n_localized,
+        n_graphs=len(b.model_rows()),
         graphs_json=table_spec(COLUMNS, dumps(table), filters=FILTERS, id="graphs-table"))
