@@ -1,4 +1,5 @@
-"""Sessions: ``tests`` (the suite), ``conformance`` (the nightly job), ``lint`` (ruff).
+"""Sessions: ``tests`` (the suite), ``conformance`` (the nightly job), ``lint`` (ruff), ``browser``
+(Debian's chromium for the browser tests, as root), ``hf``, ``browse`` (Datasette).
 
 Everything installed here goes through ``constraints.txt`` (torch==2.13.0): a newer torch
 would pull a multi-GB CUDA build.
@@ -7,7 +8,7 @@ would pull a multi-GB CUDA build.
 from __future__ import annotations
 
 import os
-import shutil
+import sys
 from pathlib import Path
 
 import nox
@@ -20,6 +21,7 @@ HERE = Path(__file__).parent
 CONSTRAINTS = ("-c", str(HERE / "constraints.txt"))
 # The torch wheel for this machine lies on disk; pip finds it through --find-links.
 WHEELS = ("--find-links", "/opt/wheels") if Path("/opt/wheels").is_dir() else ()
+CHROMIUM = Path("/usr/bin/chromium")  # what tests/test_report_browser.py drives
 
 
 def _install(session: nox.Session, *extras: str) -> None:
@@ -27,22 +29,31 @@ def _install(session: nox.Session, *extras: str) -> None:
     session.install(*WHEELS, *CONSTRAINTS, "-e", spec)
 
 
-def _chromium(session: nox.Session) -> None:
-    """Debian's chromium for the browser tests (playwright drives it; its own download cannot work)."""
-    if Path("/usr/bin/chromium").exists() or shutil.which("apt-get") is None or os.geteuid() != 0:
-        return
-    session.run("apt-get", "update", "-qq", external=True)
-    session.run("apt-get", "install", "-y", "-qq", "chromium", external=True,
-                env={"DEBIAN_FRONTEND": "noninteractive"})
+def _where(session: nox.Session) -> None:
+    """Say where the session's ``conformance`` lies: nox's virtual environments are not on PATH."""
+    bin_dir = Path(session.bin)
+    shown = bin_dir.relative_to(HERE) if bin_dir.is_relative_to(HERE) else bin_dir
+    session.log(f"conformance and opdb are in {shown}/ (not on PATH): run {shown}/conformance --help, "
+                f"or `source {shown}/activate` to use them and its python (torch, the harness) directly")
 
 
 @nox.session(python="3.11")
 def tests(session: nox.Session) -> None:
     """The test suite (fast by default; pass ``-- -m slow`` for the heavy sweeps)."""
     _install(session, "test")
-    _chromium(session)
+    if not CHROMIUM.exists():
+        session.warn(f"{CHROMIUM} is missing: the browser tests will skip (`nox -s browser` installs it as root)")
     args = session.posargs or ["-n", "2", "--dist", "loadgroup"]
     session.run("pytest", *args, env={"PYTHONHASHSEED": "0"})
+    _where(session)
+
+
+@nox.session(python=False)
+def browser(session: nox.Session) -> None:
+    """Debian's chromium for the browser tests (root; apt, no recommends; refuses to upgrade anything)."""
+    # playwright drives /usr/bin/chromium (its own browser download cannot work here); the
+    # script says what it installs and refuses when apt would touch an installed package
+    session.run(sys.executable, str(HERE / ".ci" / "install_chromium.py"), *session.posargs, external=True)
 
 
 @nox.session(python="3.11")
@@ -56,6 +67,7 @@ def conformance(session: nox.Session) -> None:
     # printed above, not a failure of the job (CONFORMANCE_STRICT=1 makes it fail the session).
     strict = os.environ.get("CONFORMANCE_STRICT") == "1"
     session.run("conformance", "nightly", "--db", db, *session.posargs, success_codes=[0] if strict else [0, 1])
+    _where(session)
 
 
 @nox.session(python="3.11")
