@@ -46,6 +46,24 @@ class NightlyResult:
     summaries: dict[str, Summary] = field(default_factory=dict)
     gate_exit: int = 0
     site: Path | None = None
+    coverage: dict[str, str] = field(default_factory=dict)  # run id -> "exercised/reachable (pct)"
+    gates: list[str] = field(default_factory=list)  # one line per gate pair
+
+    def summary_lines(self) -> list[str]:
+        """The nightly's last words: one line per build, per gate pair, and where the report is."""
+        lines = ["== nightly summary =="]
+        for build, run_id in self.runs.items():
+            s = self.summaries.get(build)
+            counts = f"{s.items:,} items, {s.failures:,} failing, {s.counts.get('pass_fallback', 0):,} pass on the " \
+                     f"CPU fallback, {s.wall_s / 60:.1f} min" if s is not None else "merged"
+            if s is not None and s.infra:
+                counts = f"INFRA: {s.infra}"
+            cov = self.coverage.get(run_id)
+            lines.append(f"  {build:<10} {counts}" + (f"; coverage {cov}" if cov else "") + f"  [{run_id}]")
+        lines += [f"  {g}" for g in self.gates]
+        if self.site is not None:
+            lines.append(f"  report: {self.site / 'index.html'}")
+        return lines
 
 
 def default_builds(target: str) -> tuple[BuildRef, ...]:
@@ -76,41 +94,54 @@ def finish_stages(store: Store, spec: NightlySpec, result: NightlyResult, echo: 
     """The stages after the sweeps: coverage, gate, report (of the given runs; after a merge, of
     the latest run of each build)."""
     ids = list(run_ids) if run_ids is not None else _runs_to_finish(store, spec)
-    coverage_stage(store, ids, echo)
+    if run_ids is None:  # after a merge: the runs finished here are the merged ones
+        result.runs = {store.get_run(i)["build"]: i for i in ids}
+    echo("== coverage ==")
+    result.coverage = coverage_stage(store, ids, echo)
     if spec.gate and len(ids) > 1:
-        result.gate_exit = gate_stage(store, ids, echo)
+        echo("== gate: each build against the previous one ==")
+        result.gate_exit = gate_stage(store, ids, echo, verdicts=result.gates)
     if spec.site:
+        echo("== report ==")
         result.site = report_stage(store, Path(spec.site), db_label or str(store.path), echo)
+    for line in result.summary_lines():
+        echo(line)
 
 
 # -- the stages ----------------------------------------------------------------------------
 def sweep_stage(spec: NightlySpec, store: Store, result: NightlyResult, progress: Callable[[str], None] | None,
                 echo: Echo) -> None:
-    for build in spec.builds or default_builds(spec.run.target):
-        echo(f"== {spec.run.target} build {build}: sweep ==")
+    builds = spec.builds or default_builds(spec.run.target)
+    parts = [name for name, on in (("OpInfo sweep", spec.run.opinfo), ("schema search", spec.run.schema),
+                                   ("models", bool(spec.run.models))) if on]
+    for i, build in enumerate(builds, start=1):
+        echo(f"== sweep {i}/{len(builds)}: {spec.run.target} {build} ({', '.join(parts)}) ==")
         summary = run_into(spec.run_for(build), store, progress=progress)
-        if progress is not None:
-            echo("")
-        echo(summary.render())
+        echo(summary.render(top=3))
         result.runs[str(build)] = summary.run_id
         result.summaries[str(build)] = summary
 
 
-def coverage_stage(store: Store, run_ids: Sequence[str], echo: Echo) -> None:
+def coverage_stage(store: Store, run_ids: Sequence[str], echo: Echo) -> dict[str, str]:
+    """Coverage of each run; returns run id -> its exercised share."""
     import torch
 
     from . import catalog, coverage
 
     if not store.count("ops", torch_version=torch.__version__):
         store.store_catalog([o.row(torch.__version__) for o in catalog.overloads(with_opinfos=True)])
+    shares = {}
     for rid in run_ids:
         counts = coverage.compute(store, rid)
-        echo(f"coverage of {rid}: backend-reachable overloads exercised {coverage.reachable_share(counts)}; "
+        shares[rid] = coverage.reachable_share(counts)
+        echo(f"coverage of {rid}: backend-reachable overloads exercised {shares[rid]}; "
              + ", ".join(f"{k}={v}" for k, v in sorted(counts.items())))
+    return shares
 
 
-def gate_stage(store: Store, run_ids: Sequence[str], echo: Echo) -> int:
-    """Gate each run against the previous one; returns the worst exit code."""
+def gate_stage(store: Store, run_ids: Sequence[str], echo: Echo, verdicts: list[str] | None = None) -> int:
+    """Gate each run against the previous one; returns the worst exit code (``verdicts`` gets
+    one line per pair)."""
     from .gate import GateError, run_gate
     from .gate_render import gate_links, summary_lines
 
@@ -120,10 +151,16 @@ def gate_stage(store: Store, run_ids: Sequence[str], echo: Echo) -> int:
             result = run_gate(store, base, cand)
         except GateError as exc:
             echo(f"gate {base} -> {cand}: INFRA: {exc}")
+            if verdicts is not None:
+                verdicts.append(f"gate {base} -> {cand}: INFRA")
             worst = 2
             continue
-        for line in summary_lines(result, gate_links(store, result, str(store.path))):
+        lines = summary_lines(result, gate_links(store, result, str(store.path)))
+        for line in lines:
             echo(line)
+        if verdicts is not None:
+            verdicts.append(lines[0] + "; " + ", ".join(
+                f"{c} {len(result.of(c))}" for c in ("regression", "worsened", "drift", "flaky") if result.of(c)))
         worst = max(worst, 1 if result.verdict == "fail" else 0)
     return worst
 

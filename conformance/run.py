@@ -11,7 +11,6 @@ import collections
 import json
 import os
 import signal
-import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -19,9 +18,11 @@ from typing import Any, NamedTuple
 import torch
 
 from opdb import Store
+from opdb.queries import group_seconds
 
 from . import datafiles
 from .kinds import TABLES, groups_of, kind_of_item
+from .progress import Console
 from .select import SelectionError, parse_shard, shard_of
 from .spec import RunSpec
 from .supervisor import Summary, Supervisor, start_worker_server
@@ -235,12 +236,15 @@ def run_into(spec: RunSpec, store: Store, *, resume: str | None = None,
         store.finish_run(run_id, shard=spec.shard, status="infra")
         return Summary(run_id, infra=infra)
     done = _done_by_group(set().union(*(store.done_keys(table, run_id) for table in TABLES)))
-    sup = Supervisor(spec, store, run_id, groups, done, progress)
+    history = group_seconds(store, target=spec.target, torch_version=torch.__version__, exclude_run=run_id)
+    sup = Supervisor(spec, store, run_id, groups, done, progress, history=history,
+                     stage=f"sweep {spec.target} {spec.build}".rstrip())
     previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
         summary = sup.run()
     finally:
         signal.signal(signal.SIGTERM, previous)
+        store.insert("group_times", sup.group_times)  # a resumed group keeps its first timing
     store.finish_run(run_id, shard=spec.shard, status="interrupted" if summary.interrupted else "finished")
     _whole_run(store, run_id, spec.shard, summary)
     if not summary.items and not summary.interrupted:
@@ -249,9 +253,7 @@ def run_into(spec: RunSpec, store: Store, *, resume: str | None = None,
     return summary
 
 
-def stderr_progress(line: str) -> None:
-    if sys.stderr.isatty():
-        sys.stderr.write("\r\033[K" + line)
-    else:
-        sys.stderr.write(line + "\n")
-    sys.stderr.flush()
+def stderr_progress() -> Console:
+    """The console's progress writer (stderr): one line redrawn per stage on a terminal, a line
+    every 10 s in a log."""
+    return Console()

@@ -18,7 +18,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -30,6 +30,7 @@ from opdb.store import now
 
 from .isolation import read_output
 from .kinds import TABLES, kind_of
+from .progress import Eta, Pricer, Snapshot
 from .select import SelectionError
 from .spec import RunSpec
 from .verdict import FAILING, Status, decide_unrun
@@ -172,10 +173,18 @@ class Supervisor:
     def __init__(self, spec: RunSpec, store: Store | None, run_id: str, groups: Sequence[Group],
                  done: dict[str, set[str]], progress: Callable[[str], None] | None, *,
                  sink: Callable[[dict[str, Any], str], None] | None = None,
-                 only: dict[str, frozenset[str]] | None = None) -> None:
+                 only: dict[str, frozenset[str]] | None = None,
+                 history: Mapping[str, float] | None = None, stage: str = "sweep") -> None:
         self.spec, self.store, self.run_id = spec, store, run_id
-        self.queue = collections.deque(groups)
+        # groups priced by what they took before (``history``: group key -> wall seconds), the
+        # most expensive first: the slow tail starts early and the ETA prices it
+        self.eta = Eta(Pricer(history or {}, {g.key: g.kind for g in groups}),
+                       workers=max(1, min(spec.workers, len(groups) or 1)))
+        self.queue = collections.deque(self.eta.schedule(groups))
         self.total_groups = len(groups)
+        self.kind_total = collections.Counter(g.kind for g in groups)
+        self.stage = stage
+        self.group_times: list[dict[str, Any]] = []  # wall seconds of each group finished (opdb group_times)
         self.done = done
         self.only = only
         self.summary = Summary(run_id)
@@ -279,6 +288,8 @@ class Supervisor:
             for w in self.writers.values():
                 w.flush()
             self.summary.wall_s = time.monotonic() - self._start
+            with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C while the last line is written
+                self._report(force=True)
         return self.summary
 
     def _step(self) -> None:
@@ -328,8 +339,12 @@ class Supervisor:
         elif kind == "done":
             self.groups_done += 1
             if slot.group is not None:
-                self.kind_time[slot.group.kind] += time.monotonic() - slot.assigned_at
+                wall = time.monotonic() - slot.assigned_at
+                self.kind_time[slot.group.kind] += wall
                 self.kind_done[slot.group.kind] += 1
+                self.eta.finish(slot.group, wall)
+                self.group_times.append({"run_id": self.run_id, "shard": self.spec.shard, "group_key": slot.group.key,
+                                         "kind": slot.group.kind, "wall_s": round(wall, 4)})
             self._assign(slot)
             if slot.group is None:
                 slot.proc.join(10)
@@ -401,18 +416,18 @@ class Supervisor:
             self.slots[i] = self._restart(slot)
 
     def eta_s(self) -> float | None:
-        """Seconds left: the groups still queued or running, each at the mean worker time of
-        finished groups of its kind (schema searches and model graphs take far longer than an
-        OpInfo x dtype group), shared by the workers. None until enough groups finished."""
-        done = sum(self.kind_done.values())
-        if done < max(3, self.total_groups // 50):
+        """Seconds left (:class:`conformance.progress.Eta`): the queued and running groups at their
+        calibrated prices, shared by the workers, never less than the longest one still to finish.
+        None while there is nothing to price them by."""
+        if not self.eta.ready():
             return None
-        overall = sum(self.kind_time.values()) / done
-        left = collections.Counter(g.kind for g in self.queue)
-        left.update(s.group.kind for s in self.slots if s.proc is not None and s.group is not None)
-        work = sum(n * (self.kind_time[k] / self.kind_done[k] if self.kind_done[k] else overall)
-                   for k, n in left.items())
-        return work / max(1, sum(s.proc is not None for s in self.slots))
+        t = time.monotonic()
+        running = [(s.group, t - s.assigned_at) for s in self.slots if s.proc is not None and s.group is not None]
+        return self.eta.remaining(list(self.queue), running)
+
+    def snapshot(self) -> Snapshot:
+        return Snapshot(self.stage, dict(self.kind_done), dict(self.kind_total), self.summary.items,
+                        self.summary.failures, time.monotonic() - self._start, self.eta_s())
 
     def _report(self, force: bool = False) -> None:
         if self.progress is None:
@@ -421,9 +436,6 @@ class Supervisor:
         if not force and t - self._last_progress < 2.0:
             return
         self._last_progress = t
-        el = t - self._start
-        left = self.eta_s()
-        eta = f", eta {left:.0f} s" if left is not None else ""
-        counts = " ".join(f"{k}={v}" for k, v in sorted(self.summary.counts.items()))
-        self.progress(f"[{self.groups_done}/{self.total_groups} groups, {self.summary.items} items, "
-                      f"{el:.0f} s{eta}] {counts}")
+        line = self.snapshot().line()
+        # the stage's last line is written whatever the console's pace (Console.end)
+        (getattr(self.progress, "end", self.progress) if force else self.progress)(line)

@@ -134,3 +134,13 @@ def group_errors(store: Store, run_ids: list[str], ops: list[str]) -> list[dict[
         """select run_id, item_key, op, variant, dtype, status, max_rel_err, fingerprint from op_results
            where run_id in (select value from json_each(:runs)) and op in (select value from json_each(:ops))""",
         {"runs": json.dumps(list(dict.fromkeys(run_ids))), "ops": json.dumps(sorted(set(ops)))}))
+
+
+def group_seconds(store: Store, *, target: str, torch_version: str, exclude_run: str | None = None) -> dict[str, float]:
+    """Group key -> wall seconds the group took in the latest earlier run of ``target`` (under
+    the same torch) that timed it: the prices of the next run's schedule and ETA."""
+    rows = store.db.query(
+        """select g.group_key, g.wall_s from group_times g join runs r on r.id = g.run_id
+           where r.target = ? and r.torch_version = ? and g.run_id != ?
+           order by r.started_at, g.run_id""", [target, torch_version, exclude_run or ""])
+    return {r["group_key"]: r["wall_s"] for r in rows}  # later runs overwrite earlier ones

@@ -108,6 +108,9 @@ OP_RESULTS = {
     # arbiter (conformance/fingerprint.py): "ref", "n", "bias", "rms", "p99", "max" (in eps of the
     # output dtype), "nonfinite", "probes" (base64 float32 signed errors at fixed positions)
     "fingerprint": str,
+    # JSON (schema v9): the element that failed worst, {"output": leaf, "index": [...], "target": x,
+    # "cpu": y, "arbiter": float64 reference's value (when arbitrated)}; NULL when nothing failed
+    "worst": str,
 }
 
 MODEL_RESULTS = {
@@ -187,6 +190,16 @@ GATE_ITEMS = {
     "decided_at": str,
 }
 
+# Wall seconds each group (op x dtype, an overload's schema search, a model graph) took in a run:
+# the next run of the same target prices its groups by them (schedule and ETA; schema v8).
+GROUP_TIMES = {
+    "run_id": str,
+    "shard": str,
+    "group_key": str,  # op|dtype
+    "kind": str,  # opinfo | schema | model
+    "wall_s": float,
+}
+
 TABLES: dict[str, dict[str, type]] = {
     "runs": RUNS,
     "run_shards": RUN_SHARDS,
@@ -196,11 +209,12 @@ TABLES: dict[str, dict[str, type]] = {
     "coverage": COVERAGE,
     "flakes": FLAKES,
     "gate_items": GATE_ITEMS,
+    "group_times": GROUP_TIMES,
 }
 
 
 # Tables that shard databases contribute to a merge (gate decisions are derived, not merged).
-MERGED = ("runs", "run_shards", "ops", "op_results", "model_results", "coverage", "flakes")
+MERGED = ("runs", "run_shards", "ops", "op_results", "model_results", "coverage", "flakes", "group_times")
 
 
 def _v1(db: sqlite_utils.Database) -> None:
@@ -254,7 +268,16 @@ def _v7(db: sqlite_utils.Database) -> None:
         db["model_results"].add_column("fwd_rel_err", float)
 
 
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7]
+def _v8(db: sqlite_utils.Database) -> None:
+    db["group_times"].create(GROUP_TIMES, pk=("run_id", "shard", "group_key"), if_not_exists=True)
+
+
+def _v9(db: sqlite_utils.Database) -> None:
+    if "worst" not in db["op_results"].columns_dict:
+        db["op_results"].add_column("worst", str)
+
+
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

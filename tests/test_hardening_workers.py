@@ -14,6 +14,7 @@ import textwrap
 import time
 from pathlib import Path
 
+from conformance.progress import LINE
 from opdb import Store
 
 MANIFEST = """
@@ -95,7 +96,7 @@ def test_a_too_deep_tmpdir_is_one_clear_error(tmp_path):
     assert len(err) == 1 and "TMPDIR" in err[0] and "shorter directory" in err[0], p.stderr
 
 
-PROGRESS = re.compile(r"^\[\d+/\d+ groups, \d+ items, \d+ s(, eta \d+ s)?\]( \w+=\d+)*\s*$")
+PROGRESS = LINE
 SUMMARY = re.compile(r"^(run \S+: \d+ items in [\d.]+ s.*|  \w+\s+\d+|slowest ops \(target time, s\):|  \S+\s+[\d.]+)$")
 
 

@@ -1,26 +1,129 @@
-"""The progress line's ETA weights the groups left by the time groups of their kind took."""
+"""Progress: the ETA prices every group (what it took before, else its kind's typical time),
+calibrates the prices by what finished, and bounds the end by the longest group left; the
+schedule runs the expensive groups first; the console writes one line per stage on a terminal
+and a line every few seconds in a log; a run stores its groups' times for the next run."""
 
 from __future__ import annotations
 
+import io
+from dataclasses import replace
 from types import SimpleNamespace
 
+import pytest
+
+from conformance.progress import LINE, PRIOR_S, Console, Eta, Pricer, Snapshot, duration
 from conformance.run import RunSpec, Supervisor
 from conformance.work import Group
 
 
-def test_eta_weights_remaining_groups_by_kind():
-    groups = [Group(f"op{i}", "float32") for i in range(100)] + [Group(f"aten::x{i}.default", "any", "schema")
-                                                                   for i in range(10)]
-    sup = Supervisor(RunSpec(workers=2), None, "r", groups, {}, None)
-    assert sup.eta_s() is None  # nothing finished yet: no estimate rather than a wild one
-    for _ in range(90):  # 90 OpInfo groups done at 0.1 worker-seconds each
-        sup.queue.popleft()
-        sup.kind_time["opinfo"] += 0.1
-        sup.kind_done["opinfo"] += 1
-    sup.slots = [SimpleNamespace(proc=object(), group=None), SimpleNamespace(proc=object(), group=None)]
-    # 10 OpInfo + 10 schema groups left; schema unknown yet -> the overall mean (0.1 s)
-    assert abs(sup.eta_s() - 20 * 0.1 / 2) < 1e-9
-    sup.kind_time["schema"] += 6.0  # one schema group took 6 worker-seconds
-    sup.kind_done["schema"] += 1
-    sup.queue.pop()
-    assert abs(sup.eta_s() - (10 * 0.1 + 9 * 6.0) / 2) < 1e-9
+def _groups(n_op: int = 100, n_schema: int = 10) -> list[Group]:
+    return [Group(f"op{i}", "float32") for i in range(n_op)] + [Group(f"aten::x{i}.default", "any", "schema")
+                                                               for i in range(n_schema)]
+
+
+def test_without_history_the_eta_waits_then_calibrates_each_kind():
+    groups = _groups()
+    eta = Eta(Pricer(), workers=2)
+    queue = eta.schedule(groups)
+    assert [g.kind for g in queue[:10]] == ["schema"] * 10  # the dearer kind (by its prior) first
+    assert not eta.ready()  # nothing finished, nothing timed before: no estimate rather than a wild one
+    for g in queue[:3]:  # three schema groups took 6 s each
+        eta.finish(g, 6.0)
+    assert eta.ready()
+    # the schema prior is scaled by what schema groups took; OpInfo groups, none finished yet,
+    # by the calibration over every kind
+    scale = 18.0 / (3 * PRIOR_S["schema"])
+    left = queue[3:]
+    want = (7 * 6.0 + 100 * PRIOR_S["opinfo"] * scale) / 2
+    assert eta.remaining(left, []) == pytest.approx(want)
+    for g in left[7:47]:  # 40 OpInfo groups took 0.1 s each: OpInfo gets its own scale
+        eta.finish(g, 0.1)
+    assert eta.remaining(left[:7] + left[47:], []) == pytest.approx((7 * 6.0 + 60 * 0.1) / 2)
+
+
+def test_history_prices_each_group_and_the_longest_bounds_the_end():
+    groups = _groups(20, 0)
+    history = {g.key: 0.1 for g in groups} | {"op7|float32": 30.0}
+    eta = Eta(Pricer(history), workers=2)
+    queue = eta.schedule(groups)
+    assert queue[0].op == "op7"  # the slow tail first
+    assert eta.ready()  # every group timed before: an estimate from the start
+    assert eta.remaining(queue, []) == pytest.approx(30.0)  # 31.9 s of work on 2 workers, but op7 alone takes 30
+    # op7 has run 10 s: 20 s of it left, beside 1.9 s of the rest
+    assert eta.remaining(queue[1:], [(queue[0], 10.0)]) == pytest.approx(20.0)
+    # a group not timed before costs its kind's median
+    assert Pricer(history).price(Group("new", "float32")) == pytest.approx(0.1)
+
+
+def test_a_measured_history_corrects_a_slower_machine():
+    groups = _groups(10, 0)
+    eta = Eta(Pricer({g.key: 1.0 for g in groups}), workers=1)
+    queue = eta.schedule(groups)
+    for g in queue[:2]:
+        eta.finish(g, 3.0)  # this machine is 3x slower than the one that timed them
+    assert eta.remaining(queue[2:], []) == pytest.approx(8 * 3.0)
+
+
+def test_supervisor_schedules_by_history_and_estimates_with_its_workers():
+    groups = _groups(4, 0)
+    sup = Supervisor(RunSpec(workers=2), None, "r", groups, {}, None,
+                     history={"op0|float32": 1.0, "op1|float32": 1.0, "op2|float32": 9.0, "op3|float32": 1.0})
+    assert [g.op for g in sup.queue] == ["op2", "op0", "op1", "op3"]
+    sup.slots = [SimpleNamespace(proc=None, group=None)]
+    assert sup.eta_s() == pytest.approx(9.0)
+    line = sup.snapshot().line()
+    assert line.startswith("sweep [") and "OpInfo 0/4" in line and "eta 9s" in line
+
+
+def test_console_in_a_log_writes_a_line_every_few_seconds_and_always_the_last():
+    out = io.StringIO()
+    console = Console(out, every_s=3600)
+    for i in range(50):
+        console(f"line {i}")
+    console.end("final")
+    assert out.getvalue().splitlines() == ["line 0", "final"]
+
+
+def test_console_on_a_terminal_redraws_one_line():
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    out = Tty()
+    console = Console(out)
+    console("a")
+    console("b")
+    console.end("c")
+    assert out.getvalue() == "\r\033[Ka\r\033[Kb\r\033[Kc\n"
+
+
+def test_snapshot_line_names_each_kind_of_work():
+    snap = Snapshot("sweep neuron-emu 2.33.0", {"opinfo": 5, "schema": 1}, {"opinfo": 10, "schema": 4, "model": 0},
+                    1234, 7, 95.0, 4000.0)
+    assert snap.line() == ("sweep neuron-emu 2.33.0 [########------------]  42% OpInfo 5/10 · schema search 1/4 "
+                           "· 1,234 items, 7 failing · 1m35s, eta 1h06m")
+    assert LINE.match(snap.line()) and LINE.match(replace(snap, eta_s=None).line())
+    assert not LINE.match("run 2026...: 49 items in 1.5 s")
+    assert [duration(s) for s in (0, 59.4, 60, 3599, 3600)] == ["0s", "59s", "1m00s", "59m59s", "1h00m"]
+
+
+def test_a_run_stores_its_group_times_and_the_next_run_is_priced_by_them(tmp_path):
+    import torch
+
+    from conformance.run import execute_run
+    from opdb import Store
+    from opdb.queries import group_seconds
+
+    db = tmp_path / "r.sqlite"
+    spec = RunSpec(target="cpu", ops=("abs", "sin"), dtypes=("float32", "int64"), variants=("function",), workers=1)
+    first = execute_run(spec, db)
+    lines: list[str] = []
+    second = execute_run(spec, db, progress=lines.append)
+    with Store.open(db) as store:
+        times = group_seconds(store, target="cpu", torch_version=torch.__version__, exclude_run=second.run_id)
+        assert set(times) == {"abs|float32", "abs|int64", "sin|float32", "sin|int64"}
+        assert all(t > 0 for t in times.values())
+        mine = group_seconds(store, target="cpu", torch_version=torch.__version__, exclude_run=first.run_id)
+        assert set(mine) == set(times)  # the second run's own times, for the run after it
+    assert "eta " in lines[0]  # the second run had prices before any group finished
+    assert lines[-1].startswith("sweep cpu") and " 100% " in lines[-1]
