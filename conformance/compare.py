@@ -75,6 +75,9 @@ class Evidence:
     comparator: str = "allclose"
     detail: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    # the element that failed worst: {"output": i, "index": [...], "target": x, "cpu": y} and,
+    # once arbitrated, "arbiter" (the float64 reference's value there); None when nothing failed
+    worst: dict[str, Any] | None = None
 
     def row(self) -> dict[str, Any]:
         return {"max_abs_err": _finite(self.max_abs_err), "max_rel_err": _finite(self.max_rel_err),
@@ -82,7 +85,7 @@ class Evidence:
                 "nan_agree": int(self.nan_agree), "dtype_ok": int(self.dtype_ok),
                 "shape_ok": int(self.shape_ok), "stride_ok": int(self.stride_ok),
                 "arbiter_err": _finite(self.arbiter_err), "cpu_arbiter_err": _finite(self.cpu_arbiter_err),
-                "comparator": self.comparator}
+                "comparator": self.comparator, "worst": self.worst}
 
 
 def _finite(x: float | None) -> float | None:
@@ -125,6 +128,17 @@ def ulp(ref: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.exp2(torch.floor(torch.log2(mag)) - mant)
 
 
+def _value(x: float) -> float | str:
+    return x if math.isfinite(x) else str(x)  # JSON has no nan/inf
+
+
+def _worst(score: torch.Tensor, t: torch.Tensor, c: torch.Tensor) -> dict[str, Any]:
+    """Where ``score`` peaks (the failing element that failed worst) and both sides' values there."""
+    flat = int(score.flatten().argmax())
+    index = [int(i) for i in torch.unravel_index(torch.tensor(flat), score.shape)] if score.dim() else []
+    return {"index": index, "target": _value(float(t.flatten()[flat])), "cpu": _value(float(c.flatten()[flat]))}
+
+
 def tensor_evidence(t: torch.Tensor, c: torch.Tensor, atol: float, rtol: float) -> Evidence:
     if t.layout != torch.strided or c.layout != torch.strided:  # sparse results: their values, densely
         t, c = t.to_dense() if t.layout != torch.strided else t, c.to_dense() if c.layout != torch.strided else c
@@ -144,7 +158,8 @@ def tensor_evidence(t: torch.Tensor, c: torch.Tensor, atol: float, rtol: float) 
             return Evidence(True)
         diff = (t.double() - c.double()).abs()
         return Evidence(False, max_abs_err=float(diff.max()), max_rel_err=float((diff / c.double().abs().clamp_min(1)).max()),
-                        mismatch_frac=n_bad / t.numel(), detail=f"{n_bad} of {t.numel()} values differ")
+                        mismatch_frac=n_bad / t.numel(), detail=f"{n_bad} of {t.numel()} values differ",
+                        worst=_worst(diff, t.double(), c.double()))
     if t.numel() == 0:
         return Evidence(True)
     dtype = c.dtype if c.is_floating_point() else t.dtype
@@ -167,14 +182,24 @@ def tensor_evidence(t: torch.Tensor, c: torch.Tensor, atol: float, rtol: float) 
     detail = "" if n_bad == 0 else f"{n_bad} of {t.numel()} values outside atol={atol:g} rtol={rtol:g}"
     if not nan_agree:
         detail += f"; NaN pattern differs ({int(tn.sum())} NaN on target, {int(cn.sum())} on CPU)"
+    worst = None
+    if n_bad:  # a NaN or inf where the other side has none outranks any finite excess
+        excess = torch.where(bad, (diff - allowed).clamp_min(0), torch.full((), -1.0, dtype=torch.float64))
+        worst = _worst(torch.where(inf_bad | (tn != cn), torch.full((), math.inf, dtype=torch.float64), excess), t64, c64)
     return Evidence(n_bad == 0, max_abs_err=max_abs, max_rel_err=max_rel, ulp_err=ulps,
-                    mismatch_frac=n_bad / t.numel(), nan_agree=nan_agree, detail=detail.strip("; "))
+                    mismatch_frac=n_bad / t.numel(), nan_agree=nan_agree, detail=detail.strip("; "), worst=worst)
 
 
 def _merge(parts: Sequence[Evidence], comparator: str) -> Evidence:
     if not parts:
         return Evidence(True, comparator=comparator)
+    failing = [(i, p) for i, p in enumerate(parts) if p.worst is not None]
+    worst = None
+    if failing:  # the output whose worst element is farthest off
+        i, p = max(failing, key=lambda ip: (ip[1].max_abs_err, -ip[0]))
+        worst = {"output": i, **(p.worst or {})}
     return Evidence(
+        worst=worst,
         close=all(p.close for p in parts),
         max_abs_err=max(p.max_abs_err for p in parts), max_rel_err=max(p.max_rel_err for p in parts),
         ulp_err=max(p.ulp_err for p in parts), mismatch_frac=max(p.mismatch_frac for p in parts),
@@ -271,9 +296,17 @@ def arbitrate(ev: Evidence, cpu: Any, target: Any, arbiter: Any, *, atol: float)
             t_err = max(t_err, float(torch.nan_to_num(te, posinf=0.0).max()))
             c_err = max(c_err, float(torch.nan_to_num(ce, posinf=0.0).max()))
     ok = t_err <= ARBITER_FACTOR * c_err + atol
+    worst = ev.worst
+    if worst is not None and worst.get("output", 0) < len(a_l) and isinstance(a_l[worst.get("output", 0)], torch.Tensor):
+        a = a_l[worst.get("output", 0)]
+        a = torch.view_as_real(a.resolve_conj()) if a.is_complex() else a
+        try:
+            worst = {**worst, "arbiter": _value(float(a.double()[tuple(worst["index"])]))}
+        except (IndexError, RuntimeError):
+            pass  # the arbiter's output has another shape: no value to show
     detail = (f"{ev.detail}; float64 arbiter: target error {t_err:.3g} vs CPU error {c_err:.3g} "
               f"({'within' if ok else 'beyond'} {ARBITER_FACTOR:g}x)")
-    return replace(ev, close=ok, arbiter_err=t_err, cpu_arbiter_err=c_err, detail=detail)
+    return replace(ev, close=ok, arbiter_err=t_err, cpu_arbiter_err=c_err, detail=detail, worst=worst)
 
 
 def bitwise_equal(a: Any, b: Any) -> bool:

@@ -173,7 +173,7 @@ def run_ops(store: Store, run_id: str) -> list[str]:
 
 #: Columns of one op sample row as :func:`op_sample_stream` encodes it (a JSON array).
 SAMPLE_COLUMNS = ("id", "variant", "dtype", "sample", "status", "max_abs_err", "max_rel_err", "ulp_err",
-                  "mismatch_frac", "arbiter_err", "cpu_arbiter_err", "atol", "rtol", "tol_source",
+                  "mismatch_frac", "worst", "arbiter_err", "cpu_arbiter_err", "atol", "rtol", "tol_source",
                   "comparator", "checks", "contracts", "native_ops", "fallback_ops", "signature", "error",
                   "duration_s", "seed", "proof")
 
@@ -182,7 +182,8 @@ def op_sample_stream(store: Store, run_id: str) -> Iterator[tuple[str, int, str,
     """``(op, id, dtype, status, max_rel_err, row_json)`` for every op result of a run, ordered by
     op, each op's failing samples first.
 
-    ``row_json`` is a JSON array in :data:`SAMPLE_COLUMNS` order; ``checks`` is a string of the
+    ``row_json`` is a JSON array in :data:`SAMPLE_COLUMNS` order; ``worst`` the element that
+    failed worst, as text (``out 0 [1, 0]: target 3.5, CPU 3, float64 3``); ``checks`` is a string of the
     failed structural checks (nan/dtype/shape/stride) or ''; ``contracts`` the names of the
     contracts the item failed (a list, in the order they were checked); ``proof`` says what ran the item
     (``inductor: 1 graphs on cpu`` for a compiler target, else the outputs' device).
@@ -191,7 +192,7 @@ def op_sample_stream(store: Store, run_id: str) -> Iterator[tuple[str, int, str,
     yield from store.db.execute(
         """select op, id, dtype, status, max_rel_err, json_array(
                   id, variant, dtype, sample, status, max_abs_err, max_rel_err, ulp_err,
-                  mismatch_frac, arbiter_err, cpu_arbiter_err, atol, rtol, tol_source, comparator,
+                  mismatch_frac, {worst}, arbiter_err, cpu_arbiter_err, atol, rtol, tol_source, comparator,
                   trim(case when nan_agree = 0 then 'nan ' else '' end ||
                        case when dtype_ok = 0 then 'dtype ' else '' end ||
                        case when shape_ok = 0 then 'shape ' else '' end ||
@@ -208,7 +209,19 @@ def op_sample_stream(store: Store, run_id: str) -> Iterator[tuple[str, int, str,
                       json_extract(proof, '$.device[0]')) end)
            from op_results where run_id = ?
            order by op, status not in ({marks}), variant, dtype, sample, id""".replace(
-            "{marks}", ", ".join("?" for _ in failing)), [run_id, *failing])
+            "{marks}", ", ".join("?" for _ in failing)).replace("{worst}", _WORST_TEXT), [run_id, *failing])
+
+
+def _num(path: str) -> str:
+    """SQL: the number at ``path`` of the ``worst`` JSON with 7 significant digits ('nan'/'inf' kept)."""
+    return (f"case when json_type(worst, '{path}') in ('real', 'integer') then printf('%.7g', json_extract(worst, '{path}')) "
+            f"else json_extract(worst, '{path}') end")
+
+
+_WORST_TEXT = (
+    "case when json_valid(worst) and worst != 'null' then 'out ' || json_extract(worst, '$.output') || ' ' || "
+    "replace(json_extract(worst, '$.index'), ',', ', ') || ': target ' || " + _num("$.target") + " || ', CPU ' || "
+    + _num("$.cpu") + " || coalesce(', float64 ' || " + _num("$.arbiter") + ", '') end")
 
 
 def model_rows(store: Store, run_id: str) -> list[dict[str, Any]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from conformance.comparators import comparator_for, ks_statistic, per_tensor_fn
@@ -113,3 +114,26 @@ def test_verdicts():
     assert decide(cpu_error=None, target_error=None, close=False, expected_failure=["mismatch"]) is Status.XFAIL
     assert decide(cpu_error=None, target_error=None, close=True, expected_failure=["mismatch"]) is Status.XPASS
     assert decide(cpu_error=None, target_error="E", close=False, expected_failure=["mismatch"]) is Status.ERROR
+
+
+def test_worst_element_names_where_and_both_values():
+    c = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
+    t = c.clone()
+    t[1, 0], t[0, 1] = 3.5, 2.01  # both outside the tolerance; [1, 0] by far
+    ev = compare((c, c[0]), (t, c[0]), atol=1e-5, rtol=1e-5)
+    assert ev.worst == {"output": 0, "index": [1, 0], "target": 3.5, "cpu": 3.0}
+    arb = arbitrate(ev, (c, c[0]), (t, c[0]), (c.double() + 1e-9, c[0].double()), atol=1e-5)
+    assert arb.worst["arbiter"] == pytest.approx(3.0 + 1e-9)
+    assert compare(c, c.clone(), atol=0, rtol=0).worst is None  # nothing failed, nothing to show
+    assert compare(c, c + 1e-9, atol=1e-5, rtol=1e-5).worst is None  # differences within the tolerance
+
+
+def test_worst_element_prefers_a_nan_and_the_farthest_output():
+    c = torch.tensor([1.0, 2.0, 3.0])
+    t = torch.tensor([1.0, float("nan"), 30.0])
+    assert compare(c, t, atol=1e-5, rtol=1e-5).worst == {"output": 0, "index": [1], "target": "nan", "cpu": 2.0}
+    small, far = torch.tensor([1.0, 2.0]), torch.tensor([10.0])
+    ev = compare((small, far), (small + 0.1, far + 5), atol=1e-5, rtol=1e-5)
+    assert ev.worst["output"] == 1 and ev.worst["target"] == 15.0
+    ints = compare(torch.tensor([1, 2, 3]), torch.tensor([1, 7, 3]), atol=0, rtol=0)
+    assert ints.worst == {"output": 0, "index": [1], "target": 7.0, "cpu": 2.0}

@@ -102,6 +102,8 @@ def _op_rows(run_id: str, table: dict, contracts: dict | None = None) -> list[di
                 "native_ops": [] if fallback else NATIVE[op], "fallback_ops": NATIVE[op] if fallback else [],
                 "signature": "f32[4,4]", "seed": 7, "duration_s": 0.5 if op == "nn.functional.conv2d" else 0.01,
                 "nan_agree": 1, "dtype_ok": 1, "shape_ok": 0 if status == "crash" else 1, "stride_ok": 1,
+                "worst": {"output": 0, "index": [1, 2], "target": 0.75, "cpu": 1.0, "arbiter": 0.9999999}
+                if status == "mismatch" else None,
             })
             checks = (contracts or {}).get((op, dtype, i))
             if checks:
@@ -399,6 +401,11 @@ def test_op_page_contract_table_and_sample_column(site_dir):
     failed = {(r[keys.index("dtype")], r[keys.index("sample")]): r[keys.index("contracts")] for r in spec["rows"]}
     assert failed == {("bfloat16", 0): [], ("bfloat16", 1): ["aliasing"], ("float32", 0): [], ("float32", 1): []}
     assert {"col": keys.index("contracts"), "label": "failed contract", "mode": "has"} in spec["filters"]
+    # the failing sample shows its worst element: where, the target's and the CPU's values, the arbiter's
+    worst = {(r[keys.index("dtype")], r[keys.index("sample")]): r[keys.index("worst")] for r in spec["rows"]}
+    assert worst[("bfloat16", 1)] == "out 0 [1, 2]: target 0.75, CPU 1, float64 0.9999999"
+    assert worst[("bfloat16", 0)] is None
+    assert spec["columns"][keys.index("worst")]["label"] == "worst element (target, CPU, float64)"
     # an op no contract was checked for has no contract table
     assert 'id="contracts"' not in read(site_dir, "2.33.0/ops/add.html")
 
