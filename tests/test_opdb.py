@@ -213,3 +213,28 @@ def test_a_v6_database_gains_the_normwise_forward_error(tmp_path):
         assert st.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
         (row,) = st.db.query("select status, max_rel_err, fwd_rel_err from model_results")
         assert row == {"status": "pass", "max_rel_err": 73.5, "fwd_rel_err": None}
+
+
+def test_a_v9_database_gains_the_browse_indexes(tmp_path):
+    """Schema v10: the indexes Datasette's facets and canned queries need (opdb/browse.toml);
+    an older database gains them when opened, its rows intact, and a new one has them."""
+    import sqlite_utils
+
+    from opdb.schema import BROWSE_INDEXES, MIGRATIONS
+
+    wanted = {"idx_" + "_".join((table, *cols)) for table, cols in BROWSE_INDEXES}
+    path = tmp_path / "v9.sqlite"
+    db = sqlite_utils.Database(path)
+    for step in MIGRATIONS[:9]:
+        step(db)
+    db.execute("PRAGMA user_version = 9")
+    db["op_results"].insert({"run_id": "r", "item_key": "abs|function|float32|0", "status": "mismatch",
+                             "max_rel_err": 0.5})
+    assert not wanted & {i.name for i in db["op_results"].indexes}
+    db.conn.close()
+    with Store.open(path) as st:
+        assert st.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        assert wanted <= {i.name for i in st.db["op_results"].indexes}
+        assert [r["max_rel_err"] for r in st.db.query("select max_rel_err from op_results")] == [0.5]
+    with Store.open(tmp_path / "new.sqlite") as st:
+        assert wanted <= {i.name for i in st.db["op_results"].indexes}
