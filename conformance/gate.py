@@ -190,7 +190,7 @@ def _check_selection(baseline: dict[str, Any], candidate: dict[str, Any]) -> Non
 _COLUMNS = {
     "op_results": ("op", "variant", "dtype", "status", "error", "max_abs_err", "max_rel_err", "fallback_ops",
                    "duration_s", "contract_failed", "fingerprint"),
-    "model_results": ("model_id", "mode", "dtype", "status", "error", "max_abs_err", "max_rel_err",
+    "model_results": ("model_id", "mode", "dtype", "status", "error", "max_abs_err", "max_rel_err", "fwd_rel_err",
                       "fallback_ops", "first_divergent_op", "recompiles", "duration_s", "loss_curve", "fingerprint",
                       "noise"),
 }
@@ -210,12 +210,14 @@ def _contracts(row: dict[str, Any]) -> list[str]:
 
 
 def _evidence(b: dict[str, Any], c: dict[str, Any]) -> dict[str, Any]:
-    """What a regression's finding carries: the candidate's error, magnitudes, fallbacks, first
-    divergent op and failed contracts (and the baseline's failed contracts, when it failed some)."""
-    ev = {k: c.get(k) for k in ("error", "max_abs_err", "max_rel_err", "fallback_ops", "first_divergent_op",
-                                "contract_failed") if c.get(k) not in (None, "", "[]")}
-    if b.get("contract_failed"):
-        ev["baseline_contract_failed"] = b["contract_failed"]
+    """What a regression's finding carries: the candidate's error, magnitudes (a model's normwise
+    forward error too), fallbacks, first divergent op and failed contracts, and the baseline's
+    magnitudes and failed contracts, so a reader sees how far the error moved."""
+    ev = {k: c.get(k) for k in ("error", "max_abs_err", "max_rel_err", "fwd_rel_err", "fallback_ops",
+                                "first_divergent_op", "contract_failed") if c.get(k) not in (None, "", "[]")}
+    for k in ("max_rel_err", "fwd_rel_err", "contract_failed"):
+        if b.get(k) not in (None, ""):
+            ev[f"baseline_{k}"] = b[k]
     return ev
 
 

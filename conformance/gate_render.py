@@ -76,9 +76,13 @@ def evidence(g: FindingGroup) -> str:
     parts = [f"first bad: {g.first_bad_build}"] if g.first_bad_build else []
     if g.category in NUMERICS:
         parts.append(numerics_line(g.drift))
-    if g.max_rel_err is not None:
-        parts.append(f"max rel err {_num(g.max_rel_err)}"
-                     + (f" (abs {_num(g.max_abs_err)})" if g.max_abs_err is not None else ""))
+    if g.fwd_rel_err is not None:  # a model: the normwise error its tolerance judges
+        parts.append(f"normwise rel err {_num(g.fwd_rel_err)}"
+                     + (f" (baseline {_num(g.baseline_fwd_rel_err)})" if g.baseline_fwd_rel_err is not None else ""))
+    elif g.max_rel_err is not None:
+        was = [f"abs {_num(g.max_abs_err)}"] if g.max_abs_err is not None else []
+        was += [f"baseline {_num(g.baseline_rel_err)}"] if g.baseline_rel_err is not None else []
+        parts.append(f"max rel err {_num(g.max_rel_err)}" + (f" ({'; '.join(was)})" if was else ""))
     if g.reruns:
         runs = [s for statuses in g.reruns.values() for s in statuses]
         parts.append(f"re-runs of {len(g.reruns)} representative(s): {', '.join(runs)}")

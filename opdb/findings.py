@@ -54,6 +54,9 @@ class FindingGroup:
     item_keys: list[str] = field(default_factory=list)
     max_rel_err: float | None = None  # the worst of the candidate's items (their evidence)
     max_abs_err: float | None = None
+    baseline_rel_err: float | None = None  # the worst of the same items in the baseline (element-wise)
+    fwd_rel_err: float | None = None  # models: the normwise forward error the model tolerance judges
+    baseline_fwd_rel_err: float | None = None
     error: str = ""  # the first candidate error message
     unconfirmed: int = 0  # items the flake confirmation could not afford
     reruns: dict[str, list[str]] = field(default_factory=dict)  # flaky: representative -> re-run statuses
@@ -175,6 +178,9 @@ def group_findings(findings: Iterable[Mapping[str, Any]]) -> list[FindingGroup]:
             continue
         g.max_rel_err = _max(g.max_rel_err, _num(ev.get("max_rel_err")))
         g.max_abs_err = _max(g.max_abs_err, _num(ev.get("max_abs_err")))
+        g.baseline_rel_err = _max(g.baseline_rel_err, _num(ev.get("baseline_max_rel_err")))
+        g.fwd_rel_err = _max(g.fwd_rel_err, _num(ev.get("fwd_rel_err")))
+        g.baseline_fwd_rel_err = _max(g.baseline_fwd_rel_err, _num(ev.get("baseline_fwd_rel_err")))
         if not g.error and ev.get("error"):
             text = " ".join(str(ev["error"]).split())
             g.error = text if len(text) <= ERROR_CHARS else text[:ERROR_CHARS - 1] + "…"

@@ -169,3 +169,20 @@ def test_contract_regressions_name_their_contracts_in_every_rendering(tmp_path):
               if r["category"] == "regression"]
     assert sorted(g.transition for g in group_findings(stored)) == [
         "contract (out) -> contract (aliasing, out)", "pass -> contract (out)"]
+
+
+def test_evidence_shows_the_baseline_error_and_a_models_normwise_error():
+    from conformance.gate import _evidence
+
+    ev = _evidence({"status": "pass", "max_rel_err": 0.001}, {"status": "mismatch", "max_rel_err": 0.5, "max_abs_err": 2.0})
+    assert ev == {"max_rel_err": 0.5, "max_abs_err": 2.0, "baseline_max_rel_err": 0.001}
+    op = Finding("regression", "op", "abs|function|float32|0", "abs", "function", "float32", "pass", "mismatch", ev)
+    model_ev = _evidence({"max_rel_err": 40.0, "fwd_rel_err": 0.001},
+                         {"max_rel_err": 73.5, "fwd_rel_err": 0.2, "first_divergent_op": "aten::sin.default"})
+    model = Finding("regression", "model", "mlp|eager|float32|0", "mlp", "eager", "float32", "pass", "mismatch",
+                    model_ev)
+    lines = summary_lines(GateResult({"id": "a", "build": "1"}, {"id": "b", "build": "2"}, [op, model], "fail"))
+    text = "\n".join(lines)
+    assert "max rel err 0.5 (abs 2; baseline 0.001)" in text
+    # a model's evidence is the normwise error its tolerance judges, not the element-wise 73.5
+    assert "normwise rel err 0.2 (baseline 0.001)" in text and "73.5" not in text

@@ -37,7 +37,8 @@ def pages(b: BuildScope) -> Iterator[tuple[str, RegressionsPage]]:
         rid = ids.get(grp.first_key) if grp.kind == "op" else None
         return RegressionGroup(grp.category, grp.kind, grp.name,
                                f"ops/{b.op_slug(grp.name)}.html" if grp.kind != "model" and grp.name in ops else None,
-                               grp.variant, grp.dtype, grp.transition, grp.size, grp.max_rel_err,
+                               grp.variant, grp.dtype, grp.transition, grp.size,
+                               grp.fwd_rel_err if grp.fwd_rel_err is not None else grp.max_rel_err,
                                numerics_line(grp.drift) if grp.category in NUMERICS else grp.error,
                                f"conformance repro {rid} --db {b.db_label}" if rid is not None else "",
                                grp.first_bad_build)
