@@ -107,6 +107,21 @@ def _detach_cpu(tree: Any) -> Any:
     return map_tensors(lambda x: x.detach().to("cpu"), tree)
 
 
+def _localized(row: dict[str, Any], find: Callable[[], Any], none_found: str) -> None:
+    """Store what ``find`` (a localization) names in ``row``: the op and its detail, ``none_found``
+    when it names none, or why it failed."""
+    try:
+        div = find()
+    except Exception as exc:  # noqa: BLE001
+        row["first_divergent_detail"] = f"localization failed: {_err(exc)}"[:2000]
+        return
+    if div is not None:
+        row["first_divergent_op"] = div.op
+        row["first_divergent_detail"] = div.detail
+    else:
+        row["first_divergent_detail"] = none_found
+
+
 def _err(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:2000]
 
@@ -456,38 +471,20 @@ def run_item(target: Any, prep: _Prepared, dtype_name: str, mode: str, config: A
     if localize_failures and problems and cpu.error is None and tgt.error is None:
         from .localize import localize
 
-        try:
-            div = localize(prep.model, prep.inputs, target, dtype, tol=tol.fwd_rtol,
-                           backward=not any(p.startswith("forward") for p in problems), seed=seed)
-        except Exception as exc:  # noqa: BLE001
-            row["first_divergent_detail"] = f"localization failed: {_err(exc)}"[:2000]
-        else:
-            if div is not None:
-                row["first_divergent_op"] = div.op
-                row["first_divergent_detail"] = div.detail
-            else:
-                row["first_divergent_detail"] = (
-                    "no op of the eager ATen graph diverges beyond tolerance, locally or along the device's chain"
-                    + ("; if the eager item passes, compilation introduces the divergence" if mode == "compile"
-                       else "; the error builds up in the training loss/steps rather than in one op"))
+        _localized(row, lambda: localize(prep.model, prep.inputs, target, dtype, tol=tol.fwd_rtol,
+                                         backward=not any(p.startswith("forward") for p in problems), seed=seed),
+                   "no op of the eager ATen graph diverges beyond tolerance, locally or along the device's chain"
+                   + ("; if the eager item passes, compilation introduces the divergence" if mode == "compile"
+                      else "; the error builds up in the training loss/steps rather than in one op"))
     # Localize an error the target raised to the op that raised it (a graph traced on the CPU
     # holds the CPU's decompositions, not the kernels the device is handed: the model runs again).
     elif localize_failures and cpu.error is None and tgt.error is not None:
         from .localize import raising_op
 
-        try:
-            div = raising_op(prep.model, prep.inputs, target, dtype, loss=spec.loss, seed=seed)
-        except Exception as exc:  # noqa: BLE001
-            row["first_divergent_detail"] = f"localization failed: {_err(exc)}"[:2000]
-        else:
-            if div is not None:
-                row["first_divergent_op"] = div.op
-                row["first_divergent_detail"] = div.detail
-            else:
-                row["first_divergent_detail"] = (
-                    "no ATen op raises when the model runs eager on the target"
-                    + ("; compiling it (torch.compile with the target's backend) raises" if mode == "compile"
-                       else "; the error is raised outside the ops (placement, synchronization or the loss)"))
+        _localized(row, lambda: raising_op(prep.model, prep.inputs, target, dtype, loss=spec.loss, seed=seed),
+                   "no ATen op raises when the model runs eager on the target"
+                   + ("; compiling it (torch.compile with the target's backend) raises" if mode == "compile"
+                      else "; the error is raised outside the ops (placement, synchronization or the loss)"))
 
     # Performance: compile counts, shape sweep and latency.
     if tgt.error is None and fn is not None and cpu.error is None:
