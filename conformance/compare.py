@@ -31,24 +31,33 @@ ARBITER_FACTOR = 2.0
 _MANTISSA = {torch.float64: 52, torch.float32: 23, torch.bfloat16: 7, torch.float16: 10}
 
 
+def layout_name(t: torch.Tensor) -> str:
+    """``strided``, ``sparse_coo``, ``sparse_csr``, ``sparse_csc``, ``sparse_bsr``, ``sparse_bsc``, ..."""
+    return str(t.layout).removeprefix("torch.")
+
+
 @dataclass(frozen=True)
 class Meta:
-    """dtype/shape/stride/storage offset of a tensor as it sits on the device."""
+    """dtype/shape/stride/storage offset/layout of a tensor as it sits on the device."""
 
     dtype: str
     shape: tuple[int, ...]
     stride: tuple[int, ...]
     offset: int = 0
+    layout: str = "strided"
 
     @classmethod
     def of(cls, t: torch.Tensor) -> Meta:
         strided = t.layout == torch.strided
         return cls(str(t.dtype).removeprefix("torch."), tuple(t.shape), tuple(t.stride()) if strided else (),
-                   t.storage_offset() if strided else 0)
+                   t.storage_offset() if strided else 0, layout_name(t))
 
     def layout_differs(self, other: Meta) -> str:
-        """How this tensor's memory layout differs from ``other``'s ("" when it does not):
-        strides of the dimensions longer than 1, and the storage offset."""
+        """How this tensor's memory layout differs from ``other``'s ("" when it does not): the
+        layout (strided, sparse_coo, sparse_csr, ...), strides of the dimensions longer than 1,
+        and the storage offset."""
+        if self.layout != other.layout:
+            return f"layout {self.layout} vs {other.layout}"
         if self.shape != other.shape or not self.stride or not other.stride:
             return ""
         parts = []
@@ -75,6 +84,9 @@ class Evidence:
     comparator: str = "allclose"
     detail: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    # a sparse result's structure (layout, sparse/dense dims, block size, index dtypes, the set
+    # of specified elements) agrees with the CPU's; False is never forgiven by the arbiter
+    structure_ok: bool = True
     # the element that failed worst: {"output": i, "index": [...], "target": x, "cpu": y} and,
     # once arbitrated, "arbiter" (the float64 reference's value there); None when nothing failed
     worst: dict[str, Any] | None = None
@@ -190,6 +202,103 @@ def tensor_evidence(t: torch.Tensor, c: torch.Tensor, atol: float, rtol: float) 
                     mismatch_frac=n_bad / t.numel(), nan_agree=nan_agree, detail=detail.strip("; "), worst=worst)
 
 
+# -- sparse results ---------------------------------------------------------------------------------
+# Two sparse results are the same when they have the same layout, the same structure (sparse and
+# dense dimensions; block size for BSR/BSC; index dtypes), the same set of specified elements
+# (COO after coalescing, so duplicates and index order do not count; compressed layouts by
+# their compressed and plain indices, order within a row or column not counting) and dense values
+# within tolerance (``tensor_evidence`` of ``to_dense()``, so the worst element is a dense index).
+# A layout difference fails whatever the values (it names both layouts); a different pattern
+# with equal dense values fails as a pattern difference and says the dense values are equal
+# (``torch.testing.assert_close`` too compares coalesced indices exactly): a user of the result
+# sees its ``indices()``/``_nnz()``, and an explicit zero is a specified element.
+_COMPRESSED = {torch.sparse_csr: ("crow_indices", "col_indices"), torch.sparse_csc: ("ccol_indices", "row_indices"),
+               torch.sparse_bsr: ("crow_indices", "col_indices"), torch.sparse_bsc: ("ccol_indices", "row_indices")}
+
+
+def is_sparse(t: torch.Tensor) -> bool:
+    return t.layout == torch.sparse_coo or t.layout in _COMPRESSED
+
+
+def _index_arrays(x: torch.Tensor) -> dict[str, torch.Tensor]:
+    if x.layout == torch.sparse_coo:
+        return {"indices": x._indices()}
+    a, b = _COMPRESSED[x.layout]
+    return {a: getattr(x, a)(), b: getattr(x, b)()}
+
+
+def _blocksize(x: torch.Tensor) -> tuple[int, ...]:
+    if x.layout not in (torch.sparse_bsr, torch.sparse_bsc):
+        return ()
+    batch = x.dim() - x.sparse_dim() - x.dense_dim()
+    return tuple(x.values().shape[batch + 1:batch + 3])
+
+
+def pattern(x: torch.Tensor) -> torch.Tensor:
+    """The specified elements of a sparse tensor (explicit zeros included) as a dense bool mask
+    of its shape."""
+    ones = torch.ones(x._values().shape if x.layout == torch.sparse_coo else x.values().shape, dtype=torch.int8)
+    if x.layout == torch.sparse_coo:
+        mask = torch.sparse_coo_tensor(x._indices(), ones, x.shape, check_invariants=False)
+    else:
+        a, b = _index_arrays(x).values()
+        mask = torch.sparse_compressed_tensor(a, b, ones, x.shape, layout=x.layout, check_invariants=False)
+    return mask.to_dense() != 0
+
+
+def structure_differs(t: torch.Tensor, c: torch.Tensor) -> str:
+    """How sparse ``t``'s structure differs from sparse ``c``'s of the same layout ("" when it
+    does not): sparse/dense dims, block size, index dtypes, then the set of specified elements.
+
+        >>> import torch
+        >>> a = torch.sparse_coo_tensor([[0, 1]], [1.0, 0.0], (3,))
+        >>> structure_differs(a, torch.sparse_coo_tensor([[0]], [1.0], (3,)))
+        'sparsity pattern differs: 2 specified elements on target vs 1 on CPU (1 only on target, 0 only on CPU)'
+    """
+    if t.layout == torch.sparse_coo:
+        t, c = t.coalesce(), c.coalesce()
+    dims_t, dims_c = (t.sparse_dim(), t.dense_dim()), (c.sparse_dim(), c.dense_dim())
+    if dims_t != dims_c:
+        return f"sparse/dense dims {dims_t} on target vs {dims_c} on CPU"
+    if _blocksize(t) != _blocksize(c):
+        return f"block size {_blocksize(t)} on target vs {_blocksize(c)} on CPU"
+    for (name, it), ic in zip(_index_arrays(t).items(), _index_arrays(c).values(), strict=True):
+        if it.dtype != ic.dtype:
+            return f"{name} dtype {str(it.dtype).removeprefix('torch.')} on target vs " \
+                   f"{str(ic.dtype).removeprefix('torch.')} on CPU"
+    same = all(a.shape == b.shape and torch.equal(a, b)
+               for a, b in zip(_index_arrays(t).values(), _index_arrays(c).values(), strict=True))
+    if same:
+        return ""
+    mt, mc = pattern(t), pattern(c)
+    if torch.equal(mt, mc):
+        return ""  # the same elements, listed in another order within a row/column
+    return (f"sparsity pattern differs: {int(mt.sum())} specified elements on target vs {int(mc.sum())} on CPU "
+            f"({int((mt & ~mc).sum())} only on target, {int((mc & ~mt).sum())} only on CPU)")
+
+
+def _dense(x: Any) -> Any:
+    return x.to_dense() if isinstance(x, torch.Tensor) and is_sparse(x) else x
+
+
+def sparse_evidence(t: torch.Tensor, c: torch.Tensor, atol: float, rtol: float, *, target_layout: str | None = None,
+                    per_tensor: Callable[[torch.Tensor, torch.Tensor], Evidence | None] | None = None) -> Evidence:
+    """Evidence for a pair of which at least one is sparse (see the rule above). ``target_layout``:
+    the layout the target's result had on the device (default: ``t``'s)."""
+    ev = per_tensor(_dense(t), _dense(c)) if per_tensor else None
+    if ev is None:
+        ev = tensor_evidence(_dense(t), _dense(c), atol, rtol)
+    values = "dense values equal" if ev.close and not ev.detail else f"dense values: {ev.detail or 'within tolerance'}"
+    lt, lc = target_layout or layout_name(t), layout_name(c)
+    if lt != lc or t.layout != c.layout:
+        why = f"layout {lt} on target vs {lc} on CPU"
+    else:
+        why = structure_differs(t, c)
+    if not why:
+        return ev
+    return replace(ev, close=False, stride_ok=False, structure_ok=False, detail=f"{why}; {values}")
+
+
 def _merge(parts: Sequence[Evidence], comparator: str) -> Evidence:
     if not parts:
         return Evidence(True, comparator=comparator)
@@ -205,7 +314,7 @@ def _merge(parts: Sequence[Evidence], comparator: str) -> Evidence:
         ulp_err=max(p.ulp_err for p in parts), mismatch_frac=max(p.mismatch_frac for p in parts),
         nan_agree=all(p.nan_agree for p in parts), dtype_ok=all(p.dtype_ok for p in parts),
         shape_ok=all(p.shape_ok for p in parts), stride_ok=all(p.stride_ok for p in parts),
-        comparator=comparator, detail="; ".join(f"output {i}: {p.detail}" for i, p in enumerate(parts) if p.detail))
+        structure_ok=all(p.structure_ok for p in parts), comparator=comparator, detail="; ".join(f"output {i}: {p.detail}" for i, p in enumerate(parts) if p.detail))
 
 
 def strides_agree(a: Meta, b: Meta) -> bool:
@@ -257,6 +366,14 @@ def compare(cpu: Any, target: Any, *, atol: float, rtol: float, device_meta: Seq
             parts.append(Evidence(False, dtype_ok=dtype_ok, shape_ok=False, stride_ok=stride_ok,
                                   detail=f"shape {list(dm.shape)} on target vs {list(cm.shape)} on CPU"))
             continue
+        if is_sparse(t) or is_sparse(c) or dm.layout != cm.layout:
+            ev = sparse_evidence(t, c, atol, rtol, target_layout=dm.layout,
+                                 per_tensor=(lambda x, y, i=i: per_tensor(i, x, y)) if per_tensor else None)
+            close = ev.close and dtype_ok
+            detail = ev.detail if dtype_ok else f"dtype {dm.dtype} on target vs {cm.dtype} on CPU; {ev.detail}".strip("; ")
+            parts.append(replace(ev, close=close, dtype_ok=dtype_ok, shape_ok=shape_ok,
+                                 stride_ok=ev.structure_ok, detail=detail))
+            continue
         ev = per_tensor(i, t, c) if per_tensor else None
         if ev is None:
             ev = tensor_evidence(t, c, atol, rtol)
@@ -268,7 +385,9 @@ def compare(cpu: Any, target: Any, *, atol: float, rtol: float, device_meta: Seq
 
 def arbitrate(ev: Evidence, cpu: Any, target: Any, arbiter: Any, *, atol: float) -> Evidence:
     """Apply the float64 arbiter rule to evidence that failed plain closeness."""
-    c_l, t_l, a_l = leaves(cpu), leaves(target), leaves(arbiter)
+    if not ev.structure_ok:
+        return ev  # a sparse result of another layout or pattern: no accuracy excuses it
+    c_l, t_l, a_l = ([_dense(x) for x in leaves(v)] for v in (cpu, target, arbiter))
     if not (len(c_l) == len(t_l) == len(a_l)) or not ev.dtype_ok or not ev.shape_ok:
         return ev
     t_err = c_err = 0.0
@@ -322,6 +441,8 @@ def bitwise_equal(a: Any, b: Any) -> bool:
                 return False
             continue
         if x.dtype != y.dtype or x.shape != y.shape or x.layout != y.layout:
+            return False
+        if is_sparse(x) and structure_differs(x, y):
             return False
         if x.layout != torch.strided:
             x, y = x.to_dense(), y.to_dense()
