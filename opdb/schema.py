@@ -200,6 +200,25 @@ GROUP_TIMES = {
     "wall_s": float,
 }
 
+# The schema search's corpus (schema v11): per ATen overload, the inputs a search found (the
+# first inputs the CPU rejected, every input it accepted, the minimal failing ones), replayed by
+# later runs instead of searching again while the fingerprint holds (conformance/inputs/corpus.py).
+# An entry is inputs only: every verdict is recomputed by running them on the target and the CPU.
+SCHEMA_CORPUS = {
+    "overload": str,  # aten::name.overload
+    "fingerprint": str,  # sha256 of the basis below: a different one means search again
+    "basis": str,  # JSON: schema, CPU-side dispatch keys with kernels, torch version, search version
+    "outcome": str,  # inputs | no_valid_input
+    "complete": int,  # 1: the accepted inputs are all a search generated (it found no failure)
+    "crash_safe": int,  # 1: written by a crash-safe search (no rejected inputs checked)
+    "steered": str,  # the hints that steered the search, as its rows say them ("" unsteered)
+    "summary": str,  # no_valid_input: what the search tried (the row's error)
+    "calls": str,  # JSON list, one per stored input: {"role": rejected|valid|failing, "contracts": bool}
+    "inputs": bytes,  # opdb.blobs: {"calls": [{"args": [...], "kwargs": {...}}, ...]}, as "calls"
+    "run_id": str,  # the run that wrote it
+    "recorded_at": str,
+}
+
 TABLES: dict[str, dict[str, type]] = {
     "runs": RUNS,
     "run_shards": RUN_SHARDS,
@@ -210,11 +229,13 @@ TABLES: dict[str, dict[str, type]] = {
     "flakes": FLAKES,
     "gate_items": GATE_ITEMS,
     "group_times": GROUP_TIMES,
+    "schema_corpus": SCHEMA_CORPUS,
 }
 
 
 # Tables that shard databases contribute to a merge (gate decisions are derived, not merged).
-MERGED = ("runs", "run_shards", "ops", "op_results", "model_results", "coverage", "flakes", "group_times")
+MERGED = ("runs", "run_shards", "ops", "op_results", "model_results", "coverage", "flakes", "group_times",
+          "schema_corpus")
 
 
 def _v1(db: sqlite_utils.Database) -> None:
@@ -293,7 +314,12 @@ def _v10(db: sqlite_utils.Database) -> None:
         db[table].create_index(list(columns), if_not_exists=True)
 
 
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10]
+def _v11(db: sqlite_utils.Database) -> None:
+    db["schema_corpus"].create(SCHEMA_CORPUS, pk="overload", if_not_exists=True)
+
+
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10,
+                                                             _v11]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
