@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .queries_counts import NOT_OPINFO
-from .status import FAILING
+from .status import FAILING, PASSED
 from .store import Store
 
 OP_KINDS = ("ops", "mixed")
@@ -29,11 +29,12 @@ MODEL_KINDS = ("models", "mixed")
 
 @dataclass(frozen=True)
 class BuildRuns:
-    """One build and the runs the report shows for it."""
+    """One build of one target and the runs the report shows for it."""
 
-    build: str
+    build: str  # as stored ("-": the target's default, which names no build)
     op_run: dict[str, Any] | None  # latest finished op run (latest of any status if none finished)
     model_run: dict[str, Any] | None  # likewise, for model runs
+    target: str = ""  # the runs' target (neuron-emu, inductor, cpu, device:neuron, ...)
 
     @property
     def started_at(self) -> str:
@@ -49,18 +50,22 @@ def _pick(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def builds(store: Store) -> list[BuildRuns]:
-    """Every build in the DB with its latest op and model run, oldest build first."""
-    by_build: dict[str, list[dict[str, Any]]] = {}
+    """Every (target, build) in the DB with its latest op and model run, oldest build first.
+
+    Runs of different targets never share a build: an inductor run and a cpu run both store
+    build ``-`` (their default), and a run of neuron-emu 2.33.0 is no run of device:neuron.
+    """
+    by_build: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in store.db.query("select * from runs order by started_at, id"):
-        by_build.setdefault(r["build"] or "-", []).append(r)
+        by_build.setdefault((r["target"] or "", r["build"] or "-"), []).append(r)
     out = []
-    for build, runs in by_build.items():
+    for (target, build), runs in by_build.items():
         op = _pick([r for r in runs if r["kind"] in OP_KINDS])
         model = _pick([r for r in runs if r["kind"] in MODEL_KINDS])
         if op is None and model is None:
             continue
-        out.append(BuildRuns(build, op, model))
-    out.sort(key=lambda b: (b.started_at, b.build))
+        out.append(BuildRuns(build, op, model, target))
+    out.sort(key=lambda b: (b.started_at, b.build, b.target))
     return out
 
 
@@ -163,6 +168,46 @@ def matrix_cells(store: Store, run_id: str) -> list[tuple[str, str, str, int]]:
     return [tuple(r) for r in store.db.execute(
         f"select op, dtype, status, count(*) from op_results where run_id = ? and coalesce(variant, '') "
         f"not in ({marks}) group by op, dtype, status", [run_id, *NOT_OPINFO])]
+
+
+@dataclass(frozen=True)
+class OnlyFailure:
+    """The OpInfo samples of one op × dtype that fail on one run's target and pass on every other
+    run compared that holds them (the same item key: the same seeded sample)."""
+
+    run_id: str  # the run they fail in
+    op: str
+    dtype: str
+    items: int  # samples failing there and passing elsewhere
+    statuses: tuple[str, ...]  # their statuses on the failing run, sorted
+    compared: int  # the fewest other runs any of them was compared with (>= 1)
+
+
+def fails_only_on(store: Store, run_ids: list[str]) -> list[OnlyFailure]:
+    """Per run, the op × dtype groups whose samples fail in that run only: each counted item
+    fails (a failing status) in exactly one of ``run_ids`` and passes (pass, pass_fallback) in
+    every other run holding the same item key, at least one. An item skipped or expected to fail
+    elsewhere is no "fails only" item: nothing says the others would pass it. Schema-driven
+    items and canaries are left out, as in :func:`matrix_cells`. Largest groups first per run.
+    """
+    if len(run_ids) < 2:
+        return []
+    failing, passed = sorted(FAILING), sorted(PASSED)
+    runs, bad, good, skip = (", ".join("?" for _ in x) for x in (run_ids, failing, passed, NOT_OPINFO))
+    rows = store.db.execute(
+        f"""select run, op, dtype, count(*), group_concat(distinct status), min(n) - 1 from (
+                select item_key, min(op) as op, min(dtype) as dtype, count(*) as n,
+                       max(case when status in ({bad}) then run_id end) as run,
+                       max(case when status in ({bad}) then status end) as status,
+                       sum(status in ({bad})) as bad, sum(status in ({good})) as good
+                from op_results
+                where run_id in ({runs}) and coalesce(variant, '') not in ({skip})
+                group by item_key)
+            where bad = 1 and good = n - 1 and n >= 2
+            group by run, op, dtype order by run, count(*) desc, op, dtype""",
+        [*failing, *failing, *failing, *passed, *run_ids, *NOT_OPINFO])
+    return [OnlyFailure(run, op, dtype or "-", n, tuple(sorted((st or "").split(","))), compared)
+            for run, op, dtype, n, st, compared in rows]
 
 
 def run_ops(store: Store, run_id: str) -> list[str]:

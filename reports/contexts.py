@@ -54,9 +54,10 @@ class BuildInfo:
     native_pass: int  # op results with status pass
     fallback_pass: int  # op results with status pass_fallback
     rendered: bool = True  # False for builds the site does not include (see --build)
-    previous: str = ""  # the build before this one (by start time), "" for the first
+    previous: str = ""  # the build of the same target before this one (by start time), "" for its first
     gates: list[GateCounts] = field(default_factory=list)  # the gate's decisions against `previous`
     ungated: list[tuple[str, str]] = field(default_factory=list)  # run pairs the gate has not judged
+    run_build: str = ""  # the build as the runs store it ('-': the target's default); `build` is the site's name
 
     @property
     def gate_verdict(self) -> str:
@@ -92,6 +93,7 @@ class IndexPage(Page):
     builds: list[BuildInfo]
     overloads: dict[str, dict[str, int]]  # build -> {"fallback": overloads, "failing": overloads}
     trend_svg: Markup
+    backends: Link | None = None  # the cross-backend page (the database holds two targets or more)
 
 
 @dataclass
@@ -168,9 +170,10 @@ class OpPage(Page):
     samples_json: Markup  # data-table spec of this part's samples
     part: int  # 1-based
     parts: list[Link]  # one link per part (empty when there is one part)
-    other_builds: list[Link]  # the same op's page in the other rendered builds, by start time
+    other_builds: list[Link]  # the same op's page in the target's other rendered builds, by start time
     contracts: list[str]  # the contract table's columns (none: no item checked one)
     contract_rows: list[ContractRow]  # one per dtype
+    other_targets: list[Link] = field(default_factory=list)  # the same op's page in other targets' builds
 
 
 @dataclass
@@ -342,3 +345,54 @@ class RegressionsPage(Page):
     counts: list[tuple[str, int]]  # (category, items) as the console gate prints them
     groups: list[RegressionGroup]  # regressions and drift, the largest group first
     flaky: list[RegressionGroup]
+
+
+@dataclass
+class Backend:
+    """One column of the cross-backend page: a target's latest rendered build with an op run."""
+
+    target: str
+    info: BuildInfo
+    href: str  # its build summary
+    anchor: str  # the id of its "fails only on" section
+    samples: int  # OpInfo samples in the matrix
+    failing: int  # of them failing
+    only_items: int  # samples failing on this backend only (passing on every other holding them)
+    only_groups: int  # op × dtype groups of them
+
+
+@dataclass
+class OnlyRow:
+    """An op × dtype whose samples fail on one backend only: the backend engineer's own findings."""
+
+    op: str
+    dtype: str
+    href: str  # the op's page in that backend's build
+    items: int  # samples failing there and passing on every other backend holding them
+    samples: int  # that backend's samples of the op × dtype
+    statuses: list[str]  # their statuses there
+    passes_on: list[str]  # the other backends holding samples of the op × dtype
+
+
+@dataclass
+class OnlySection:
+    """"Fails only on X" for one backend: its op × dtype groups, the largest first."""
+
+    backend: Backend
+    rows: list[OnlyRow]  # the first ONLY_ROWS groups
+    more: int  # groups not listed (the matrix's "fails only on" filter shows them all)
+
+
+@dataclass
+class BackendsPage(Page):
+    """``backends.html`` (two targets or more): an op × backend matrix per dtype (a JS table, a
+    cell per backend with its pass and fail counts linking to that build's op page) and, per
+    backend, what fails on it only."""
+
+    backends: list[Backend]
+    dtypes: list[str]
+    n_ops: int  # OpInfo ops of the matrix
+    n_rows: int  # op × dtype rows
+    n_disagree: int  # rows failing on some backend and passing on another
+    table_json: Markup
+    only: list[OnlySection]

@@ -22,26 +22,55 @@ from . import charts
 from .contexts import BuildInfo, CountRow, Link
 from .html import Slugger
 
+BACKENDS_PAGE = "backends.html"  # the cross-backend page, at the site's root (when there are two targets)
+
+
+def build_labels(builds: list[q.BuildRuns]) -> list[str]:
+    """What the site calls each (target, build), unique: its build, as always while the database
+    holds one target. Beside other targets a build the target named by default (``-``: cpu,
+    inductor, device:TYPE) is called by its target, and a build name two targets share is
+    prefixed by the target (``device:neuron 2.33.0``).
+
+    >>> from opdb.queries_report import BuildRuns
+    >>> build_labels([BuildRuns("2.33.0", None, None, "neuron-emu"), BuildRuns("-", None, None, "cpu"),
+    ...               BuildRuns("-", None, None, "inductor")])
+    ['2.33.0', 'cpu', 'inductor']
+    """
+    if len({b.target for b in builds}) < 2:
+        return [b.build for b in builds]
+    targets: dict[str, set[str]] = {}
+    for b in builds:
+        targets.setdefault(b.build, set()).add(b.target)
+    return [b.target if b.build in ("", "-") else f"{b.target} {b.build}" if len(targets[b.build]) > 1
+            else b.build for b in builds]
+
 
 def build_infos(store: Store, slug: Slugger) -> list[BuildInfo]:
-    """Every build of the database, ordered by start time, with its status counts."""
+    """Every (target, build) of the database, ordered by start time, with its status counts; each
+    build's previous build is the one of the same target before it."""
     all_builds = q.builds(store)
+    labels = build_labels(all_builds)
     op_ids = [b.op_run["id"] for b in all_builds if b.op_run]
     model_ids = [b.model_run["id"] for b in all_builds if b.model_run]
     op_counts = qc.result_counts(store, op_ids, "op_results")
     model_counts = qc.result_counts(store, model_ids, "model_results")
     infos = []
-    for b in all_builds:
+    for b, label in zip(all_builds, labels, strict=True):
         oc = op_counts.get(b.op_run["id"], {}) if b.op_run else {}
         mc = model_counts.get(b.model_run["id"], {}) if b.model_run else {}
         run = b.op_run or b.model_run or {}
         infos.append(BuildInfo(
-            build=b.build, slug=slug(b.build), target=run.get("target") or "",
+            build=label, slug=slug(label), target=b.target or run.get("target") or "", run_build=b.build,
             torch_version=run.get("torch_version") or "", op_run=b.op_run, model_run=b.model_run,
             op_counts=ordered(oc), op_total=sum(oc.values()), model_counts=ordered(mc),
             model_total=sum(mc.values()), failing=qc.failing_total(oc),
             native_pass=oc.get("pass", 0), fallback_pass=oc.get("pass_fallback", 0)))
-    for prev, info in zip(infos, infos[1:], strict=False):
+    last: dict[str, BuildInfo] = {}
+    for info in infos:
+        prev = last.get(info.target)
+        last[info.target] = info
+        if prev is None:
+            continue
         info.previous = prev.build
         for kind in ("op_run", "model_run"):
             b, c = getattr(prev, kind), getattr(info, kind)
@@ -76,8 +105,26 @@ class Site:
         return {"title": title, "root": root, "nav": nav, "generated_at": self.generated_at,
                 "db_label": self.db_label}
 
+    @property
+    def targets(self) -> list[str]:
+        """The targets of the database's builds, in the order their first build started."""
+        return list(dict.fromkeys(i.target for i in self.infos))
+
+    @property
+    def cross_backend(self) -> bool:
+        """Whether the database holds builds of two targets or more (the cross-backend page)."""
+        return len(self.targets) > 1
+
     def trend_svg(self, highlight: str | None = None) -> Markup:
-        infos = self.infos
+        """The trend across builds; beside other targets, one chart per target (of the highlighted
+        build's target only, when one is highlighted): builds of two targets are no sequence."""
+        if not self.cross_backend:
+            return self._trend(self.infos, highlight, "Trend across builds (share of results)")
+        shown = [i.target for i in self.infos if i.build == highlight][:1] or self.targets
+        return Markup("").join(self._trend([i for i in self.infos if i.target == t], highlight,
+                                           f"Trend across builds of {t} (share of results)") for t in shown)
+
+    def _trend(self, infos: list[BuildInfo], highlight: str | None, title: str) -> Markup:
         labels = [i.build for i in infos]
 
         def pct(n: int, d: int) -> float | None:
@@ -91,7 +138,7 @@ class Site:
                                   for i in infos]),
         ]
         hl = labels.index(highlight) if highlight in labels else None
-        return charts.line_chart(series, labels, title="Trend across builds (share of results)",
+        return charts.line_chart(series, labels, title=title,
                                  y_label="%", y_min=0, y_max=100, highlight=hl, width=720)
 
     def overloads(self, info: BuildInfo, how: str) -> list[OverloadRow]:
@@ -154,6 +201,8 @@ class BuildScope:
     def nav(self, root: str, here: str) -> list[Link]:
         b = f"{root}{self.info.slug}/"
         nav = [Link(f"{root}index.html", "All builds")]
+        if self.site.cross_backend:
+            nav.append(Link(f"{root}{BACKENDS_PAGE}", "Across backends"))
         nav += [Link(b + f, t, current=f == here) for f, t in self.site.nav_items]
         return nav
 
@@ -161,9 +210,8 @@ class BuildScope:
         return self.site.base(title, root, self.nav(root, here))
 
     def previous(self) -> BuildInfo | None:
-        """The build before this one by start time."""
-        i = self.site.infos.index(self.info)
-        return self.site.infos[i - 1] if i > 0 else None
+        """The build of the same target before this one by start time."""
+        return next((i for i in self.site.infos if i.build == self.info.previous), None) if self.info.previous else None
 
     def reached(self) -> Reached:
         """The overloads the build's op results reached (one scan per build)."""

@@ -20,16 +20,17 @@ Example::
 
     >>> from reports.pages import PAGES
     >>> [p.TEMPLATE for p in PAGES]
-    ['index.html', 'summary.html', 'matrix.html', 'overloads.html', 'overloads.html', 'regressions.html', 'op.html', 'models.html', 'family.html', 'diff.html']
+    ['index.html', 'backends.html', 'summary.html', 'matrix.html', 'overloads.html', 'overloads.html', 'regressions.html', 'op.html', 'models.html', 'family.html', 'diff.html']
 """
 
 from __future__ import annotations
 
 from types import ModuleType
 
-from . import diff, failing, fallbacks, family, index, matrix, models, op, regressions, summary
+from . import backends, diff, failing, fallbacks, family, index, matrix, models, op, regressions, summary
 
-PAGES: tuple[ModuleType, ...] = (index, summary, matrix, fallbacks, failing, regressions, op, models, family, diff)
+PAGES: tuple[ModuleType, ...] = (index, backends, summary, matrix, fallbacks, failing, regressions, op, models, family,
+                                 diff)
 
 
 def name(page: ModuleType) -> str:

@@ -103,8 +103,12 @@ def _op_pages(b: BuildScope, op: str, rows: list[tuple], classes: list[str],
     names = [f"{slug}.html"] + [f"{slug}.{k}.html" for k in range(2, nparts + 1)]
     parts = [Link(n, f"part {k + 1}") for k, n in enumerate(names)] if nparts > 1 else []
     repros = [f"conformance repro {i} --db {b.db_label}" for i in failing_ids]
-    others = [Link(f"../../{o.slug}/ops/{b.site.op_slugs(o)[op]}.html", o.build)
-              for o in b.site.infos if o is not info and o.rendered and op in b.site.op_slugs(o)]
+    elsewhere = [o for o in b.site.infos if o is not info and o.rendered and op in b.site.op_slugs(o)]
+    builds = [Link(f"../../{o.slug}/ops/{b.site.op_slugs(o)[op]}.html", o.build)
+              for o in elsewhere if o.target == info.target]
+    targets = [Link(f"../../{o.slug}/ops/{b.site.op_slugs(o)[op]}.html",
+                    o.build if o.build.startswith(o.target) else f"{o.target} {o.build}")
+               for o in elsewhere if o.target != info.target]
     for k in range(nparts):
         chunk = rows[k * OP_PART_ROWS:(k + 1) * OP_PART_ROWS]
         rows_json = "[" + ",".join(r[5] for r in chunk) + "]"
@@ -115,4 +119,5 @@ def _op_pages(b: BuildScope, op: str, rows: list[tuple], classes: list[str],
             n_failing=n_failing,
             samples_json=table_spec(columns, rows_json, filters=filters, id="samples-table",
                                     failing=sorted(FAILING), db=b.db_label),
-            part=k + 1, parts=parts, other_builds=others, contracts=contracts, contract_rows=contract_rows)
+            part=k + 1, parts=parts, other_builds=builds, other_targets=targets, contracts=contracts,
+            contract_rows=contract_rows)

@@ -208,7 +208,11 @@
         break;
       case "cell":
         if (v) {
-          td.className = "cell st-" + String(v[0]).replace(/[^a-z_]/g, ""); td.setAttribute("title", v[1]); td.setAttribute("data-status", v[0]); td.textContent = fmtInt(v[2]);
+          td.className = "cell st-" + String(v[0]).replace(/[^a-z_]/g, ""); td.setAttribute("title", v[1]); td.setAttribute("data-status", v[0]);
+          // [worst, tooltip, samples, contracts, href, text]: a cell may link somewhere and say more than its count
+          var words = v.length > 5 && v[5] !== null ? String(v[5]) : fmtInt(v[2]);
+          if (v.length > 4 && safeHref(v[4])) { var ca = el("a", null, words); ca.setAttribute("href", safeHref(v[4])); td.appendChild(ca); }
+          else td.textContent = words;
           var mark = this.cellMark();  // a filter that selects cells too: the others are dimmed
           if (mark && !(Array.isArray(v[mark.at]) && v[mark.at].indexOf(mark.value) >= 0)) td.className += " dim";
         }

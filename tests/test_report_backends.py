@@ -1,0 +1,199 @@
+"""The report over a database holding several targets: each (target, build) rendered apart, the
+cross-backend page (its op × backend matrix and "fails only on X"), op pages linking the same op
+on other targets; a single-target site has none of it.
+
+``make_backends_db`` builds the small deterministic DB that ``test_report_browser.py`` uses too.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from pathlib import Path
+
+import pytest
+from test_report import TV, _op_rows, data_block, make_report_db, read
+
+from opdb import Store
+from opdb import queries_report as q
+from opdb.status import FAILING, PASSED
+from reports import render_site
+from reports.pages import backends as backends_page
+from reports.scope import build_labels
+
+# (target, build, run id, started) of the fixture's op runs
+RUNS = [
+    ("neuron-emu", "2.32.0", "emu-32", "2026-11-01T10:00:00+00:00"),
+    ("cpu", "-", "cpu-1", "2026-11-01T11:00:00+00:00"),
+    ("neuron-emu", "2.33.0", "emu-33", "2026-11-02T10:00:00+00:00"),
+    ("inductor", "-", "ind-1", "2026-11-02T11:00:00+00:00"),
+]
+_ALL = {(op, d): ["pass", "pass"] for op in ("add", "sin", "cumsum") for d in ("float32", "bfloat16")}
+OPS = {
+    "cpu-1": dict(_ALL),
+    "emu-32": dict(_ALL),
+    "emu-33": {**_ALL,
+               ("cumsum", "bfloat16"): ["pass", "mismatch"],  # fails on neuron-emu only
+               ("sin", "float32"): ["error", "pass"],  # fails on inductor too: nobody's own
+               ("add", "bfloat16"): ["mismatch", "pass_fallback"]},  # inductor skips sample 0: not "only"
+    "ind-1": {**_ALL,
+              ("cumsum", "float32"): ["pass", "error"],  # fails on inductor only
+              ("sin", "float32"): ["mismatch", "pass"],
+              ("add", "bfloat16"): ["skip", "pass"]},
+}
+
+
+def make_backends_db(path: Path) -> Path:
+    """Two neuron-emu builds, a cpu run and an inductor run (both of build '-') over the same
+    seeded samples, plus a schema-driven item failing on 2.33.0 alone (no OpInfo sample)."""
+    with Store.open(path) as st:
+        st.insert("runs", [{"id": rid, "target": target, "build": build, "torch_version": TV, "host": "h",
+                            "git_sha": "abc", "started_at": started, "finished_at": started, "status": "finished",
+                            "kind": "ops", "config": "{}"} for target, build, rid, started in RUNS])
+        rows = [r for rid, table in OPS.items() for r in _op_rows(rid, table)]
+        schema = _op_rows("emu-33", {("sin", "float32"): ["error"]})[0]
+        schema.update(variant="schema", item_key="aten::sin.default|schema|float32|0", op="aten::sin.default")
+        st.insert("op_results", [*rows, schema])
+    return path
+
+
+@pytest.fixture(scope="module")
+def backends_db(tmp_path_factory) -> Path:
+    return make_backends_db(tmp_path_factory.mktemp("bdb") / "backends.sqlite")
+
+
+@pytest.fixture(scope="module")
+def backends_site(backends_db, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("bsite")
+    with Store.open(backends_db) as st:
+        render_site(st, out, db_label=str(backends_db))
+    return out
+
+
+def test_each_target_and_build_is_rendered_apart(backends_site):
+    html = read(backends_site, "index.html")
+    assert re.findall(r'<tr data-build="([^"]+)">', html) == ["2.32.0", "cpu", "2.33.0", "inductor"]
+    for folder in ("2.32.0", "2.33.0", "cpu", "inductor"):
+        assert (backends_site / folder / "ops/cumsum.html").is_file(), folder
+    assert not (backends_site / "-").exists()  # cpu and inductor both store build '-': never one folder
+    cpu = read(backends_site, "cpu/index.html")
+    assert "cpu-1" in cpu and "ind-1" not in cpu
+    # a build's previous build is its own target's: 2.33.0 against 2.32.0, never against cpu
+    row = re.search(r'<tr data-build="2.33.0">(.*?)</tr>', html, re.S).group(1)
+    assert "vs 2.32.0" in row
+    for first in ("cpu", "inductor", "2.32.0"):
+        row = re.search(rf'<tr data-build="{first}">(.*?)</tr>', html, re.S).group(1)
+        assert "first build" in row, first
+    assert "No earlier build" in read(backends_site, "inductor/diff.html")
+    # one trend per target: two targets' builds are no sequence
+    assert html.count("<svg") == 3 and "Trend across builds of inductor" in html
+
+
+def test_labels_keep_single_target_names_and_tell_shared_builds_apart():
+    B = q.BuildRuns
+    assert build_labels([B("2.31.0", None, None, "neuron-emu"), B("2.33.0", None, None, "neuron-emu")]) == \
+        ["2.31.0", "2.33.0"]
+    assert build_labels([B("-", None, None, "cpu")]) == ["-"]  # a single-target site stays as it was
+    assert build_labels([B("2.33.0", None, None, "neuron-emu"), B("2.33.0", None, None, "device:neuron"),
+                         B("-", None, None, "cpu"), B("inductor-2.13.0", None, None, "inductor")]) == \
+        ["neuron-emu 2.33.0", "device:neuron 2.33.0", "cpu", "inductor-2.13.0"]
+
+
+def _brute_only(db: Path, runs: list[str]) -> dict[tuple[str, str, str], int]:
+    """(run, op, dtype) -> items failing in that run only, passing in every other run holding them."""
+    con = sqlite3.connect(db)
+    by_key: dict[str, list[tuple[str, str, str, str]]] = {}
+    for rid, key, op, dtype, status, variant in con.execute(
+            "select run_id, item_key, op, dtype, status, variant from op_results"):
+        if rid in runs and variant not in ("schema", "canary"):
+            by_key.setdefault(key, []).append((rid, op, dtype, status))
+    out: dict[tuple[str, str, str], int] = {}
+    for items in by_key.values():
+        bad = [i for i in items if i[3] in FAILING]
+        if len(items) >= 2 and len(bad) == 1 and all(i[3] in PASSED for i in items if i is not bad[0]):
+            k = bad[0][:3]
+            out[k] = out.get(k, 0) + 1
+    return out
+
+
+def test_fails_only_on_agrees_with_a_brute_force_count(backends_db):
+    runs = ["cpu-1", "emu-33", "ind-1"]
+    with Store.open(backends_db) as st:
+        got = {(o.run_id, o.op, o.dtype): o.items for o in q.fails_only_on(st, runs)}
+        assert q.fails_only_on(st, ["cpu-1"]) == []
+    assert got == _brute_only(backends_db, runs) == {("emu-33", "cumsum", "bfloat16"): 1,
+                                                      ("ind-1", "cumsum", "float32"): 1}
+
+
+def test_cross_backend_matrix_cells(backends_site):
+    html = read(backends_site, "backends.html")
+    spec = data_block(html, "backends-data")
+    cols = [c["label"] for c in spec["columns"]]
+    assert cols == ["op", "dtype", "neuron-emu", "cpu", "inductor", "fails on", "fails only on"]
+    rows = {(r[0], r[1]): r for r in spec["rows"]}
+    assert len(rows) == 6  # 3 OpInfo ops x 2 dtypes; the schema-driven item is no OpInfo row
+    emu, cpu, ind = rows[("cumsum", "bfloat16")][2:5]
+    assert emu == ["mismatch", "2.33.0: pass 1, mismatch 1", 2, [], "2.33.0/ops/cumsum.html", "1 pass · 1 fail"]
+    assert cpu[0] == "pass" and cpu[4:] == ["cpu/ops/cumsum.html", "2 pass"]
+    assert ind[4] == "inductor/ops/cumsum.html"
+    assert rows[("cumsum", "bfloat16")][5:] == [["neuron-emu"], ["neuron-emu"]]
+    assert rows[("sin", "float32")][5:] == [["neuron-emu", "inductor"], []]
+    assert rows[("add", "bfloat16")][4][5] == "1 pass · 1 other"
+    assert rows[("add", "bfloat16")][5:] == [["neuron-emu"], []]  # inductor skipped the failing sample
+    assert rows[("cumsum", "float32")][5:] == [["inductor"], ["inductor"]]
+    # the latest build of each target is its column: 2.32.0 is not compared
+    assert "emu-32" not in html and "emu-33" in html
+    assert re.search(r'failing on some backend and passing on another', html)
+    n_disagree = int(re.search(r"rows, (\d+) of them failing on some backend", html).group(1))
+    assert n_disagree == 4
+
+
+def test_fails_only_on_lists_each_backends_own_failures(backends_site):
+    html = read(backends_site, "backends.html")
+    sections = dict(re.findall(r'<section class="only" id="[^"]+" data-target="([^"]+)">(.*?)</section>', html, re.S))
+    assert list(sections) == ["neuron-emu", "cpu", "inductor"]
+    emu = re.findall(r'<tr data-op="([^"]+)" data-dtype="([^"]+)">\s*<td><a href="([^"]+)">', sections["neuron-emu"])
+    assert emu == [("cumsum", "bfloat16", "2.33.0/ops/cumsum.html")]
+    assert "passing on" in sections["neuron-emu"] and "<td>cpu, inductor</td>" in sections["neuron-emu"]
+    assert re.findall(r'<tr data-op="([^"]+)" data-dtype="([^"]+)">', sections["inductor"]) == [("cumsum", "float32")]
+    assert "None:" in sections["cpu"]
+    listed = re.search(r'<tr data-target="neuron-emu">(.*?)</tr>', html, re.S).group(1)
+    assert 'data-k="only_items"><a href="#only-neuron-emu">1<' in listed
+    assert 'data-k="failing">3<' in listed  # OpInfo samples: the schema-driven item is not in the matrix
+
+
+def test_op_page_links_the_same_op_on_other_targets(backends_site):
+    html = read(backends_site, "2.33.0/ops/cumsum.html")
+    builds = re.search(r'<p class="others" id="other-builds">(.*?)</p>', html, re.S).group(1)
+    targets = re.search(r'<p class="others" id="other-targets">(.*?)</p>', html, re.S).group(1)
+    assert re.findall(r'href="([^"]+)">([^<]+)<', builds) == [("../../2.32.0/ops/cumsum.html", "2.32.0")]
+    assert re.findall(r'href="([^"]+)">([^<]+)<', targets) == [
+        ("../../cpu/ops/cumsum.html", "cpu"), ("../../inductor/ops/cumsum.html", "inductor"),
+        ("../../backends.html", "across backends")]
+    cpu = read(backends_site, "cpu/ops/cumsum.html")
+    assert 'id="other-builds"' not in cpu
+    assert re.findall(r'href="\.\./\.\./([^"]+)/ops/cumsum.html">([^<]+)<', cpu) == [
+        ("2.32.0", "neuron-emu 2.32.0"), ("2.33.0", "neuron-emu 2.33.0"), ("inductor", "inductor")]
+
+
+def test_navigation_and_index_link_the_cross_backend_page(backends_site):
+    assert 'href="backends.html">Across backends</a>' in read(backends_site, "index.html")
+    assert 'href="../backends.html">Across backends</a>' in read(backends_site, "inductor/matrix.html")
+
+
+def test_a_single_target_site_has_no_cross_backend_page(tmp_path):
+    db = make_report_db(tmp_path / "one.sqlite")
+    with Store.open(db) as st:
+        render_site(st, tmp_path / "site")
+    assert not (tmp_path / "site/backends.html").exists()
+    for rel in ("index.html", "2.33.0/index.html", "2.33.0/ops/sin.html"):
+        text = (tmp_path / "site" / rel).read_text()
+        assert "Across backends" not in text and "other-targets" not in text, rel
+    assert "Trend across builds (share of results)" in (tmp_path / "site/index.html").read_text()
+
+
+def test_long_lists_say_how_many_more(backends_db, tmp_path, monkeypatch):
+    monkeypatch.setattr(backends_page, "ONLY_ROWS", 0)
+    with Store.open(backends_db) as st:
+        render_site(st, tmp_path / "site")
+    assert "and 1 more op × dtype groups" in (tmp_path / "site/backends.html").read_text()
