@@ -41,6 +41,10 @@ from .cli import (
                    "determinism on a compiler target).")
 @click.option("--schema/--no-schema", "schema", default=None,
               help="Schema-driven inputs for overloads no OpInfo reaches (default: on for a full sweep).")
+@click.option("--corpus/--no-corpus", "corpus", default=True, show_default=True,
+              help="Replay the schema search's stored inputs per overload (opdb schema_corpus) and search only "
+                   "where none are stored or the overload's schema, CPU kernels or torch changed; "
+                   "--no-corpus searches every overload and stores nothing.")
 @click.option("--models", "models", multiple=True, metavar="FAMILY|all|hf",
               help="Run model graphs of these families (alone: models only).")
 @click.option("--model-limit", type=int, default=None, help="At most this many graphs per family.")

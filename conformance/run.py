@@ -238,7 +238,7 @@ def run_into(spec: RunSpec, store: Store, *, resume: str | None = None,
     done = _done_by_group(set().union(*(store.done_keys(table, run_id) for table in TABLES)))
     history = group_seconds(store, target=spec.target, torch_version=torch.__version__, exclude_run=run_id)
     sup = Supervisor(spec, store, run_id, groups, done, progress, history=history,
-                     stage=f"sweep {spec.target} {spec.build}".rstrip())
+                     stage=f"sweep {spec.target} {spec.build}".rstrip(), corpus=_corpus(spec, store, groups))
     previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
         summary = sup.run()
@@ -251,6 +251,20 @@ def run_into(spec: RunSpec, store: Store, *, resume: str | None = None,
         raise EmptyRun(f"run {run_id}: {_selection_text(spec)}, --variants {','.join(spec.variants)}: "
                        "the run recorded no item, so nothing was checked")
     return summary
+
+
+def _corpus(spec: RunSpec, store: Store, groups: Sequence[Group]) -> dict[str, dict[str, Any]]:
+    """The stored corpus entries of the run's schema searches, by group key (none when off)."""
+    if not spec.corpus:
+        return {}
+    from opdb.corpus import corpus_entries
+
+    from .search import SCHEMA
+
+    searches = {g.op: g.key for g in groups if g.kind == SCHEMA.name}
+    if not searches:
+        return {}
+    return {searches[name]: row for name, row in corpus_entries(store, searches).items()}
 
 
 def stderr_progress() -> Console:

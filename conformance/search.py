@@ -41,6 +41,7 @@ from . import catalog, contracts
 from .catalog import packet_of
 from .compare import leaves
 from .execute import clone_sample, on_device, phase, signature
+from .inputs import corpus
 from .inputs.hints import Hints, hints_from_errors
 from .inputs.opinfo import by_name, cpu_dtypes
 from .inputs.schema import NOARG, Call, DeviceArg, call_strategy
@@ -71,7 +72,11 @@ class SchemaSearch:
 
     def run(self, target: Any, group: Group, config: Any, *, skip: Container[str] = NOTHING,
             on_start: Callable[[str], None] | None = None) -> Iterator[dict[str, Any]]:
-        return run_schema_group(target, group, config, skip=skip, on_start=on_start)
+        """As :func:`run_schema_group`, each row carrying its ``_corpus`` side record for the
+        supervisor (which pops it before the row is stored)."""
+        side: list[dict[str, Any]] = []
+        for row in run_schema_group(target, group, config, skip=skip, on_start=on_start, side=side):
+            yield {**row, "_corpus": side.pop()} if side else row
 
     def synthetic_row(self, key: ItemKey) -> dict[str, Any]:
         return {"op": key.name, "variant": key.variant, "dtype": key.dtype, "sample": int(key.sample)}
@@ -187,10 +192,29 @@ def _sample(call: Call) -> Any:
     return SampleInput(NOARG, args=(), kwargs=kwargs)
 
 
+@dataclasses.dataclass
+class _Found:
+    """What a search (or a replay of its corpus entry) saw of one overload, before its row."""
+
+    steered: str = ""  # " (steered by the CPU's errors: ...)" or ""
+    accepted: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # rows of accepted inputs
+    failing: dict[str, Any] = dataclasses.field(default_factory=dict)  # {"row", "call", "contracts"}
+    rejections: list[contracts.Check] = dataclasses.field(default_factory=list)  # contract errors
+    rejected: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
+    # the inputs for the corpus, in the order seen: (role, checked the contracts, Call)
+    log: list[tuple[str, bool, Call]] = dataclasses.field(default_factory=list)
+    summary: str | None = None  # a replayed no_valid_input's stored error
+
+
 def run_schema_group(target: Any, group: Group, config: Any, *, skip: Container[str] = NOTHING,
-                     on_start: Callable[[str], None] | None = None) -> Iterator[dict[str, Any]]:
-    """Search inputs for one overload and yield its single result row. ``skip`` may ask for a
-    crash-safe search (:attr:`conformance.work.Skip.crash_safe`)."""
+                     on_start: Callable[[str], None] | None = None,
+                     side: list[dict[str, Any]] | None = None) -> Iterator[dict[str, Any]]:
+    """Search inputs for one overload (or replay its corpus entry, ``skip.replay``) and yield its
+    single result row. ``skip`` may ask for a crash-safe search (:attr:`conformance.work.Skip.crash_safe`).
+
+    Before the row, ``side`` (when given) gets the corpus's side record: ``how`` (replayed |
+    searched), ``why`` it searched, and ``entry``, the ``schema_corpus`` row to store."""
+    side = [] if side is None else side
     key = str(group.item("schema"))
     if key in skip:
         return
@@ -204,15 +228,49 @@ def run_schema_group(target: Any, group: Group, config: Any, *, skip: Container[
     except ValueError as exc:
         yield {**base_row, "status": decide_unrun("cpu").value, "error": f"no valid input: {exc}", "duration_s": 0.0}
         return
-    rejected: collections.Counter[str] = collections.Counter()
-    accepted: list[dict[str, Any]] = []
-    failing: dict[str, Any] = {}
     crash_safe = bool(getattr(skip, "crash_safe", False))
     # The contracts are checked on the first accepted input (each example again would multiply
     # the search's cost); "errors" on the first inputs the CPU rejects.
     check_errors = "errors" in contracts.parse_contracts(config.contracts, target)
+    digest, basis = corpus.fingerprint(group.op, BUDGETS)
+    old, why = _stored_entry(getattr(skip, "replay", None), digest)
+    if old is not None and not crash_safe:  # a crash-safe re-run searches, as it did before
+        found, why = _replay(target, info, group, config, old, check_errors)
+        if found is not None:
+            side.append({"how": "replayed"})
+            yield _row_of(found, base_row)
+            return
+    elif old is not None:
+        why = "crash-safe re-run"
+    found = _search(target, info, group, config, crash_safe=crash_safe, check_errors=check_errors)
+    row = _row_of(found, base_row)
+    entry = _merged(_entry_of(group.op, digest, found, crash_safe, row), old)
+    side.append({"how": "searched", "why": why, "entry": corpus.encode(entry, basis=basis)})
+    yield row
+
+
+BUDGETS = {"max_examples": MAX_EXAMPLES, "rejected_checked": REJECTED_CHECKED, "reject_cap": REJECT_CAP,
+           "steered_passes": STEERED_PASSES, "crash_safe_shrink_steps": CRASH_SAFE_SHRINK_STEPS}
+
+
+def _stored_entry(raw: dict[str, Any] | None, digest: str) -> tuple[corpus.Entry | None, str]:
+    """The replayable entry of ``raw`` (a ``schema_corpus`` row), or None and why not."""
+    if raw is None:
+        return None, "no corpus entry"
+    try:
+        entry = corpus.decode(raw)
+    except corpus.CorpusError as exc:  # ignored: the search's entry replaces it
+        return None, f"corpus entry ignored: {exc}"
+    if entry.fingerprint != digest:
+        return None, "schema, CPU kernels, torch or the search changed since the corpus entry was stored"
+    return entry, ""
+
+
+def _search(target: Any, info: Any, group: Group, config: Any, *, crash_safe: bool, check_errors: bool) -> _Found:
+    """The bounded, derandomized Hypothesis search over calls drawn from the overload's schema."""
+    found = _Found()
+    rejected, accepted, failing, rejections = found.rejected, found.accepted, found.failing, found.rejections
     no_contracts = dataclasses.replace(config, contracts=("none",))
-    rejections: list[contracts.Check] = []
 
     def search(strategy: st.SearchStrategy[Call]) -> None:
         # [rejections left, crash-safe shrink steps left]: each crash-safe call costs two forks
@@ -242,23 +300,29 @@ def run_schema_group(target: Any, group: Group, config: Any, *, skip: Container[
                            "error": f"the target {died} running this input alone in a forked process "
                                     "(no CPU reference ran there)", "duration_s": 0.0, "signature": signature(sample),
                            "reached_ops": [group.op], "native_ops": [], "fallback_ops": []}
+                    first = not accepted
                     accepted.append(row)
                     failing.clear()
-                    failing.update(row=row, call=call)
+                    failing.update(row=row, call=call, contracts=first)
                     raise AssertionError(row["error"])
+            with_contracts = not accepted
             row = evaluate(target, info, group.op, "function", str(dtype).removeprefix("torch.") if dtype else "none",
-                           0, sample, no_contracts if accepted else config)
+                           0, sample, config if with_contracts else no_contracts)
             if row["status"] == Status.SKIP.value:
                 rejected[(row.get("error") or "")[:200]] += 1
                 budget[0] -= 1
+                if not crash_safe and sum(r == "rejected" for r, _, _ in found.log) < REJECTED_CHECKED:
+                    found.log.append(("rejected", False, call))
                 if check_errors and not crash_safe and len(rejections) < REJECTED_CHECKED:
                     rejections.append(check_rejected(target, info, sample, row.get("error") or ""))
                 reject()
             accepted.append(row)
             if Status(row["status"]).failed:
                 failing.clear()
-                failing.update(row=row, call=call)
+                failing.update(row=row, call=call, contracts=with_contracts)
                 raise AssertionError(row.get("error") or row["status"])
+            if not failing:  # generated, not a shrinking step: a fresh search sees it too
+                found.log.append(("valid", with_contracts, call))
 
         try:
             prop()
@@ -279,14 +343,22 @@ def run_schema_group(target: Any, group: Group, config: Any, *, skip: Container[
             break
         hints = more
         search(call_strategy(info.packet, hints))
-    steered = f" (steered by the CPU's errors: {hints.describe()})" if hints else ""
-    if failing:
-        row = dict(failing["row"])
-        row.update(base_row, dtype=row["dtype"], inputs=_blob(failing["call"]))
-        _with_rejections(row, rejections)
-        row["error"] = f"minimal failing input after shrinking{steered}: {row.get('signature')}; {row.get('error') or ''}"
-        yield row
-    elif accepted:
+    found.steered = f" (steered by the CPU's errors: {hints.describe()})" if hints else ""
+    return found
+
+
+def _row_of(found: _Found, base_row: dict[str, Any]) -> dict[str, Any]:
+    """The overload's one row: its minimal failing input, or its first accepted input with what
+    every accepted input reached, or why no input was valid."""
+    if found.failing:
+        row = dict(found.failing["row"])
+        row.update(base_row, dtype=row["dtype"], inputs=_blob(found.failing["call"]))
+        _with_rejections(row, found.rejections)
+        row["error"] = (f"minimal failing input after shrinking{found.steered}: {row.get('signature')}; "
+                        f"{row.get('error') or ''}")
+        return row
+    accepted = found.accepted
+    if accepted:
         row = dict(accepted[0])
         row.update(base_row, dtype=row["dtype"])
         row["reached_ops"] = sorted({o for r in accepted for o in (r.get("reached_ops") or [])})
@@ -295,12 +367,113 @@ def run_schema_group(target: Any, group: Group, config: Any, *, skip: Container[
         row["error"] = None
         if Status(row["status"]).passed:  # a fallback seen in any accepted call marks the whole search
             row["status"] = decide(cpu_error=None, target_error=None, close=True, fallback=row["fallback_ops"]).value
-        _with_rejections(row, rejections)
-        yield row
+        _with_rejections(row, found.rejections)
+        return row
+    if found.summary is not None:
+        error = found.summary
     else:
-        top = "; ".join(f"{n}x {msg}" for msg, n in rejected.most_common(2))
-        yield {**base_row, "status": decide_unrun("cpu").value, "duration_s": 0.0,
-               "error": f"no valid input: {sum(rejected.values())} generated calls rejected by the CPU{steered} ({top})"}
+        top = "; ".join(f"{n}x {msg}" for msg, n in found.rejected.most_common(2))
+        error = (f"no valid input: {sum(found.rejected.values())} generated calls rejected by the CPU{found.steered} "
+                 f"({top})")
+    return {**base_row, "status": decide_unrun("cpu").value, "duration_s": 0.0, "error": error}
+
+
+def _replay(target: Any, info: Any, group: Group, config: Any, entry: corpus.Entry,
+            check_errors: bool) -> tuple[_Found | None, str]:
+    """Run a corpus entry's inputs on the target and the CPU now, as the search that stored them
+    ran them (the same contracts on the same inputs); None, and why, where that cannot stand for
+    a search: an input's CPU verdict changed (rejected now accepted, or accepted now rejected),
+    a generated input fails on this target (the search shrinks it), or the entry's inputs end at
+    another target's failure (they are not all a search generates). A stored minimal failing
+    input that fails here is this target's finding, reported as the search reports one."""
+    found = _Found(steered=entry.steered)
+    no_contracts = dataclasses.replace(config, contracts=("none",))
+
+    def run(stored: corpus.Stored, cfg: Any) -> tuple[dict[str, Any], Any]:
+        sample = _stored_sample(stored)
+        dtype = _first_dtype(sample)
+        return evaluate(target, info, group.op, "function", str(dtype).removeprefix("torch.") if dtype else "none",
+                        0, sample, cfg), sample
+
+    for stored in entry.of("rejected"):
+        row, sample = run(stored, no_contracts)
+        if row["status"] != Status.SKIP.value:
+            return None, "an input the CPU rejected when the corpus entry was stored is accepted now"
+        found.rejected[(row.get("error") or "")[:200]] += 1
+        if check_errors and not entry.crash_safe and len(found.rejections) < REJECTED_CHECKED:
+            found.rejections.append(check_rejected(target, info, sample, row.get("error") or ""))
+    if entry.outcome == "no_valid_input":
+        found.summary = entry.summary
+        return found, ""
+    for stored in reversed(entry.of("failing")):  # the newest first
+        row, _ = run(stored, config if stored.contracts else no_contracts)
+        if row["status"] == Status.SKIP.value:
+            return None, "a stored failing input is rejected by the CPU now"
+        if Status(row["status"]).failed:
+            found.failing.update(row=row, call=stored, contracts=stored.contracts)
+            return found, ""
+    if not entry.complete:
+        return None, "the corpus entry's inputs end at a failure on another target or build"
+    for stored in entry.of("valid"):
+        row, _ = run(stored, config if stored.contracts else no_contracts)
+        if row["status"] == Status.SKIP.value:
+            return None, "an input the CPU accepted when the corpus entry was stored is rejected now"
+        if Status(row["status"]).failed:
+            return None, "a stored input fails on this target (the search shrinks it)"
+        found.accepted.append(row)
+    if not found.accepted:
+        return None, "the corpus entry holds no accepted input"
+    return found, ""
+
+
+def _stored_sample(stored: corpus.Stored) -> Any:
+    """A SampleInput of copies of a stored input's tensors (the stored ones stay as they are)."""
+    from torch.testing._internal.opinfo.core import SampleInput
+
+    def copy(v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            return v.clone()
+        if isinstance(v, list):
+            return [copy(x) for x in v]
+        return v
+
+    args, kwargs = [copy(a) for a in stored.args], {k: copy(v) for k, v in stored.kwargs.items()}
+    if args:
+        return SampleInput(args[0], args=tuple(args[1:]), kwargs=kwargs)
+    return SampleInput(NOARG, args=(), kwargs=kwargs)
+
+
+def _stored(role: str, checked: bool, call: Call) -> corpus.Stored:
+    args, kwargs = call.materialize()
+    return corpus.Stored(role, checked, tuple(args), kwargs)
+
+
+def _entry_of(op: str, digest: str, found: _Found, crash_safe: bool, row: dict[str, Any]) -> corpus.Entry:
+    calls = [_stored(role, checked, call) for role, checked, call in found.log]
+    if found.failing:
+        failing = found.failing["call"]
+        calls.append(failing if isinstance(failing, corpus.Stored)
+                     else _stored("failing", found.failing["contracts"], failing))
+    outcome = "inputs" if found.accepted else "no_valid_input"
+    return corpus.Entry(op, digest, outcome, complete=not found.failing, crash_safe=crash_safe, steered=found.steered,
+                        summary=row["error"] if outcome == "no_valid_input" else "", calls=tuple(calls))
+
+
+def _merged(new: corpus.Entry, old: corpus.Entry | None) -> corpus.Entry:
+    """``new`` with what ``old`` (the same fingerprint) adds: its minimal failing inputs and, when
+    ``new`` stopped at a failure, its complete generation."""
+    if old is None or old.crash_safe != new.crash_safe or old.outcome != new.outcome:
+        return new
+    base = new
+    if not new.complete and old.complete:  # keep what a search generates where nothing fails
+        base = dataclasses.replace(old, calls=tuple(c for c in old.calls if c.role != "failing"),
+                                   steered=new.steered)
+    failing = new.of("failing")
+    for c in reversed(old.of("failing")):
+        if len(failing) < corpus.MAX_FAILING and not any(corpus.same_input(c, f) for f in failing):
+            failing.insert(0, c)  # older first: the replay tries the newest first
+    failing = failing[-corpus.MAX_FAILING:]
+    return dataclasses.replace(base, calls=tuple(c for c in base.calls if c.role != "failing") + tuple(failing))
 
 
 def check_rejected(target: Any, info: Any, sample: Any, cpu_error: str) -> contracts.Check:
@@ -340,10 +513,11 @@ def _first_dtype(sample: Any) -> torch.dtype | None:
     return None
 
 
-DEVICE_MARK = "<device>"  # how a stored input spells the device argument (standalone scripts map it)
+DEVICE_MARK = corpus.DEVICE_MARK  # how a stored input spells the device argument (standalone scripts map it)
 
 
-def _blob(call: Call) -> bytes:
+def _blob(call: Call | corpus.Stored) -> bytes:
+    """The row's ``inputs``: a generated call (materialized) or a stored input, as repro reads it."""
     def plain(v: Any) -> Any:
         if isinstance(v, DeviceArg):
             return DEVICE_MARK
@@ -353,7 +527,5 @@ def _blob(call: Call) -> bytes:
             return [plain(x) for x in v]
         return v
 
-    args, kwargs = call.materialize()
+    args, kwargs = (call.args, call.kwargs) if isinstance(call, corpus.Stored) else call.materialize()
     return dump_inputs({"args": [plain(a) for a in args], "kwargs": {k: plain(v) for k, v in kwargs.items()}})
-
-

@@ -70,6 +70,10 @@ class RunSpec:
     # contract checks (conformance.contracts): "default" (every contract on an eager target, the
     # cheap ones on a compiler target), "all", "none", or contract names
     contracts: tuple[str, ...] = field(default=("default",), metadata=_stored(omit_default=True))
+    # the schema search replays each overload's stored corpus entry (opdb schema_corpus) and
+    # searches only where none holds for the overload's fingerprint; off: search everything, store
+    # nothing (what is found is the same either way)
+    corpus: bool = field(default=True, metadata=_stored(omit_default=True))
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: normalise in place, once

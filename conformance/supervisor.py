@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from opdb import Store
+from opdb.corpus import TABLE as CORPUS_TABLE
 from opdb.store import now
 
 from .isolation import read_output
@@ -50,6 +51,10 @@ class Summary:
     graphs: int = 0  # graphs a compiler target compiled (this session)
     uncompiled: int = 0  # items of a compiler target that compiled none (this session)
     compiler: bool = False  # some item carried a compiler's proof
+    # schema searches of this session: "replayed" / "searched" (from the corpus or not), and why
+    # each search ran ("no corpus entry", "a stored input fails on this target", ...)
+    corpus: collections.Counter[str] = field(default_factory=collections.Counter)
+    corpus_why: collections.Counter[str] = field(default_factory=collections.Counter)
 
     @property
     def failures(self) -> int:
@@ -67,6 +72,10 @@ class Summary:
                 lines.append(f"  {status.value:<18}{self.counts[status.value]:>8}")
         if self.compiler:
             lines.append(f"compiled graphs: {self.graphs} ({self.uncompiled} items compiled none)")
+        if self.corpus:
+            why = "; ".join(f"{n} {w}" for w, n in self.corpus_why.most_common())
+            lines.append(f"schema search: {self.corpus['replayed']} overloads replayed from the corpus, "
+                         f"{self.corpus['searched']} searched" + (f" ({why})" if why else ""))
         if self.op_time:
             lines.append("slowest ops (target time, s):")
             lines += [f"  {op:<40}{t:>8.3f}" for op, t in self.op_time.most_common(top)]
@@ -174,8 +183,11 @@ class Supervisor:
                  done: dict[str, set[str]], progress: Callable[[str], None] | None, *,
                  sink: Callable[[dict[str, Any], str], None] | None = None,
                  only: dict[str, frozenset[str]] | None = None,
-                 history: Mapping[str, float] | None = None, stage: str = "sweep") -> None:
+                 history: Mapping[str, float] | None = None, stage: str = "sweep",
+                 corpus: Mapping[str, dict[str, Any]] | None = None) -> None:
         self.spec, self.store, self.run_id = spec, store, run_id
+        # group key -> its stored corpus entry (a schema_corpus row), sent with the group to replay
+        self.corpus = corpus or {}
         # groups priced by what they took before (``history``: group key -> wall seconds), the
         # most expensive first: the slow tail starts early and the ETA prices it
         self.eta = Eta(Pricer(history or {}, {g.key: g.kind for g in groups}),
@@ -237,7 +249,7 @@ class Supervisor:
         if self.only is not None:
             return Skip(frozenset(seen), only=self.only.get(group.key, frozenset()))
         return Skip(frozenset(self.done.get(group.key, ())) | frozenset(seen),
-                    crash_safe=group.key in self.crash_safe)
+                    crash_safe=group.key in self.crash_safe, replay=self.corpus.get(group.key))
 
     def _restart(self, slot: _Slot) -> _Slot:
         """Replace a dead or killed worker; it continues the same group after the bad item."""
@@ -248,6 +260,7 @@ class Supervisor:
         return new
 
     def _record(self, row: dict[str, Any], table: str) -> None:
+        self._corpus(row.pop("_corpus", None))
         row.update(run_id=self.run_id, shard=self.spec.shard, recorded_at=now())
         self.sink(row, table)
         self.summary.counts[row["status"]] += 1
@@ -259,6 +272,17 @@ class Supervisor:
             self.summary.compiler = True
             self.summary.graphs += graphs
             self.summary.uncompiled += graphs == 0
+
+    def _corpus(self, side: dict[str, Any] | None) -> None:
+        """A schema search's side record: counted; its new corpus entry stored (with the corpus on
+        and a store: canaries and re-runs store none), replacing the overload's earlier one."""
+        if side is None or not self.spec.corpus:
+            return
+        self.summary.corpus[side["how"]] += 1
+        if side.get("why"):
+            self.summary.corpus_why[side["why"]] += 1
+        if side.get("entry") is not None and self.store is not None:
+            self.store.insert(CORPUS_TABLE, [{**side["entry"], "run_id": self.run_id}], replace=True)
 
     def _synthetic(self, group: Group, key: str, status: Status, error: str, duration: float,
                    output: str | None = None) -> None:

@@ -22,7 +22,7 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Callable, Container, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
 
@@ -88,11 +88,14 @@ class Skip:
     ``only``: when set, every item outside it is left out too (re-running chosen items).
     ``crash_safe``: the CPU reference killed a worker during this group; a kind that can (the
     schema search) pre-flights each input in a forked child.
+    ``replay``: what earlier runs stored for this group, to replay before searching (the schema
+    search's corpus entry, a ``schema_corpus`` row); None: nothing stored, or the corpus is off.
     """
 
     done: frozenset[str] = frozenset()
     only: frozenset[str] | None = None
     crash_safe: bool = False
+    replay: dict[str, Any] | None = field(default=None, compare=False, repr=False)
 
     def __contains__(self, key: object) -> bool:
         key = str(key)
