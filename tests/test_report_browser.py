@@ -358,3 +358,53 @@ def test_op_page_lists_failing_samples_first_with_their_repro(gated_site, page, 
     assert page.locator("#other-builds a").all_inner_texts() == ["2.31.0", "2.34.0"]
     page.locator("#other-builds a", has_text="2.34.0").click()
     assert page.url.endswith("2.34.0/ops/cumsum.html")
+
+
+@pytest.fixture(scope="module")
+def backends_site(tmp_path_factory):
+    from test_report_backends import make_backends_db
+
+    db = make_backends_db(tmp_path_factory.mktemp("bdb") / "backends.sqlite")
+    out = tmp_path_factory.mktemp("bsite")
+    with Store.open(db) as st:
+        render_site(st, out, db_label=str(db))
+    return out, db
+
+
+def test_cross_backend_page_matrix_and_fails_only_on(backends_site, page, shot):
+    out, _ = backends_site
+    page.goto(url(out, "index.html"))
+    page.locator("#cross-backend a").click()
+    assert page.url.endswith("/backends.html")
+    # the matrix: a row per op x dtype, a cell per backend with its counts, coloured by the worst status
+    assert shown(page) == 6
+    heads = page.locator("#backends-matrix thead th").all_inner_texts()
+    assert [h.strip() for h in heads][:5] == ["op", "dtype", "neuron-emu", "cpu", "inductor"]
+    page.select_option('select[data-filter="dtype"]', "bfloat16")
+    assert shown(page) == 3
+    row = page.locator("#backends-matrix tbody tr", has=page.locator('td[data-col="op"]', has_text="cumsum"))
+    emu = row.locator('td[data-col="backend:neuron-emu"]')
+    assert emu.get_attribute("data-status") == "mismatch" and emu.inner_text() == "1 pass · 1 fail"
+    assert row.locator('td[data-col="backend:cpu"]').inner_text() == "2 pass"
+    shot(page, "backends-bfloat16-1440")
+    # a cell links to the op page of that backend's build, which links the op on the other targets
+    emu.locator("a").click()
+    assert page.url.endswith("/2.33.0/ops/cumsum.html")
+    assert page.locator("#other-targets a").all_inner_texts() == ["cpu", "inductor", "across backends"]
+    page.go_back()
+    page.select_option('select[data-filter="fails only on"]', "inductor")
+    assert page.locator('#backends-matrix tbody td[data-col="op"]').all_inner_texts() == ["cumsum"]
+    assert page.locator('#backends-matrix tbody td[data-col="dtype"]').all_inner_texts() == ["float32"]
+    page.select_option('select[data-filter="fails only on"]', "")
+    assert shown(page) == 6
+    shot(page, "backends-1440")
+    # "fails only on neuron-emu": its one entry links to neuron-emu's op page
+    section = page.locator('section.only[data-target="neuron-emu"]')
+    assert section.locator("tbody tr").count() == 1
+    link = section.locator("tbody tr a")
+    assert link.inner_text() == "cumsum"
+    assert section.locator("tbody tr td").nth(1).inner_text() == "bfloat16"
+    link.click()
+    assert page.url.endswith("/2.33.0/ops/cumsum.html")
+    assert page.locator("h1").inner_text().startswith("cumsum")
+    assert "mismatch" in page.locator("#op-status").inner_text()
