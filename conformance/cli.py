@@ -143,4 +143,4 @@ main.add_command(merge_cmd, "merge")
 
 
 # Commands of later pipeline stages live in their own modules and attach to ``main``.
-from . import cli_audit, cli_gate, cli_report, cli_sweep  # noqa: E402,F401
+from . import cli_audit, cli_gate, cli_report, cli_sweep, cli_upstream  # noqa: E402,F401

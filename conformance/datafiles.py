@@ -162,3 +162,123 @@ def model_floors(path: Path = MODEL_TOLERANCES) -> tuple[ModelFloor, ...]:
             loss_rtol=_rtol(path, f"{where}.loss_rtol", e["loss_rtol"]),
             reason=_text(path, f"{where}.reason", e["reason"])))
     return tuple(floors)
+
+
+# -- upstream_inductor.toml, upstream_triage.toml -------------------------------------------------
+# PyTorch's own expected failures and skips for Inductor, and what a standalone check showed
+# about each (the triage against a run is conformance.upstream).
+UPSTREAM_INDUCTOR = DATA / "upstream_inductor.toml"
+UPSTREAM_TRIAGE = DATA / "upstream_triage.toml"
+UPSTREAM_DTYPES = ("bool", "float16", "bfloat16", "float32", "float64", "int32", "int64", "uint8", "complex64",
+                   "complex128")
+UPSTREAM_DEVICES = ("cpu", "cuda", "xpu")
+#: what the triage file may say of an expectation (re-found and the rest come from a run)
+UPSTREAM_CHECKED = ("stale", "holds", "untestable")
+
+
+@dataclass(frozen=True)
+class Source:
+    name: str
+    repo: str
+    commit: str
+    path: str
+    note: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.repo}@{self.commit} {self.path}"
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """One upstream fact: ``op`` in ``dtype`` on ``device`` is an expected failure or a skip."""
+
+    op: str
+    dtype: str
+    expectation: str  # xfail | skip
+    device: str
+    source: Source
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Checked:
+    """What was shown about one expectation outside the harness (``CHECKED``), and how."""
+
+    source: str
+    op: str
+    dtype: str
+    outcome: str
+    reason: str
+    evidence: str
+
+
+def _choice(path: Path, key: str, value: object, accepted: tuple[str, ...]) -> str:
+    if value not in accepted:
+        raise _bad(path, key, value, f"one of {', '.join(accepted)}")
+    return str(value)
+
+
+@functools.cache
+def upstream_expectations(path: Path = UPSTREAM_INDUCTOR) -> tuple[Expectation, ...]:
+    """Every upstream fact, one per source x op x dtype (a duplicate is an error)."""
+    data = _keys(path, "", read_toml(path), {"source"}, {"xfail", "skip"})
+    sources: dict[str, Source] = {}
+    if not isinstance(data["source"], dict) or not data["source"]:
+        raise _bad(path, "source", data["source"], "tables [source.NAME] with repo, commit and path")
+    for name, raw in data["source"].items():
+        e = _keys(path, f"source.{name}", raw, {"repo", "commit", "path"}, {"note"})
+        commit = _text(path, f"source.{name}.commit", e["commit"])
+        if len(commit) != 40 or any(ch not in "0123456789abcdef" for ch in commit):
+            raise _bad(path, f"source.{name}.commit", commit, "a full 40-digit lowercase hex commit")
+        sources[name] = Source(name, _text(path, f"source.{name}.repo", e["repo"]), commit,
+                               _text(path, f"source.{name}.path", e["path"]),
+                               _text(path, f"source.{name}.note", e["note"]) if "note" in e else "")
+    out: list[Expectation] = []
+    seen: set[tuple[str, str, str, str]] = set()
+    for kind in ("xfail", "skip"):
+        tables = data.get(kind, [])
+        if not isinstance(tables, list):
+            raise _bad(path, kind, tables, f"an array of tables ([[{kind}]])")
+        for i, raw in enumerate(tables):
+            where = f"{kind}[{i}]"
+            e = _keys(path, where, raw, {"source", "device", "ops", "dtypes"}, {"reason"})
+            if e["source"] not in sources:
+                raise _bad(path, f"{where}.source", e["source"], f"a [source.NAME] table: {', '.join(sources)}")
+            device = _choice(path, f"{where}.device", e["device"], UPSTREAM_DEVICES)
+            reason = _text(path, f"{where}.reason", e["reason"]) if "reason" in e else ""
+            for dtype in _names(path, f"{where}.dtypes", e["dtypes"]):
+                _choice(path, f"{where}.dtypes", dtype, UPSTREAM_DTYPES)
+                for op in _names(path, f"{where}.ops", e["ops"]):
+                    key = (e["source"], device, op, dtype)
+                    if key in seen:
+                        raise _bad(path, f"{where}.ops", op, f"an op listed once per source, device and dtype "
+                                                            f"({op} {dtype} is listed twice in {e['source']})")
+                    seen.add(key)
+                    out.append(Expectation(op, dtype, kind, device, sources[e["source"]], reason))
+    return tuple(out)
+
+
+@functools.cache
+def upstream_checks(path: Path = UPSTREAM_TRIAGE, facts: Path = UPSTREAM_INDUCTOR) -> dict[tuple[str, str, str], Checked]:
+    """(source, op, dtype) -> what was shown about that expectation outside the harness."""
+    known = {(e.source.name, e.op, e.dtype) for e in upstream_expectations(facts)}
+    data = _keys(path, "", read_toml(path), set(), {"check"})
+    tables = data.get("check", [])
+    if not isinstance(tables, list):
+        raise _bad(path, "check", tables, "an array of tables ([[check]])")
+    out: dict[tuple[str, str, str], Checked] = {}
+    for i, raw in enumerate(tables):
+        where = f"check[{i}]"
+        e = _keys(path, where, raw, {"source", "ops", "dtype", "outcome", "reason", "evidence"})
+        outcome = _choice(path, f"{where}.outcome", e["outcome"], UPSTREAM_CHECKED)
+        dtype = _choice(path, f"{where}.dtype", e["dtype"], UPSTREAM_DTYPES)
+        for op in _names(path, f"{where}.ops", e["ops"]):
+            key = (e["source"], op, dtype)
+            if key not in known:
+                raise _bad(path, f"{where}.ops", op, f"an op {facts.name} lists for source "
+                                                    f"{e['source']!r} in {dtype}")
+            if key in out:
+                raise _bad(path, f"{where}.ops", op, "an op checked once per source and dtype")
+            out[key] = Checked(e["source"], op, dtype, outcome, _text(path, f"{where}.reason", e["reason"]),
+                               _text(path, f"{where}.evidence", e["evidence"]))
+    return out

@@ -144,7 +144,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[set[str]]:
 # Registration is the one circle allowed: a package module imports its members so that they
 # register themselves (click commands in cli_*.py, devices in targets/*.py via load_builtin).
 _REGISTRATION = ({"conformance.cli", "conformance.cli_audit", "conformance.cli_gate", "conformance.cli_report",
-                  "conformance.cli_sweep"},
+                  "conformance.cli_sweep", "conformance.cli_upstream"},
                  {"conformance.targets.base", "conformance.targets.cpu", "conformance.targets.cuda",
                   "conformance.targets.inductor", "conformance.targets.neuron_emu"})
 

@@ -1,0 +1,101 @@
+"""Upstream projects' own expectations for a backend, and the triage of each against a harness run.
+
+``data/upstream_inductor.toml`` holds PyTorch's expected failures and skips for Inductor on the
+CPU (from ``test/inductor/test_torchinductor_opinfo.py``), one fact per op x dtype with its
+source (repo@commit path); ``data/upstream_triage.toml`` what a standalone check
+(``benchmarks/upstream_inductor_check.py``) or a reading of the failure showed about each one
+that the harness alone cannot tell (stale under the installed torch, or untestable and why).
+:func:`triage` joins both with a run's stored statuses: every upstream-known failure is
+``re-found`` (the run holds a failing status for the op x dtype), ``stale``, ``untestable``,
+``not swept`` (the run has no item of it), or ``missed``; :func:`unknown_findings` lists the
+run's failing op x dtype pairs upstream does not list.
+
+Example::
+
+    >>> from conformance.upstream import expectations, triage
+    >>> facts = [e for e in expectations() if e.source.name == "newest" and e.dtype == "float32"]
+    >>> sorted({e.expectation for e in facts})
+    ['skip', 'xfail']
+    >>> rows = triage({("cholesky", "float32"): {"mismatch": 2, "pass": 14}}, source="newest", dtype="float32")
+    >>> next(r for r in rows if r.op == "cholesky").outcome
+    're-found'
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from opdb.status import FAILING
+
+from . import datafiles
+from .datafiles import DataFileError
+
+EXPECTATIONS = datafiles.UPSTREAM_INDUCTOR
+OUTCOMES = ("re-found", "stale", "untestable", "not swept", "missed")
+expectations = datafiles.upstream_expectations
+checked = datafiles.upstream_checks
+
+
+@dataclass(frozen=True)
+class TriageRow:
+    op: str
+    dtype: str
+    expectation: str
+    outcome: str  # one of OUTCOMES
+    statuses: dict[str, int]  # the run's statuses of the op x dtype (all variants)
+    why: str  # the triage file's reason, or the upstream reason
+
+
+def statuses_by_pair(cells: Iterable[tuple[str, str, str, int]]) -> dict[tuple[str, str], dict[str, int]]:
+    """``(op, dtype) -> {status: items}`` from ``opdb.queries_report.matrix_cells`` rows."""
+    out: dict[tuple[str, str], dict[str, int]] = {}
+    for op, dtype, status, n in cells:
+        out.setdefault((op, dtype), {})[status] = out.get((op, dtype), {}).get(status, 0) + n
+    return out
+
+
+def _failing(statuses: Mapping[str, int]) -> bool:
+    return any(s in FAILING and n for s, n in statuses.items())
+
+
+def triage(pairs: Mapping[tuple[str, str], Mapping[str, int]], *, source: str = "newest", dtype: str = "float32",
+           device: str = "cpu") -> list[TriageRow]:
+    """Every upstream-known failure of ``source`` in ``dtype`` on ``device``, triaged against a
+    run's statuses (``pairs``: see :func:`statuses_by_pair`). Re-found wins: a failing status
+    of the run is a finding whatever the standalone check said."""
+    if source not in {e.source.name for e in expectations()}:
+        raise DataFileError(f"{EXPECTATIONS}: no source {source!r}; expected one of "
+                            f"{', '.join(sorted({e.source.name for e in expectations()}))}")
+    notes = checked()
+    rows = []
+    for e in sorted((e for e in expectations() if e.source.name == source and e.dtype == dtype
+                     and e.device == device), key=lambda e: e.op):
+        st = dict(pairs.get((e.op, dtype), {}))
+        note = notes.get((source, e.op, dtype))
+        why = note.reason if note else e.reason
+        if _failing(st):
+            outcome = "re-found"
+        elif note and note.outcome in ("stale", "untestable"):
+            outcome = note.outcome
+        elif not st:
+            outcome = "not swept"
+        else:
+            outcome = "missed"
+        rows.append(TriageRow(e.op, dtype, e.expectation, outcome, st, why))
+    return rows
+
+
+def recall(rows: Iterable[TriageRow]) -> tuple[int, int]:
+    """(re-found, total - stale - not swept): the recall of upstream-known failures among the
+    swept ops, untestable ones counted as not re-found."""
+    rows = list(rows)
+    found = sum(r.outcome == "re-found" for r in rows)
+    return found, sum(r.outcome not in ("stale", "not swept") for r in rows)
+
+
+def unknown_findings(pairs: Mapping[tuple[str, str], Mapping[str, int]], *, source: str = "newest",
+                     device: str = "cpu") -> list[tuple[str, str, dict[str, int]]]:
+    """The run's failing op x dtype pairs that ``source`` does not list (xfail or skip)."""
+    known = {(e.op, e.dtype) for e in expectations() if e.source.name == source and e.device == device}
+    return sorted((op, dt, dict(st)) for (op, dt), st in pairs.items() if _failing(st) and (op, dt) not in known)

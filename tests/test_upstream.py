@@ -1,0 +1,123 @@
+"""Upstream expectations as data (PyTorch's Inductor CPU expected failures and skips), their
+validated loader, the triage against a run, and the ``conformance upstream`` command."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from conformance import upstream
+from conformance.cli import main
+from conformance.datafiles import DataFileError
+from opdb import Store
+
+NEWEST_F32 = {"_upsample_bilinear2d_aa", "cholesky", "linalg.ldl_factor", "multinomial", "nonzero_static", "normal",
+              "normal.in_place", "normal.number_mean", "resize_", "resize_as_", "sparse.mm.reduce",
+              "sparse.sampled_addmm", "to_sparse"}
+
+
+def test_shipped_expectations_load_with_their_sources():
+    facts = upstream.expectations()
+    newest = {e.op: e for e in facts if e.source.name == "newest" and e.dtype == "float32"}
+    assert set(newest) == NEWEST_F32
+    assert newest["linalg.ldl_factor"].expectation == "skip" and newest["cholesky"].expectation == "xfail"
+    assert str(newest["cholesky"].source).endswith(" test/inductor/test_torchinductor_opinfo.py")
+    assert all(e.device == "cpu" for e in facts)
+    # the late-2023 list issue #17 first checked: 17 expected failures in float32
+    late = [e for e in facts if e.source.name == "late2023" and e.dtype == "float32" and e.expectation == "xfail"]
+    assert len(late) == 17
+    assert all(k[0] in {"newest", "late2023"} for k in upstream.checked())
+
+
+FACTS = """[source.s]
+repo = "o/r"
+commit = "0123456789abcdef0123456789abcdef01234567"
+path = "t.py"
+"""
+
+
+@pytest.mark.parametrize(("text", "names"), [
+    (FACTS + '[[xfail]]\nsource = "x"\ndevice = "cpu"\nops = ["a"]\ndtypes = ["float32"]\n', ["xfail[0].source", "'x'"]),
+    (FACTS + '[[xfail]]\nsource = "s"\ndevice = "cpu"\nops = ["a"]\ndtypes = ["f32"]\n', ["xfail[0].dtypes", "'f32'"]),
+    (FACTS + '[[xfail]]\nsource = "s"\ndevice = "tpu"\nops = ["a"]\ndtypes = ["float32"]\n', ["xfail[0].device", "tpu"]),
+    (FACTS + '[[xfail]]\nsource = "s"\ndevice = "cpu"\nops = ["a", "a"]\ndtypes = ["float32"]\n',
+     ["xfail[0].ops", "listed twice"]),
+    (FACTS + '[[xfail]]\nsource = "s"\ndevice = "cpu"\nops = []\ndtypes = ["float32"]\n', ["xfail[0].ops", "[]"]),
+    (FACTS + '[[xfails]]\nsource = "s"\n', ["xfails"]),
+    (FACTS.replace("0123456789abcdef0123456789abcdef01234567", "abc123"), ["source.s.commit", "abc123"]),
+    (FACTS.replace('path = "t.py"\n', ""), ["source.s.path is missing"]),
+])
+def test_bad_expectations_are_one_error_naming_file_key_and_value(tmp_path, text, names):
+    path = tmp_path / "u.toml"
+    path.write_text(text)
+    with pytest.raises(DataFileError) as exc:
+        upstream.expectations(path)
+    msg = str(exc.value)
+    assert msg.startswith(f"{path}:") and "\n" not in msg and all(n in msg for n in names), msg
+
+
+@pytest.mark.parametrize(("text", "names"), [
+    ('[[check]]\nsource = "newest"\nops = ["cholesky"]\ndtype = "float32"\noutcome = "gone"\nreason = "r"\n'
+     'evidence = "e"\n', ["check[0].outcome", "'gone'"]),
+    ('[[check]]\nsource = "newest"\nops = ["abs"]\ndtype = "float32"\noutcome = "stale"\nreason = "r"\n'
+     'evidence = "e"\n', ["check[0].ops", "'abs'"]),
+    ('[[check]]\nsource = "newest"\nops = ["cholesky"]\ndtype = "float32"\noutcome = "stale"\nreason = ""\n'
+     'evidence = "e"\n', ["check[0].reason", "''"]),
+])
+def test_bad_triage_notes_are_one_error(tmp_path, text, names):
+    path = tmp_path / "t.toml"
+    path.write_text(text)
+    with pytest.raises(DataFileError) as exc:
+        upstream.checked(path)
+    msg = str(exc.value)
+    assert msg.startswith(f"{path}:") and all(n in msg for n in names), msg
+
+
+def test_triage_outcomes_and_recall():
+    pairs = {("cholesky", "float32"): {"pass": 10, "mismatch": 1},   # re-found
+             ("to_sparse", "float32"): {"error": 2},                  # re-found
+             ("multinomial", "float32"): {"pass": 7},                 # whatever the notes say, not re-found
+             ("abs", "float32"): {"mismatch": 3},                     # a finding upstream does not list
+             ("abs", "float64"): {"pass": 3}}
+    rows = {r.op: r for r in upstream.triage(pairs, source="newest", dtype="float32")}
+    assert set(rows) == NEWEST_F32
+    assert rows["cholesky"].outcome == rows["to_sparse"].outcome == "re-found"
+    assert rows["multinomial"].outcome in ("missed", "stale", "untestable")
+    assert rows["nonzero_static"].outcome in ("not swept", "stale", "untestable")
+    found, of = upstream.recall(rows.values())
+    assert found == 2 and of == sum(r.outcome not in ("stale", "not swept") for r in rows.values())
+    assert upstream.unknown_findings(pairs, source="newest") == [("abs", "float32", {"mismatch": 3})]
+    with pytest.raises(DataFileError, match="no source 'nope'"):
+        upstream.triage(pairs, source="nope")
+
+
+def _db(tmp_path):
+    path = tmp_path / "u.sqlite"
+    with Store.open(path) as st:
+        run = st.start_run(target="inductor", build="inductor", torch_version="2.13.0", config={}, run_id="r1")
+        rows = [("cholesky", "mismatch"), ("cholesky", "pass"), ("to_sparse", "error"), ("abs", "mismatch"),
+                ("multinomial", "pass")]
+        st.insert("op_results", [{"run_id": run, "item_key": f"{op}|function|float32|{i}", "op": op,
+                                  "variant": "function", "dtype": "float32", "sample": i, "status": status}
+                                 for i, (op, status) in enumerate(rows)])
+        st.finish_run(run)
+    return path
+
+
+def test_upstream_command_lists_refound_and_unknown_findings(tmp_path):
+    db = _db(tmp_path)
+    r = CliRunner().invoke(main, ["upstream", "--db", str(db), "--run", "r1"])
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    assert lines[0].startswith("run r1 (inductor) against r266-tech/pytorch@332bcc3")
+    assert "re-found (2):" in lines
+    assert any(line.split()[:5] == ["cholesky", "upstream", "xfail", "harness:", "1"] for line in lines)
+    assert "harness findings upstream does not list (1):" in lines and lines[-1].split() == ["abs", "1", "mismatch"]
+    assert any(line.startswith("recall of upstream-known failures among the swept ops: 2/") for line in lines)
+    out = json.loads(CliRunner().invoke(main, ["upstream", "--db", str(db), "--run", "r1", "--json"]).output)
+    assert out["recall"]["re_found"] == 2 and out["unknown_to_upstream"] == [
+        {"op": "abs", "dtype": "float32", "statuses": {"mismatch": 1}}]
+    bad = CliRunner().invoke(main, ["upstream", "--db", str(db), "--run", "nope"])
+    assert bad.exit_code == 2 and "no run 'nope'" in bad.output
