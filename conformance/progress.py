@@ -27,6 +27,7 @@ Example::
 
 from __future__ import annotations
 
+import hashlib
 import re
 import statistics
 import sys
@@ -71,37 +72,70 @@ class Pricer:
 
 
 class Eta:
-    """Seconds left in a run: prices calibrated by the groups finished so far."""
+    """Seconds left in a run: prices calibrated by the groups finished so far.
+
+    The dearest tenth of the groups (by price) is the run's slow tail; it is calibrated apart
+    from the rest (a build that fails more pays more per item: its cheap groups slow down more
+    than its dear ones) and spread over the first half of the schedule, so that both kinds of
+    group finish early enough to calibrate, and no dear group starts last."""
+
+    TAIL = 0.10  # share of the groups, by price, that is the slow tail
 
     def __init__(self, pricer: Pricer | None = None, workers: int = 1) -> None:
         self.pricer = pricer or Pricer()
         self.workers = max(1, workers)
-        self.priced: Counter[str] = Counter()  # kind -> price of its finished groups
-        self.took: Counter[str] = Counter()  # kind -> wall seconds its finished groups took
+        self.priced: Counter[tuple[str, ...]] = Counter()  # (kind,) and (kind, class) -> price finished
+        self.took: Counter[tuple[str, ...]] = Counter()  # the same -> wall seconds they took
+        self.count: Counter[tuple[str, ...]] = Counter()
         self.finished = 0
         self._known = 0  # groups of the run with a measured price
         self._total = 0
+        self._tail_from = float("inf")  # price from which a group is in the slow tail
+
+    def _class(self, group: Group) -> str:
+        return "tail" if self.pricer.price(group) >= self._tail_from else "body"
 
     def schedule(self, groups: Iterable[Group]) -> list[Group]:
-        """The groups, most expensive first (ties keep their order)."""
+        """The groups to run, in order: the slow tail (dearest first) interleaved with the rest
+        (in their given order) so that the tail has started by the middle of the run."""
         groups = list(groups)
         self._total = len(groups)
         self._known = sum(self.pricer.known(g) for g in groups)
-        return sorted(groups, key=lambda g: -self.pricer.price(g))
+        if self._known * 2 < self._total:
+            # unpriced: a run's own order is by name and size (cheap graphs and ops first), so the
+            # groups finished early would calibrate a biased price; a fixed shuffle samples fairly
+            groups.sort(key=lambda g: hashlib.blake2b(g.key.encode(), digest_size=8).digest())
+        by_price = sorted(groups, key=lambda g: -self.pricer.price(g))
+        n_tail = max(1, int(len(groups) * self.TAIL)) if len(groups) > 1 else len(groups)
+        tail = by_price[:n_tail]
+        self._tail_from = self.pricer.price(tail[-1]) if tail else float("inf")
+        in_tail = {id(g) for g in tail}
+        body = [g for g in groups if id(g) not in in_tail]
+        per = max(1, -(-len(body) // (2 * max(1, len(tail)))))  # body groups after each tail group
+        out: list[Group] = []
+        for i, g in enumerate(tail):
+            out.append(g)
+            out += body[i * per:(i + 1) * per]
+        return out + body[len(tail) * per:]
 
     def finish(self, group: Group, wall_s: float) -> None:
-        self.priced[group.kind] += self.pricer.price(group)
-        self.took[group.kind] += wall_s
+        price = self.pricer.price(group)
+        for key in ((group.kind,), (group.kind, self._class(group))):
+            self.priced[key] += price
+            self.took[key] += wall_s
+            self.count[key] += 1
         self.finished += 1
 
-    def _scale(self, kind: str) -> float:
-        if self.priced[kind] > 0:
-            return self.took[kind] / self.priced[kind]
-        total = sum(self.priced.values())
-        return sum(self.took.values()) / total if total > 0 else 1.0
+    def _scale(self, group: Group) -> float:
+        for key in ((group.kind, self._class(group)), (group.kind,)):
+            if self.count[key] >= 2 and self.priced[key] > 0:
+                return self.took[key] / self.priced[key]
+        kinds = [k for k in self.priced if len(k) == 1]
+        total = sum(self.priced[k] for k in kinds)
+        return sum(self.took[k] for k in kinds) / total if total > 0 else 1.0
 
     def cost(self, group: Group) -> float:
-        return self.pricer.price(group) * self._scale(group.kind)
+        return self.pricer.price(group) * self._scale(group)
 
     def ready(self) -> bool:
         """Whether an estimate means something yet: most groups have a measured price, or enough
@@ -109,8 +143,9 @@ class Eta:
         return (self._total > 0 and self._known * 2 >= self._total) or self.finished >= max(3, self._total // 50)
 
     def remaining(self, queued: Sequence[Group], running: Sequence[tuple[Group, float]]) -> float:
-        """``queued`` groups not started, ``running`` (group, seconds it has run) in the workers."""
-        left = [max(self.cost(g) - elapsed, 0.0) for g, elapsed in running]
+        """``queued`` groups not started, ``running`` (group, seconds it has run) in the workers.
+        A group past its price is expected to run a while longer (a quarter of what it ran)."""
+        left = [max(self.cost(g) - elapsed, 0.25 * elapsed) for g, elapsed in running]
         work = sum(left) + sum(self.cost(g) for g in queued)
         # a group cannot be split across workers: the last one to start bounds the end from below
         tail = max(left + [self.cost(g) for g in queued], default=0.0)

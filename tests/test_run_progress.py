@@ -25,20 +25,57 @@ def test_without_history_the_eta_waits_then_calibrates_each_kind():
     groups = _groups()
     eta = Eta(Pricer(), workers=2)
     queue = eta.schedule(groups)
-    assert [g.kind for g in queue[:10]] == ["schema"] * 10  # the dearer kind (by its prior) first
+    assert sorted(g.key for g in queue) == sorted(g.key for g in groups)
+    # the slow tail (the dearest tenth by price: the schema searches, by their prior) starts first
+    # and has started by the middle of the schedule
+    assert queue[0].kind == "schema"
+    assert all(g.kind == "opinfo" for g in queue[len(queue) // 2:])
     assert not eta.ready()  # nothing finished, nothing timed before: no estimate rather than a wild one
-    for g in queue[:3]:  # three schema groups took 6 s each
+    schema = [g for g in queue if g.kind == "schema"]
+    opinfo = [g for g in queue if g.kind == "opinfo"]
+    for g in schema[:3]:  # three schema groups took 6 s each
         eta.finish(g, 6.0)
     assert eta.ready()
-    # the schema prior is scaled by what schema groups took; OpInfo groups, none finished yet,
+    # schema groups are priced by what schema groups took; OpInfo groups, none finished yet,
     # by the calibration over every kind
     scale = 18.0 / (3 * PRIOR_S["schema"])
-    left = queue[3:]
-    want = (7 * 6.0 + 100 * PRIOR_S["opinfo"] * scale) / 2
-    assert eta.remaining(left, []) == pytest.approx(want)
-    for g in left[7:47]:  # 40 OpInfo groups took 0.1 s each: OpInfo gets its own scale
+    assert eta.remaining(schema[3:] + opinfo, []) == pytest.approx((7 * 6.0 + 100 * PRIOR_S["opinfo"] * scale) / 2)
+    for g in opinfo[:40]:  # 40 OpInfo groups took 0.1 s each: OpInfo gets its own scale
         eta.finish(g, 0.1)
-    assert eta.remaining(left[:7] + left[47:], []) == pytest.approx((7 * 6.0 + 60 * 0.1) / 2)
+    assert eta.remaining(schema[3:] + opinfo[40:], []) == pytest.approx((7 * 6.0 + 60 * 0.1) / 2)
+
+
+def test_an_unpriced_run_is_shuffled_so_early_groups_calibrate_fairly():
+    # a run lists its groups by name and size, cheap first: calibrated on the first ones finished,
+    # the ETA would say a fraction of the truth; a fixed shuffle samples them evenly
+    groups = [Group(f"op{i:03d}", "float32") for i in range(200)]
+    queue = Eta(Pricer(), workers=1).schedule(groups)
+    assert queue == Eta(Pricer(), workers=1).schedule(groups)  # the same order every time
+    early = {g.op for g in queue[:50]}
+    assert 10 <= sum(op < "op100" for op in early) <= 40  # both halves of the given order
+
+
+def test_the_slow_tail_is_calibrated_apart_from_the_rest():
+    # a build that fails more pays more per item: its cheap groups slow down 3x, its dear ones not
+    groups = _groups(100, 0)
+    history = {g.key: (20.0 if i < 10 else 0.2) for i, g in enumerate(groups)}
+    eta = Eta(Pricer(history), workers=1)
+    queue = eta.schedule(groups)
+    assert queue[0].op == "op0" and {g.op for g in queue[:60]} >= {f"op{i}" for i in range(10)}  # by the middle
+    done = queue[:30]
+    for g in done:
+        eta.finish(g, history[g.key] * (1.0 if history[g.key] > 1 else 3.0))
+    left = queue[30:]
+    truth = sum(history[g.key] * (1.0 if history[g.key] > 1 else 3.0) for g in left)
+    assert eta.remaining(left, []) == pytest.approx(truth)
+
+
+def test_a_group_past_its_price_is_expected_to_run_a_while_longer():
+    g = Group("slow", "float32")
+    eta = Eta(Pricer({g.key: 10.0}), workers=1)
+    eta.schedule([g])
+    assert eta.remaining([], [(g, 4.0)]) == pytest.approx(6.0)
+    assert eta.remaining([], [(g, 40.0)]) == pytest.approx(10.0)  # a quarter of what it ran, not 0
 
 
 def test_history_prices_each_group_and_the_longest_bounds_the_end():
