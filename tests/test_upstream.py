@@ -76,19 +76,22 @@ def test_bad_triage_notes_are_one_error(tmp_path, text, names):
 
 
 def test_triage_outcomes_and_recall():
-    pairs = {("cholesky", "float32"): {"pass": 10, "mismatch": 1},   # re-found
+    pairs = {("sparse.sampled_addmm", "float32"): {"pass": 10, "mismatch": 1},   # re-found
              ("to_sparse", "float32"): {"error": 2},                  # re-found
-             ("multinomial", "float32"): {"pass": 7},                 # whatever the notes say, not re-found
+             ("multinomial", "float32"): {"error": 7},                # stale: a failure here has another cause
+             ("cholesky", "float32"): {"pass": 16},                   # untestable (implicit_fallbacks=False only)
              ("abs", "float32"): {"mismatch": 3},                     # a finding upstream does not list
              ("abs", "float64"): {"pass": 3}}
     rows = {r.op: r for r in upstream.triage(pairs, source="newest", dtype="float32")}
     assert set(rows) == NEWEST_F32
-    assert rows["cholesky"].outcome == rows["to_sparse"].outcome == "re-found"
-    assert rows["multinomial"].outcome in ("missed", "stale", "untestable")
-    assert rows["nonzero_static"].outcome in ("not swept", "stale", "untestable")
+    assert rows["sparse.sampled_addmm"].outcome == rows["to_sparse"].outcome == "re-found"
+    assert rows["multinomial"].outcome == "stale" and rows["multinomial"].statuses == {"error": 7}
+    assert rows["cholesky"].outcome == "untestable" and "implicit_fallbacks=False" in rows["cholesky"].why
+    assert rows["resize_"].outcome == "not swept"
     found, of = upstream.recall(rows.values())
     assert found == 2 and of == sum(r.outcome not in ("stale", "not swept") for r in rows.values())
     assert upstream.unknown_findings(pairs, source="newest") == [("abs", "float32", {"mismatch": 3})]
+    assert upstream.checked()[("newest", "to_sparse", "float32")].outcome == "holds"
     with pytest.raises(DataFileError, match="no source 'nope'"):
         upstream.triage(pairs, source="nope")
 
@@ -97,8 +100,8 @@ def _db(tmp_path):
     path = tmp_path / "u.sqlite"
     with Store.open(path) as st:
         run = st.start_run(target="inductor", build="inductor", torch_version="2.13.0", config={}, run_id="r1")
-        rows = [("cholesky", "mismatch"), ("cholesky", "pass"), ("to_sparse", "error"), ("abs", "mismatch"),
-                ("multinomial", "pass")]
+        rows = [("sparse.sampled_addmm", "mismatch"), ("sparse.sampled_addmm", "pass"), ("to_sparse", "error"),
+                ("abs", "mismatch"), ("multinomial", "pass")]
         st.insert("op_results", [{"run_id": run, "item_key": f"{op}|function|float32|{i}", "op": op,
                                   "variant": "function", "dtype": "float32", "sample": i, "status": status}
                                  for i, (op, status) in enumerate(rows)])
@@ -113,7 +116,7 @@ def test_upstream_command_lists_refound_and_unknown_findings(tmp_path):
     lines = r.output.splitlines()
     assert lines[0].startswith("run r1 (inductor) against r266-tech/pytorch@332bcc3")
     assert "re-found (2):" in lines
-    assert any(line.split()[:5] == ["cholesky", "upstream", "xfail", "harness:", "1"] for line in lines)
+    assert any(line.split()[:5] == ["sparse.sampled_addmm", "upstream", "xfail", "harness:", "1"] for line in lines)
     assert "harness findings upstream does not list (1):" in lines and lines[-1].split() == ["abs", "1", "mismatch"]
     assert any(line.startswith("recall of upstream-known failures among the swept ops: 2/") for line in lines)
     out = json.loads(CliRunner().invoke(main, ["upstream", "--db", str(db), "--run", "r1", "--json"]).output)
