@@ -16,7 +16,7 @@ from typing import Literal
 from opdb.status import FAILING, SEVERITY, Status
 
 __all__ = ["FAILING", "SEVERITY", "Status", "apply_expected", "decide", "decide_unrun", "is_unsupported_dtype",
-           "is_unsupported_layout"]
+           "is_refused", "is_unsupported_layout"]
 
 # whole words: "Int" must not match "internal" (an internal error is no refused dtype)
 _DTYPE_WORDS = r"(?<![A-Za-z])(float64|double|complex|ComplexFloat|ComplexDouble|ComplexHalf|Half|BFloat16|float16|bfloat16|" \
@@ -57,6 +57,22 @@ def is_unsupported_layout(message: str) -> bool:
     return any(p.search(message) for p in _UNSUPPORTED_LAYOUT)
 
 
+# How an item the target refused before running it begins (``conformance.execute.err`` of a
+# ``conformance.targets.base.TargetUnsupported``: an exporter that cannot convert the sample).
+REFUSED_PREFIX = "TargetUnsupported: "
+
+
+def is_refused(message: str) -> bool:
+    """Did the target refuse the item before running it (rather than fail while running it)?
+
+        >>> is_refused("TargetUnsupported: torch.onnx: DispatchError: No ONNX function found for aten.linalg_eig")
+        True
+        >>> is_refused("RuntimeError: ONNX Runtime: NOT_IMPLEMENTED")
+        False
+    """
+    return message.startswith(REFUSED_PREFIX)
+
+
 NOT_COMPILED = ("infra: the compiler target compiled no graph for this item, so it ran eager; "
                 "its result says nothing about the compiler")
 
@@ -85,9 +101,11 @@ def decide(*, cpu_error: str | None, target_error: str | None, close: bool,
     if target_error is None and graphs == 0:
         return Status.ERROR
     if target_error is not None:
-        # from the error the target raised (never from what a device's manifest says): a refused
-        # memory format or layout first, its message may name a dtype too
-        status = (Status.UNSUPPORTED_LAYOUT if is_unsupported_layout(target_error) else
+        # from the error the target raised (never from what a device's manifest says): a refusal
+        # before running first (an export failure, whatever its reason names), then a refused
+        # memory format or layout (its message may name a dtype too)
+        status = (Status.UNSUPPORTED if is_refused(target_error) else
+                  Status.UNSUPPORTED_LAYOUT if is_unsupported_layout(target_error) else
                   Status.UNSUPPORTED_DTYPE if is_unsupported_dtype(target_error) else Status.ERROR)
     elif not close:
         status = Status.MISMATCH

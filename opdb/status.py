@@ -36,6 +36,7 @@ class Status(StrEnum):
     CONTRACT = "contract"
     UNSUPPORTED_DTYPE = "unsupported_dtype"
     UNSUPPORTED_LAYOUT = "unsupported_layout"
+    UNSUPPORTED = "unsupported"
     MISMATCH = "mismatch"
     ERROR = "error"
     TIMEOUT = "timeout"
@@ -86,10 +87,13 @@ INFO: dict[Status, StatusInfo] = {
     Status.UNSUPPORTED_LAYOUT: StatusInfo("fail", 3, 7, "#d6a0c4", "#111",
                                           "the target rejects an input's memory format or layout "
                                           "(channels_last, sparse, ...)"),
-    Status.MISMATCH: StatusInfo("fail", 4, 8, "#ee8434", "#111", "runs, but differs from the CPU"),
-    Status.ERROR: StatusInfo("fail", 4, 9, "#d1495b", "#fff", "raises where the CPU does not"),
-    Status.TIMEOUT: StatusInfo("fail", 5, 10, "#8d1c2e", "#fff", "did not finish within the timeout"),
-    Status.CRASH: StatusInfo("fail", 5, 11, "#4a0d17", "#fff", "killed its worker process"),
+    Status.UNSUPPORTED: StatusInfo("fail", 3, 8, "#9f9fd6", "#111",
+                                   "the target refuses the item before running it (an exporter cannot "
+                                   "convert the sample; its reason is the error)"),
+    Status.MISMATCH: StatusInfo("fail", 4, 9, "#ee8434", "#111", "runs, but differs from the CPU"),
+    Status.ERROR: StatusInfo("fail", 4, 10, "#d1495b", "#fff", "raises where the CPU does not"),
+    Status.TIMEOUT: StatusInfo("fail", 5, 11, "#8d1c2e", "#fff", "did not finish within the timeout"),
+    Status.CRASH: StatusInfo("fail", 5, 12, "#4a0d17", "#fff", "killed its worker process"),
 }
 
 #: Every status name, in display order.
