@@ -120,6 +120,8 @@ def parse_contracts(values: Collection[str], target: Target | None = None) -> tu
 
 
 def default_for(target: Target) -> tuple[str, ...]:
+    if target.default_contracts is not None:
+        return tuple(c for c in CONTRACTS if c in target.default_contracts)
     return COMPILER_DEFAULT if target.compiler else CONTRACTS
 
 

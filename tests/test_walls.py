@@ -45,10 +45,13 @@ def test_package_imports_nothing_above_it(package, forbidden):
     assert not bad, f"{package} must not import {sorted(forbidden)}: {bad}"
 
 
+DEVICE_PACKAGES = {"neuron_emu", "onnxruntime", "onnxscript", "openvino"}
+
+
 def test_only_targets_import_device_packages():
     bad = [_rel(p) for p in _modules("conformance")
-           if "neuron_emu" in _imports(p) and "targets" not in p.relative_to(ROOT).parts]
-    assert not bad, f"only conformance/targets/ may import neuron_emu: {bad}"
+           if _imports(p) & DEVICE_PACKAGES and "targets" not in p.relative_to(ROOT).parts]
+    assert not bad, f"only conformance/targets/ may import {sorted(DEVICE_PACKAGES)}: {bad}"
 
 
 def test_click_only_in_command_line_modules():
@@ -146,7 +149,8 @@ def _cycles(graph: dict[str, set[str]]) -> list[set[str]]:
 _REGISTRATION = ({"conformance.cli", "conformance.cli_audit", "conformance.cli_gate", "conformance.cli_report",
                   "conformance.cli_sweep", "conformance.cli_upstream"},
                  {"conformance.targets.base", "conformance.targets.cpu", "conformance.targets.cuda",
-                  "conformance.targets.inductor", "conformance.targets.neuron_emu"})
+                  "conformance.targets.inductor", "conformance.targets.neuron_emu", "conformance.targets.onnx_runtime",
+                  "conformance.targets.openvino_compile"})
 
 
 def _harness_graph() -> dict[str, set[str]]:

@@ -28,6 +28,12 @@ class TargetError(ValueError):
     """Unknown target, unusable build, or a target that cannot run on this machine."""
 
 
+class TargetUnsupported(Exception):  # noqa: N818 - the status it leads to is ``unsupported``
+    """The target refuses an item before running it: an exporter cannot convert the sample (its
+    reason is the message). :func:`conformance.verdict.decide` makes it ``unsupported``, apart
+    from a runtime ``error`` and a wrong result (``mismatch``)."""
+
+
 @dataclass
 class OpTrace:
     """Overloads one execution reached: ``dispatched`` (seen by a dispatch mode below autograd
@@ -59,11 +65,14 @@ class Compiled:
     graph_ops: set[str] = field(default_factory=set)
     fallback_kernels: set[str] = field(default_factory=set)
     compile_s: float = 0.0
+    # the backend's own evidence (JSON values): an exported model's node count and op types, the
+    # runtime that ran it, subgraphs a partitioning backend ran itself
+    extra: dict[str, Any] = field(default_factory=dict)
 
     def evidence(self) -> dict[str, Any]:
         return {"backend": self.backend, "graphs": self.graphs, "frames": self.frames,
                 "graph_breaks": self.graph_breaks, "break_reasons": self.break_reasons[:5], "graph_ops": sorted(self.graph_ops),
-                "fallback_kernels": sorted(self.fallback_kernels), "compile_s": round(self.compile_s, 4)}
+                "fallback_kernels": sorted(self.fallback_kernels), "compile_s": round(self.compile_s, 4), **self.extra}
 
 
 def overload_name(op: torch._ops.OpOverload) -> str:
@@ -130,6 +139,10 @@ class Target:
     # (:meth:`compiled`). Its op trace is taken on a separate eager run, because under an
     # active dispatch mode ``torch.compile`` silently runs eager.
     compiler: ClassVar[bool] = False
+    # The contract checks run unless ``--contracts`` names others (None: every contract on an
+    # eager target, ``conformance.contracts.COMPILER_DEFAULT`` on a compiler target). A target
+    # whose results cannot carry a contract leaves it out (an ONNX value has no strides).
+    default_contracts: ClassVar[tuple[str, ...] | None] = None
 
     def __init__(self, build: str | BuildRef | None = None) -> None:
         self.ref = BuildRef.parse(build)  # what was asked for
@@ -274,4 +287,4 @@ def import_modules(names: tuple[str, ...] | list[str]) -> None:
 
 
 def load_builtin() -> None:
-    from . import cpu, cuda, inductor, neuron_emu  # noqa: F401  (registration side effects)
+    from . import cpu, cuda, inductor, neuron_emu, onnx_runtime, openvino_compile  # noqa: F401  (registration side effects)

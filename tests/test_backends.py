@@ -1,0 +1,203 @@
+"""The backends nobody here wrote: ``onnxruntime`` (torch.onnx's dynamo exporter + ONNX Runtime's
+CPU provider) and ``openvino`` (``torch.compile(backend="openvino")``). Each item proves that the
+backend ran it; an export failure is ``unsupported`` with the exporter's reason; a path that
+silently runs eager or hands the work back to PyTorch (or to inductor) never passes.
+
+The backend tests skip without the optional extra (``pip install -e '.[backends]' -c
+constraints.txt``); the verdict rule runs everywhere. Float32, one sample per op."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import pytest
+import torch
+
+from conformance.execute import err
+from conformance.run import RunSpec, execute_run
+from conformance.select import Group
+from conformance.sweep import SweepConfig, run_group
+from conformance.targets import REGISTRY, get_target
+from conformance.targets.base import TargetUnsupported
+from conformance.verdict import NOT_COMPILED, REFUSED_PREFIX, Status, decide
+
+
+def _ort() -> None:
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+
+
+def _openvino() -> None:
+    pytest.importorskip("openvino")
+
+
+def _sweep(target, op, variants=("function",), samples=1):
+    return list(run_group(target, Group(op, "float32"), SweepConfig(variants=variants, max_samples=samples)))
+
+
+def _stored(db):
+    rows = sqlite3.connect(db).execute("select op, variant, status, error, proof from op_results").fetchall()
+    return [(op, v, s, e, json.loads(p)) for op, v, s, e, p in rows]
+
+
+# -- the verdict (no backend needed) ---------------------------------------------------------------
+
+def test_a_refusal_before_running_is_unsupported_not_an_error():
+    message = err(TargetUnsupported("torch.onnx: DispatchError: No ONNX function found for aten.linalg_eig"))
+    assert message.startswith(REFUSED_PREFIX)
+    assert decide(cpu_error=None, target_error=message, close=False, graphs=0) is Status.UNSUPPORTED
+    # a reason that names a dtype or a layout is still the refusal, not unsupported_dtype/layout
+    dtype = err(TargetUnsupported("torch.onnx: complex128 is not supported"))
+    assert decide(cpu_error=None, target_error=dtype, close=False, graphs=0) is Status.UNSUPPORTED
+    assert decide(cpu_error=None, target_error="RuntimeError: ONNX Runtime failed", close=False) is Status.ERROR
+    assert Status.UNSUPPORTED.failed
+
+
+# -- onnxruntime -----------------------------------------------------------------------------------
+
+def test_an_onnxruntime_item_through_the_workers_stores_its_proof(tmp_path):
+    _ort()
+    db = tmp_path / "ort.sqlite"
+    spec = RunSpec(target="onnxruntime", ops=("neg",), dtypes=("float32",), workers=1, max_samples=1,
+                   variants=("function",))
+    summary = execute_run(spec, db)
+    assert summary.infra is None and summary.uncompiled == 0 and summary.graphs >= 1
+    rows = _stored(db)
+    assert {(op, v) for op, v, *_ in rows if v != "canary"} == {("neg", "function")}
+    for op, variant, status, error, proof in rows:  # canaries (add, mul, abs, sum) included
+        assert status == "pass", (op, variant, error)
+        assert proof["backend"] == "onnxruntime" and proof["graphs"] == proof["ort_runs"] == 1, proof
+        assert proof["provider"] == "CPUExecutionProvider" and proof["onnx_nodes"] >= 1
+    (neg,) = [p for op, v, *_, p in rows if op == "neg"]
+    assert "Neg" in neg["onnx_ops"] and "aten::neg.default" in neg["graph_ops"]
+
+
+def test_an_export_failure_is_unsupported_with_the_exporters_reason():
+    _ort()
+    (row,) = _sweep(get_target("onnxruntime"), "linalg.eig")
+    assert row["status"] == "unsupported", row
+    assert "No ONNX function found" in row["error"] and "linalg_eig" in row["error"], row["error"]
+    assert row["proof"]["graphs"] == 0
+
+
+def test_backward_is_refused_by_an_inference_runtime():
+    _ort()
+    (row,) = _sweep(get_target("onnxruntime"), "sin", variants=("backward",))
+    assert row["status"] == "unsupported" and "inference only" in row["error"], row
+
+
+def test_in_place_and_out_write_back_and_return_the_callers_tensor():
+    _ort()
+    t = get_target("onnxruntime")
+    x, y = torch.ones(3), torch.arange(3.0)
+    got = t.wrap(lambda a, b: a.add_(b))(x, y)
+    assert got is x and torch.equal(x, torch.tensor([1.0, 2.0, 3.0]))
+    out = torch.empty(3)
+    got = t.wrap(lambda a, b, out: torch.mul(a, b, out=out))(x, y, out)
+    assert got is out and torch.equal(out, torch.tensor([0.0, 2.0, 6.0]))
+    spectrum = t.wrap(torch.fft.fft)(torch.arange(4.0))  # ONNX holds complex values as pairs of reals
+    assert spectrum.dtype == torch.complex64 and torch.allclose(spectrum, torch.fft.fft(torch.arange(4.0)))
+
+
+def test_an_unexported_or_unrun_onnxruntime_path_is_infra(monkeypatch):
+    _ort()
+    from conformance.targets.onnx_runtime import OnnxRuntimeTarget
+
+    class Unexported(OnnxRuntimeTarget):
+        """Calls the function itself: nothing exported, nothing run by ONNX Runtime."""
+
+        name = "test-ort-unexported"
+
+        def wrap(self, fn):
+            super().wrap(fn)
+            return fn
+
+    class ExportedButEager(OnnxRuntimeTarget):
+        """Exports, then runs the exported program in PyTorch instead of ONNX Runtime."""
+
+        name = "test-ort-eager"
+
+        def _run(self, program, tensors, record):
+            return program.exported_program.module()(*tensors)[0]
+
+    for cls in (Unexported, ExportedButEager):
+        monkeypatch.setitem(REGISTRY, cls.name, cls)
+        (row,) = _sweep(get_target(cls.name), "sin")
+        assert row["status"] == "error" and row["proof"]["graphs"] == 0, (cls.name, row)
+        assert row["error"].startswith(NOT_COMPILED), row["error"]
+
+
+# -- openvino --------------------------------------------------------------------------------------
+
+def test_an_openvino_item_through_the_workers_stores_its_proof(tmp_path):
+    _openvino()
+    db = tmp_path / "ov.sqlite"
+    spec = RunSpec(target="openvino", ops=("neg",), dtypes=("float32",), workers=1, max_samples=1,
+                   variants=("function",))
+    summary = execute_run(spec, db)
+    assert summary.infra is None and summary.uncompiled == 0 and summary.graphs >= 1
+    rows = _stored(db)
+    assert {(op, v) for op, v, *_ in rows if v != "canary"} == {("neg", "function")}
+    for op, variant, status, error, proof in rows:  # canaries: OpenVINO leaves sum(0-d, dim=0) to PyTorch
+        assert Status(status).passed, (op, variant, error)
+        assert proof["backend"] == "openvino" and proof["graphs"] >= 1 and proof["device"] == ["cpu"], proof
+    (neg,) = [(s, p) for op, v, s, _, p in rows if op == "neg"]
+    assert neg[0] == "pass" and neg[1]["openvino_subgraphs"] == 1 and neg[1]["fallback_kernels"] == []
+    assert neg[1]["openvino_ops"] == ["aten::neg.default"]
+
+
+def test_an_op_openvino_leaves_to_pytorch_is_a_fallback():
+    _openvino()
+    (row,) = _sweep(get_target("openvino"), "special.zeta")
+    assert row["status"] == "pass_fallback", row
+    assert row["proof"]["openvino_subgraphs"] == 0 and row["proof"]["graphs"] == 1
+    assert row["fallback_ops"] == row["proof"]["fallback_kernels"] == ["aten::special_zeta.default"]
+
+
+def test_openvino_handing_a_graph_to_inductor_is_an_error_and_to_pytorch_a_fallback(monkeypatch):
+    _openvino()
+    from openvino.frontend.pytorch.torchdynamo import execute, partition
+
+    target = get_target("openvino")
+
+    def no_partitions(self, gm, options):
+        raise RuntimeError("conversion broke")
+
+    with monkeypatch.context() as m:  # its backend would compile the graph with inductor instead
+        m.setattr(partition.Partitioner, "make_partitions", no_partitions)
+        (row,) = _sweep(target, "sin")
+    assert row["status"] == "error" and "inductor" in row["error"] and "conversion broke" in row["error"], row
+
+    def no_compile(*args, **kwargs):
+        raise RuntimeError("plugin broke")
+
+    with monkeypatch.context() as m:  # its subgraph runs in PyTorch from then on: a fallback, with why
+        m.setattr(execute, "openvino_compile", no_compile)
+        (row,) = _sweep(target, "sin")
+    assert row["status"] == "pass_fallback" and row["fallback_ops"] == ["aten::sin.default"], row
+    assert row["proof"]["openvino_subgraphs"] == 0 and "plugin broke" in row["proof"]["openvino_failed"][0], row
+
+
+def test_openvino_silently_running_eager_is_infra(monkeypatch):
+    _openvino()
+    from conformance.targets.openvino_compile import OpenVinoTarget
+
+    class SilentEager(OpenVinoTarget):
+        name = "test-openvino-silent-eager"
+
+        def wrap(self, fn):
+            compiled = super().wrap(fn)
+
+            def run(*args, **kwargs):
+                with torch.compiler.set_stance("force_eager"):
+                    return compiled(*args, **kwargs)
+
+            return run
+
+    monkeypatch.setitem(REGISTRY, SilentEager.name, SilentEager)
+    rows = _sweep(get_target(SilentEager.name), "sin", variants=("function", "backward"))
+    assert rows
+    for r in rows:
+        assert r["status"] == "error" and r["proof"]["graphs"] == 0, r
+        assert r["error"].startswith(NOT_COMPILED)
