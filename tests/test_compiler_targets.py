@@ -223,5 +223,7 @@ def test_random_opinfos_compile_beside_the_emulator():
     assert rows
     for r in rows:
         assert "no_dispatch" not in (r["error"] or ""), r["error"]
-        # dynamo skips OpInfo's torch.testing wrapper whole: no graph, said as such
-        assert r["status"] == "error" and r["error"].startswith(NOT_COMPILED), r["error"]
+        # OpInfo's wrapper_set_seed seeds around the compiled call, not inside it (dynamo skips
+        # torch.manual_seed: traced inside, no graph compiled and every random op was an error)
+        assert r["status"] == "pass", (r["status"], r["error"])
+        assert (r["proof"] or {}).get("graphs", 0) >= 1, r["proof"]

@@ -8,8 +8,9 @@ eager (an active dispatch mode, a leaked ``no_dispatch``) fails instead of passi
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -89,7 +90,8 @@ class CompilerTarget(Target):
 
             check_can_compile()
             try:
-                return compiled(*args, **kwargs)
+                with _seeded_outside():
+                    return compiled(*args, **kwargs)
             except BackendCompilerFailed as exc:  # its first line does not say why
                 inner = exc.inner_exception
                 why = str(inner).strip().splitlines()[0] if str(inner).strip() else ""
@@ -137,6 +139,34 @@ class InductorTarget(CompilerTarget):
         # FX graph cache (inside compile_fx_inner) still spares most of the work.
         with torch._functorch.config.patch(enable_autograd_cache=False):
             return compile_fx(gm, example_inputs, inner_compile=inner)
+
+
+@contextlib.contextmanager
+def _seeded_outside() -> Iterator[None]:
+    """OpInfo's random ops call their op through ``wrapper_set_seed`` (freeze the RNG state, seed
+    42, call), and dynamo skips ``torch.manual_seed``: traced, such a sample compiled no graph.
+    As PyTorch's own inductor OpInfo tests do, the wrapper only calls the op while compiling, and
+    the same seeding happens here, around the compiled call; the random values then come from the
+    same seed as the eager reference's."""
+    try:
+        from torch.testing._internal import common_methods_invocations as cmi
+    except ImportError:  # no OpInfo in this process (an audit, a model)
+        yield
+        return
+    from torch.testing._internal.common_utils import freeze_rng_state
+
+    seeded = cmi.wrapper_set_seed
+    cmi.wrapper_set_seed = _call
+    try:
+        with freeze_rng_state():
+            torch.manual_seed(42)
+            yield
+    finally:
+        cmi.wrapper_set_seed = seeded
+
+
+def _call(op: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    return op(*args, **kwargs)
 
 
 def _ops(graph: torch.fx.GraphModule) -> list[torch._ops.OpOverload]:
