@@ -108,7 +108,7 @@ def ledger_stale(ledger_path: str | None, n_runs: int, target: str | None, db_pa
 
 @main.command("nightly")
 @click.option("--target", default="neuron-emu", show_default=True,
-              help="neuron-emu | inductor | cuda | cpu | device:TYPE (as for conformance run).")
+              help="neuron-emu | inductor | onnxruntime | openvino | cuda | cpu | device:TYPE (as for conformance run).")
 @click.option("--build", "builds", multiple=True, help="Build(s) to run, oldest first (default: all shipped).")
 @click.option("--ops", "ops", multiple=True, metavar="GLOB",
               help="OpInfo name or aten:: overload globs (repeatable; default: every op, schema search included).")

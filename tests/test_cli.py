@@ -74,6 +74,17 @@ def test_merge_of_missing_db_exits_2(tmp_path):
     assert r.exit_code == 2 and "no such database" in r.output
 
 
+def test_target_help_names_every_registered_target():
+    from conformance.targets.base import REGISTRY, load_builtin
+
+    load_builtin()
+    for path, cmd in _commands(main):
+        for p in cmd.params:
+            if isinstance(p, click.Option) and "--target" in p.opts and "device:TYPE" in (p.help or ""):
+                missing = [name for name in REGISTRY if name not in p.help]
+                assert not missing, f"conformance {' '.join(path)} --target help lacks {missing}"
+
+
 def test_every_option_of_conformance_and_opdb_has_help():
     """Every option of every command of both console scripts says what it does (sqlite-utils'
     meta-test): a new option without help fails here, not in a user's terminal."""
