@@ -47,6 +47,7 @@ from .inputs.opinfo import by_name, cpu_dtypes
 from .inputs.schema import NOARG, Call, DeviceArg, call_strategy
 from .select import DEFAULT_DTYPES, matching
 from .sweep import evaluate
+from .sweep import evaluate as evaluate_item
 from .verdict import Status, decide, decide_unrun
 from .work import NOTHING, Group, ItemKey, Selection
 
@@ -183,7 +184,7 @@ class _Info:
         self.error_inputs_func = None
 
 
-def _sample(call: Call) -> Any:
+def _sample_of(call: Call) -> Any:
     from torch.testing._internal.opinfo.core import SampleInput  # heavy: only when a search runs
 
     args, kwargs = call.materialize()
@@ -232,7 +233,7 @@ def run_schema_group(target: Any, group: Group, config: Any, *, skip: Container[
     # The contracts are checked on the first accepted input (each example again would multiply
     # the search's cost); "errors" on the first inputs the CPU rejects.
     check_errors = "errors" in contracts.parse_contracts(config.contracts, target)
-    digest, basis = corpus.fingerprint(group.op, BUDGETS)
+    digest, basis = corpus.fingerprint(group.op, search_basis())
     old, why = _stored_entry(getattr(skip, "replay", None), digest)
     if old is not None and not crash_safe:  # a crash-safe re-run searches, as it did before
         found, why = _replay(target, info, group, config, old, check_errors)
@@ -247,6 +248,16 @@ def run_schema_group(target: Any, group: Group, config: Any, *, skip: Container[
     entry = _merged(_entry_of(group.op, digest, found, crash_safe, row), old)
     side.append({"how": "searched", "why": why, "entry": corpus.encode(entry, basis=basis)})
     yield row
+
+
+@cache
+def search_basis() -> dict[str, Any]:
+    """What of the search itself decides the inputs it generates (the corpus fingerprint's part):
+    its budgets and the source of :func:`_search`, from which Hypothesis derives its seed."""
+    import hashlib
+    import inspect
+
+    return {**BUDGETS, "source": hashlib.sha256(inspect.getsource(_search).encode()).hexdigest()}
 
 
 BUDGETS = {"max_examples": MAX_EXAMPLES, "rejected_checked": REJECTED_CHECKED, "reject_cap": REJECT_CAP,
@@ -271,6 +282,20 @@ def _search(target: Any, info: Any, group: Group, config: Any, *, crash_safe: bo
     found = _Found()
     rejected, accepted, failing, rejections = found.rejected, found.accepted, found.failing, found.rejections
     no_contracts = dataclasses.replace(config, contracts=("none",))
+    # What the corpus keeps is recorded by these two, which shadow the module's functions for
+    # prop: prop's source must stay as it is, since Hypothesis derives a derandomized search's
+    # seed from it (an edit there changes every input every search generates).
+    seen: list[Call] = []  # every call prop made a sample of, in order
+    evaluated: list[tuple[int, bool, dict[str, Any]]] = []  # (index in seen, contracts checked, row)
+
+    def _sample(call: Call) -> Any:  # noqa: F811 - see above
+        seen.append(call)
+        return _sample_of(call)
+
+    def evaluate(*args: Any) -> dict[str, Any]:  # noqa: F811 - see above
+        row = evaluate_item(*args)
+        evaluated.append((len(seen) - 1, args[-1] is config, row))
+        return row
 
     def search(strategy: st.SearchStrategy[Call]) -> None:
         # [rejections left, crash-safe shrink steps left]: each crash-safe call costs two forks
@@ -300,29 +325,23 @@ def _search(target: Any, info: Any, group: Group, config: Any, *, crash_safe: bo
                            "error": f"the target {died} running this input alone in a forked process "
                                     "(no CPU reference ran there)", "duration_s": 0.0, "signature": signature(sample),
                            "reached_ops": [group.op], "native_ops": [], "fallback_ops": []}
-                    first = not accepted
                     accepted.append(row)
                     failing.clear()
-                    failing.update(row=row, call=call, contracts=first)
+                    failing.update(row=row, call=call)
                     raise AssertionError(row["error"])
-            with_contracts = not accepted
             row = evaluate(target, info, group.op, "function", str(dtype).removeprefix("torch.") if dtype else "none",
-                           0, sample, config if with_contracts else no_contracts)
+                           0, sample, no_contracts if accepted else config)
             if row["status"] == Status.SKIP.value:
                 rejected[(row.get("error") or "")[:200]] += 1
                 budget[0] -= 1
-                if not crash_safe and sum(r == "rejected" for r, _, _ in found.log) < REJECTED_CHECKED:
-                    found.log.append(("rejected", False, call))
                 if check_errors and not crash_safe and len(rejections) < REJECTED_CHECKED:
                     rejections.append(check_rejected(target, info, sample, row.get("error") or ""))
                 reject()
             accepted.append(row)
             if Status(row["status"]).failed:
                 failing.clear()
-                failing.update(row=row, call=call, contracts=with_contracts)
+                failing.update(row=row, call=call)
                 raise AssertionError(row.get("error") or row["status"])
-            if not failing:  # generated, not a shrinking step: a fresh search sees it too
-                found.log.append(("valid", with_contracts, call))
 
         try:
             prop()
@@ -344,7 +363,30 @@ def _search(target: Any, info: Any, group: Group, config: Any, *, crash_safe: bo
         hints = more
         search(call_strategy(info.packet, hints))
     found.steered = f" (steered by the CPU's errors: {hints.describe()})" if hints else ""
+    _log(found, seen, evaluated, crash_safe)
     return found
+
+
+def _log(found: _Found, seen: list[Call], evaluated: list[tuple[int, bool, dict[str, Any]]], crash_safe: bool) -> None:
+    """The inputs the corpus keeps, in the order the search saw them: the first rejected ones
+    (those the ``errors`` contract is checked on), the accepted ones generated before the first
+    failure (shrinking steps come after it), and the minimal failing one's contracts flag."""
+    call = found.failing.get("call")
+    # where the first failure happened: an evaluated failing row, or a target crash (crash-safe)
+    first_bad = next((i for i, _, row in evaluated if Status(row["status"]).failed), None)
+    if call is not None:
+        at = next((i for i, c in enumerate(seen) if c is call), None)
+        first_bad = min(x for x in (first_bad, at, len(seen)) if x is not None)
+        flags = [checked for i, checked, _ in evaluated if seen[i] is call]
+        found.failing["contracts"] = flags[-1] if flags else False
+    n_rejected = 0
+    for i, checked, row in evaluated:
+        if row["status"] == Status.SKIP.value:
+            if not crash_safe and n_rejected < REJECTED_CHECKED:
+                found.log.append(("rejected", False, seen[i]))
+                n_rejected += 1
+        elif first_bad is None or i < first_bad:
+            found.log.append(("valid", checked, seen[i]))
 
 
 def _row_of(found: _Found, base_row: dict[str, Any]) -> dict[str, Any]:

@@ -12,7 +12,8 @@ The fingerprint (:func:`fingerprint`) is a digest of what decides which inputs a
 generates and which the CPU accepts: the overload's schema; which CPU-side dispatch keys have a
 kernel for it (``torch._C._dispatch_has_kernel_for_dispatch_key``; the target's own keys are
 left out, so builds share a corpus); the torch version and git revision; the Hypothesis version;
-the source of the strategies (``schema.py``, ``hints.py``) and the search's budgets.
+the source of the strategies (``schema.py``, ``hints.py``), the search's budgets and the
+source of its Hypothesis test (from which a derandomized search's seed is derived).
 
 Example::
 
