@@ -39,10 +39,10 @@ from typing import TextIO
 
 from .work import Group
 
-# Seconds per group of each kind on a 2-core machine when nothing earlier timed it (medians of a
-# default sweep of the emulator: an OpInfo op × dtype runs all its variants; a schema search
-# runs the Hypothesis search of one overload; a model graph compiles and trains a few steps).
-PRIOR_S: Mapping[str, float] = {"opinfo": 0.5, "schema": 1.5, "model": 8.0}
+# Seconds per group of each kind on a 2-core machine when nothing earlier timed it (means over
+# nightlies of the emulator: an OpInfo op × dtype runs all its variants, 0.9-1.4 s; a schema
+# search runs the Hypothesis search of one overload; a model graph compiles and trains, 10-17 s).
+PRIOR_S: Mapping[str, float] = {"opinfo": 1.0, "schema": 2.0, "model": 12.0}
 # What the console calls each kind's work (the stages of a sweep).
 TITLES: Mapping[str, str] = {"opinfo": "OpInfo", "schema": "schema search", "model": "models"}
 
@@ -80,6 +80,7 @@ class Eta:
     group finish early enough to calibrate, and no dear group starts last."""
 
     TAIL = 0.10  # share of the groups, by price, that is the slow tail
+    PSEUDO = 16  # groups at their price that every calibration starts from
 
     def __init__(self, pricer: Pricer | None = None, workers: int = 1) -> None:
         self.pricer = pricer or Pricer()
@@ -127,12 +128,21 @@ class Eta:
         self.finished += 1
 
     def _scale(self, group: Group) -> float:
+        """Measured / priced over the finished groups like ``group`` (its kind and class, else its
+        kind, else all), shrunk toward 1 as if ``PSEUDO`` more groups had taken their price: a
+        few groups of a heavy-tailed kind (one OpInfo group of 60 s among 0.3 s ones) would
+        otherwise swing the estimate several-fold."""
         for key in ((group.kind, self._class(group)), (group.kind,)):
             if self.count[key] >= 2 and self.priced[key] > 0:
-                return self.took[key] / self.priced[key]
+                return self._shrunk(self.took[key], self.priced[key], self.count[key])
         kinds = [k for k in self.priced if len(k) == 1]
-        total = sum(self.priced[k] for k in kinds)
-        return sum(self.took[k] for k in kinds) / total if total > 0 else 1.0
+        priced = sum(self.priced[k] for k in kinds)
+        n = sum(self.count[k] for k in kinds)
+        return self._shrunk(sum(self.took[k] for k in kinds), priced, n) if priced > 0 else 1.0
+
+    def _shrunk(self, took: float, priced: float, n: int) -> float:
+        mean = priced / n
+        return (took + self.PSEUDO * mean) / (priced + self.PSEUDO * mean)
 
     def cost(self, group: Group) -> float:
         return self.pricer.price(group) * self._scale(group)
