@@ -48,9 +48,17 @@ class NeuronEmuTarget(Target):
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "emulated": True}
 
+    def _ensure_active(self) -> None:
+        """The emulated device runs one build per process (as a real device runs one SDK): when
+        another target object switched it since (two builds in one process: tests, audits), this
+        one switches it back before running anything, instead of running on the other build."""
+        if self._emu.active_build().name != self.build:
+            self._emu.use_build(self.build_spec)
+
     @contextlib.contextmanager
     def trace(self) -> Iterator[OpTrace]:
         emu = self._emu
+        self._ensure_active()
         emu.clear_op_tracking()
         trace = OpTrace()
         try:
