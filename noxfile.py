@@ -78,6 +78,15 @@ def lint(session: nox.Session) -> None:
 
 
 @nox.session(python="3.11")
+def backends(session: nox.Session) -> None:
+    """The ONNX Runtime and OpenVINO targets' tests, with the optional ``backends`` extra
+    (about 300 MB more; ``nox -s tests`` skips these tests without it)."""
+    _install(session, "test", "backends")
+    args = session.posargs or ["tests/test_backends.py", "tests/test_compiler_targets.py", "-n", "2"]
+    session.run("pytest", *args, env={"PYTHONHASHSEED": "0"})
+
+
+@nox.session(python="3.11")
 def hf(session: nox.Session) -> None:
     """Hugging Face architectures (random weights from in-code configs) on the emulated device."""
     _install(session, "hf")
