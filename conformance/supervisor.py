@@ -207,7 +207,6 @@ class Supervisor:
         self.sink = sink or (lambda row, table: self.writers[table].add(row))
         self.slots: list[_Slot] = []
         self.crash_safe: set[str] = set()  # schema groups whose CPU reference killed a worker
-        self.kind_time: collections.Counter[str] = collections.Counter()  # worker-seconds per group kind
         self.kind_done: collections.Counter[str] = collections.Counter()
         self.groups_done = 0
         self._last_progress = 0.0
@@ -364,7 +363,6 @@ class Supervisor:
             self.groups_done += 1
             if slot.group is not None:
                 wall = time.monotonic() - slot.assigned_at
-                self.kind_time[slot.group.kind] += wall
                 self.kind_done[slot.group.kind] += 1
                 self.eta.finish(slot.group, wall)
                 self.group_times.append({"run_id": self.run_id, "shard": self.spec.shard, "group_key": slot.group.key,
