@@ -194,10 +194,12 @@ def to_cpu(value: Any) -> Any:
 
 
 def run_item(target: Target, info: Any, variant: str, sample: Any, *, want_arbiter: bool = True,
-             traced: bool = True) -> Outcome:
+             traced: bool = True, computed: Any = None) -> Outcome:
     """Run one sample of one OpInfo variant on the CPU and on ``target``. ``traced=False`` runs
     the target's call outside its op trace (no overloads are named): for checking whether the
-    trace itself changed the result (:func:`conformance.sweep.evaluate` does)."""
+    trace itself changed the result (:func:`conformance.sweep.evaluate` does). ``computed``: on
+    a compiler target, the sample's result from a compiled batch
+    (:class:`conformance.batching.Computed`), taken instead of compiling the item on its own."""
     fn = variant_fn(info, variant)
     if fn is None:
         return Outcome(cpu_error=f"OpInfo {info.name} has no {variant} variant")
@@ -219,30 +221,36 @@ def run_item(target: Target, info: Any, variant: str, sample: Any, *, want_arbit
         phase("target")
         trace = None
         try:
-            s_dev = on_device(sample, dev)
-            wrapped = target.wrap(fn)
-            if target.compiler:  # compiled with no dispatch mode active; ops traced on an eager run
+            if computed is not None and target.compiler:  # the sample's share of a compiled batch
+                s_dev, result = computed.sample, computed.result
+                out.duration_s, out.proof = computed.duration_s, dict(computed.proof)
+                trace = _eager_trace(target, lambda: invoke(fn, variant, on_device(sample, dev), dev, out.cpu))
+            elif target.compiler:  # compiled with no dispatch mode active; ops traced on an eager run
+                s_dev = on_device(sample, dev)
+                wrapped = target.wrap(fn)
                 t0 = time.perf_counter()
                 result = invoke(wrapped, variant, s_dev, dev, out.cpu, sized_out=True)
                 target.synchronize()
                 out.duration_s = time.perf_counter() - t0
-                out.proof = _proof(target, result)
+                out.proof = proof(target, result)
                 trace = _eager_trace(target, lambda: invoke(
                     fn, variant, on_device(sample, dev), dev, out.cpu, sized_out=True))
             else:
+                s_dev = on_device(sample, dev)
+                wrapped = target.wrap(fn)
                 with target.trace() if traced else contextlib.nullcontext() as trace:
                     t0 = time.perf_counter()
                     result = invoke(wrapped, variant, s_dev, dev, out.cpu)
                     target.synchronize()
                     out.duration_s = time.perf_counter() - t0
-                out.proof = _proof(target, result)
+                out.proof = proof(target, result)
             out.device_meta = [Meta.of(x) for x in leaves(result) if isinstance(x, torch.Tensor)]
             out.device_result, out.device_sample = result, s_dev
             out.target = to_cpu(result)
             out.native, out.fallback, out.reached = _trace_of(trace)
         except Exception as exc:  # noqa: BLE001 - any target failure is evidence
             out.target_error = err(exc)
-            out.proof = out.proof or _proof(target, None)
+            out.proof = out.proof or proof(target, None)
             out.native, out.fallback, out.reached = _trace_of(trace)
             return out
     if want_arbiter and sample_dtype(sample) in _FLOAT_LOW:
@@ -293,7 +301,7 @@ def _eager_trace(target: Target, call: Callable[[], Any]) -> Any:
     return trace
 
 
-def _proof(target: Target, result: Any) -> dict[str, Any]:
+def proof(target: Target, result: Any) -> dict[str, Any]:
     """Evidence that ``target`` ran the item: the devices of its outputs and, for a compiler
     target, what its backend compiled."""
     devices = sorted({str(x.device) for x in leaves(result) if isinstance(x, torch.Tensor)})
@@ -358,17 +366,17 @@ def _sig(x: Any) -> str:
     return r if len(r) < 40 else r[:37] + "..."
 
 
-def _grad_inputs(sample: Any) -> list[torch.Tensor]:
+def grad_inputs(sample: Any) -> list[torch.Tensor]:
     return [x for x in leaves((sample.input, sample.args, sample.kwargs))
             if isinstance(x, torch.Tensor) and x.requires_grad]
 
 
-def _leafify(sample: Any, device: str | torch.device) -> Any:
+def leafify(sample: Any, device: str | torch.device) -> Any:
     return sample.transform(lambda t: t.detach().to(device, copy=True).requires_grad_(t.requires_grad)
                             if isinstance(t, torch.Tensor) else t)
 
 
-def _backward(fn: Callable[..., Any], sample: Any, upstream: list[torch.Tensor] | None, device: str | torch.device
+def backward_grads(fn: Callable[..., Any], sample: Any, upstream: list[torch.Tensor] | None, device: str | torch.device
               ) -> tuple[list[Any], list[torch.Tensor]]:
     out = fn(sample.input, *sample.args, **sample.kwargs)
     outs = [o for o in leaves(out) if isinstance(o, torch.Tensor) and o.requires_grad]
@@ -377,19 +385,20 @@ def _backward(fn: Callable[..., Any], sample: Any, upstream: list[torch.Tensor] 
     if upstream is None:
         gen = torch.Generator().manual_seed(len(outs))
         upstream = [torch.randn(o.shape, generator=gen, dtype=torch.float32).to(o.dtype) for o in outs]
-    grads = torch.autograd.grad(outs, _grad_inputs(sample), [g.to(device) for g in upstream], allow_unused=True)
+    grads = torch.autograd.grad(outs, grad_inputs(sample), [g.to(device) for g in upstream], allow_unused=True)
     return list(grads), upstream
 
 
-def run_backward(target: Target, info: Any, sample: Any) -> Outcome:
+def run_backward(target: Target, info: Any, sample: Any, *, computed: Any = None) -> Outcome:
     """Forward + backward of one sample (generated with requires_grad) on the CPU and on the
-    target, with the same upstream gradient; the results compared are the input gradients."""
+    target, with the same upstream gradient; the results compared are the input gradients.
+    ``computed``: the target's gradients from a compiled batch (see :func:`run_item`)."""
     out = Outcome()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         phase("cpu")
         try:
-            grads, upstream = _backward(info.op, _leafify(sample, "cpu"), None, "cpu")
+            grads, upstream = backward_grads(info.op, leafify(sample, "cpu"), None, "cpu")
             out.cpu = grads
         except Exception as exc:  # noqa: BLE001 - no CPU reference gradient: the item is skipped
             out.cpu_error = err(exc)
@@ -398,28 +407,34 @@ def run_backward(target: Target, info: Any, sample: Any) -> Outcome:
         trace = None
         phase("target")
         try:
-            s_dev = _leafify(sample, dev)
-            wrapped = target.wrap(info.op)
-            if target.compiler:  # see run_item: compiled untraced, ops traced on an eager run
+            if computed is not None and target.compiler:  # the sample's share of a compiled batch
+                s_dev, grads_dev = computed.sample, computed.result
+                out.duration_s, out.proof = computed.duration_s, dict(computed.proof)
+                trace = _eager_trace(target, lambda: backward_grads(info.op, leafify(sample, dev), upstream, dev))
+            elif target.compiler:  # see run_item: compiled untraced, ops traced on an eager run
+                s_dev = leafify(sample, dev)
+                wrapped = target.wrap(info.op)
                 t0 = time.perf_counter()
-                grads_dev, _ = _backward(wrapped, s_dev, upstream, dev)
+                grads_dev, _ = backward_grads(wrapped, s_dev, upstream, dev)
                 target.synchronize()
                 out.duration_s = time.perf_counter() - t0
-                out.proof = _proof(target, grads_dev)
-                trace = _eager_trace(target, lambda: _backward(info.op, _leafify(sample, dev), upstream, dev))
+                out.proof = proof(target, grads_dev)
+                trace = _eager_trace(target, lambda: backward_grads(info.op, leafify(sample, dev), upstream, dev))
             else:
+                s_dev = leafify(sample, dev)
+                wrapped = target.wrap(info.op)
                 with target.trace() as trace:
                     t0 = time.perf_counter()
-                    grads_dev, _ = _backward(wrapped, s_dev, upstream, dev)
+                    grads_dev, _ = backward_grads(wrapped, s_dev, upstream, dev)
                     target.synchronize()
                     out.duration_s = time.perf_counter() - t0
-                out.proof = _proof(target, grads_dev)
+                out.proof = proof(target, grads_dev)
             out.device_meta = [Meta.of(g) for g in grads_dev if isinstance(g, torch.Tensor)]
             out.device_result = grads_dev
             out.target = to_cpu(grads_dev)
             out.native, out.fallback, out.reached = _trace_of(trace)
         except Exception as exc:  # noqa: BLE001
             out.target_error = err(exc)
-            out.proof = out.proof or _proof(target, None)
+            out.proof = out.proof or proof(target, None)
             out.native, out.fallback, out.reached = _trace_of(trace)
     return out

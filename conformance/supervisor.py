@@ -29,6 +29,7 @@ from opdb import Store
 from opdb.corpus import TABLE as CORPUS_TABLE
 from opdb.store import now
 
+from .batching import BATCH_PHASE
 from .isolation import read_output
 from .kinds import TABLES, kind_of
 from .progress import Eta, Pricer, Snapshot
@@ -160,6 +161,11 @@ def start_worker_server() -> None:
                              f"({exc}); set TMPDIR to a shorter directory, e.g. TMPDIR=/tmp") from None
 
 
+#: A compiled batch may take this many item timeouts before its worker is killed (it compiles
+#: up to ``--compile-batch`` samples' calls at once).
+BATCH_TIMEOUT_FACTOR = 4
+
+
 @dataclass
 class _Slot:
     proc: Any
@@ -207,6 +213,7 @@ class Supervisor:
         self.sink = sink or (lambda row, table: self.writers[table].add(row))
         self.slots: list[_Slot] = []
         self.crash_safe: set[str] = set()  # schema groups whose CPU reference killed a worker
+        self.unbatched: set[str] = set()  # groups whose compiled batch killed or hung a worker
         self.kind_done: collections.Counter[str] = collections.Counter()
         self.groups_done = 0
         self._last_progress = 0.0
@@ -245,10 +252,11 @@ class Supervisor:
         slot.conn.send((group, self._skip(group, set())))
 
     def _skip(self, group: Group, seen: set[str]) -> Skip:
+        batch = group.key not in self.unbatched
         if self.only is not None:
-            return Skip(frozenset(seen), only=self.only.get(group.key, frozenset()))
+            return Skip(frozenset(seen), only=self.only.get(group.key, frozenset()), batch=batch)
         return Skip(frozenset(self.done.get(group.key, ())) | frozenset(seen),
-                    crash_safe=group.key in self.crash_safe, replay=self.corpus.get(group.key))
+                    crash_safe=group.key in self.crash_safe, replay=self.corpus.get(group.key), batch=batch)
 
     def _restart(self, slot: _Slot) -> _Slot:
         """Replace a dead or killed worker; it continues the same group after the bad item."""
@@ -353,6 +361,8 @@ class Supervisor:
         elif kind == "start":
             slot.inflight, slot.since, slot.phase = payload, time.monotonic(), ""
         elif kind == "phase":
+            if payload == BATCH_PHASE or slot.phase == BATCH_PHASE:
+                slot.since = time.monotonic()  # a batch has its own time limit, and the item after it too
             slot.phase = payload
         elif kind == "row":
             slot.seen.add(payload["item_key"])
@@ -381,6 +391,9 @@ class Supervisor:
         code = slot.proc.exitcode
         if slot.group is None and slot.inflight is None and not self.queue:
             slot.proc = None
+            return
+        if slot.inflight is not None and slot.phase == BATCH_PHASE:
+            self._batch_failed(i)
             return
         if slot.inflight is not None:
             why = f"signal {-code} ({signal.Signals(-code).name})" if code is not None and code < 0 else f"exit code {code}"
@@ -418,6 +431,17 @@ class Supervisor:
                                  + (f": {last[0].strip()[:300]}" if last else ""))
         self.slots[i] = self._restart(slot)
 
+    def _batch_failed(self, i: int) -> None:
+        """A compiled batch killed or hung the worker: no item is to blame (each sample still
+        runs, on its own). The group continues in a new worker, unbatched, from the item that
+        was about to run."""
+        slot = self.slots[i]
+        assert slot.group is not None
+        self.unbatched.add(slot.group.key)
+        read_output(slot.output)  # what the batch printed belongs to no item
+        slot.inflight, slot.phase = None, ""
+        self.slots[i] = self._restart(slot)
+
     def _check_timeout(self, i: int) -> None:
         slot = self.slots[i]
         if slot.proc is None or slot.inflight is None:
@@ -426,7 +450,11 @@ class Supervisor:
         # a crash-safe search forks twice per input: it gets a multiple of the item's time
         limit = self.spec.timeout_s * (kind_of(slot.group).crash_safe_factor
                                        if slot.group is not None and slot.group.key in self.crash_safe else 1)
-        if elapsed > limit:
+        if slot.phase == BATCH_PHASE and elapsed > self.spec.timeout_s * BATCH_TIMEOUT_FACTOR:
+            self._kill(slot)
+            self._batch_failed(i)
+            return
+        if slot.phase != BATCH_PHASE and elapsed > limit:
             assert slot.group is not None
             self._kill(slot)
             self._synthetic(slot.group, slot.inflight,

@@ -22,6 +22,8 @@ from typing import Any
 import torch
 
 from . import comparators, contracts
+from .batching import DEFAULT_SIZE as DEFAULT_BATCH
+from .batching import OpBatches
 from .compare import arbitrate, compare, leaves
 from .execute import run_backward, run_item, signature, trace_changes_cpu
 from .fingerprint import fingerprint
@@ -42,6 +44,9 @@ class SweepConfig:
     max_samples: int | None = None  # per group; None = all
     model_modes: tuple[str, ...] = ("eager", "compile")  # model items per graph
     contracts: tuple[str, ...] = ("default",)  # see conformance.contracts.parse_contracts
+    # samples per compiled graph on a compiler target that can batch them (1: each item compiles
+    # its own; see conformance.batching)
+    compile_batch: int = DEFAULT_BATCH
 
     def describe(self) -> dict[str, Any]:
         """The settings as JSON values (the ledger, a loaded file, aside)."""
@@ -57,11 +62,32 @@ def evaluate(target: Target, info: Any, op: str, variant: str, dtype: str, index
 
 
 def _evaluate(target: Target, info: Any, op: str, variant: str, dtype: str, index: int, sample: Any,
-              config: SweepConfig, peer: dict[str, Any] | None) -> tuple[dict[str, Any], Any]:
+              config: SweepConfig, peer: dict[str, Any] | None, batches: OpBatches | None = None
+              ) -> tuple[dict[str, Any], Any]:
+    computed = None
+    if batches is not None:
+        computed = batches.get(variant, info.op if variant == "backward" else variant_fn(info, variant), index)
+    row, out = _decided(target, info, op, variant, dtype, index, sample, config, peer,
+                        batches if computed is not None else None, computed)
+    if computed is not None and not Status(row["status"]).passed and row["status"] != Status.SKIP.value:
+        # A batched result that does not pass is not the verdict yet: the sample runs alone, as
+        # a user would call it, and that decides (a compiler may treat an op differently beside
+        # other samples' ops in one graph).
+        in_batch = f"{row['status']}: {row.get('error') or ''}"[:300]
+        row, out = _decided(target, info, op, variant, dtype, index, sample, config, peer, None, None)
+        row["proof"] = {**(row.get("proof") or {}), "batch": {
+            "samples": computed.proof["batch"]["samples"], "alone": True, "in_batch": in_batch}}
+    return row, out
+
+
+def _decided(target: Target, info: Any, op: str, variant: str, dtype: str, index: int, sample: Any,
+             config: SweepConfig, peer: dict[str, Any] | None, batches: OpBatches | None, computed: Any
+             ) -> tuple[dict[str, Any], Any]:
     xfail = config.ledger.expected_failure(op, variant, dtype, target.name)
     kind = comparators.comparator_for(op)
     start = time.perf_counter()
-    out = run_backward(target, info, sample) if variant == "backward" else run_item(target, info, variant, sample)
+    out = (run_backward(target, info, sample, computed=computed) if variant == "backward"
+           else run_item(target, info, variant, sample, computed=computed))
     # Tolerances follow the dtype of the result: exp of an int64 tensor is a float and is not
     # compared exactly.
     tol = config.ledger.tolerance(op, variant, _result_dtype(out.cpu, dtype), target.name)
@@ -94,7 +120,7 @@ def _evaluate(target: Target, info: Any, op: str, variant: str, dtype: str, inde
         if wanted:
             fn = info.op if variant == "backward" else variant_fn(info, variant)
             subject = contracts.Subject(target, info, variant, dtype, index, sample, fn, out, tol.atol, tol.rtol,
-                                        per_tensor, kind, peer)
+                                        per_tensor, kind, peer, batches)
             checks = contracts.check(subject, wanted)
     elif out.target_error is not None:
         error = out.target_error
@@ -193,16 +219,23 @@ def run_group(target: Target, group: Group, config: SweepConfig, *, skip: Contai
     """Yield a row per item of ``group``; items whose key is in ``skip`` are not run.
 
     ``on_start(key)`` is called before each item executes, so a supervisor knows which item was
-    in flight if the process dies.
+    in flight if the process dies. On a compiler target that can, the function and backward
+    samples are compiled a batch at a time (:mod:`conformance.batching`), unless ``skip`` says
+    a batch of this group killed a worker (``Skip.batch``).
     """
     info = by_name()[group.op]
     dtype = getattr(torch, group.dtype)
     variants = plan(info, config)
+    batching = _batching(target, group, config, skip)
     try:
-        gen = samples(info, dtype, thorough=config.thorough, seed=config.seed)
-        for index, sample in enumerate(gen):
-            if config.max_samples is not None and index >= config.max_samples:
-                break
+        gen = _taken(samples(info, dtype, thorough=config.thorough, seed=config.seed), config.max_samples, batching)
+        batches = None
+        if batching:
+            wanted = contracts.parse_contracts(config.contracts, target)
+            repeat = range(contracts.DETERMINISM_SAMPLES) if "determinism" in wanted else ()
+            batches = OpBatches(target, info, {v: {i: s for i, s in gen.ready if str(group.item(v, i)) not in skip}
+                                               for v in variants}, size=config.compile_batch, repeat=repeat)
+        for index, sample in gen:
             peer = None  # the function variant's results, for the other variants' "variants" contract
             for variant in variants:
                 key = str(group.item(variant, index))
@@ -211,7 +244,8 @@ def run_group(target: Target, group: Group, config: SweepConfig, *, skip: Contai
                 if on_start:
                     on_start(key)
                 try:
-                    row, out = _evaluate(target, info, group.op, variant, group.dtype, index, sample, config, peer)
+                    row, out = _evaluate(target, info, group.op, variant, group.dtype, index, sample, config, peer,
+                                         batches)
                 except Exception as exc:  # noqa: BLE001 - the harness failed on this item, not the sample generator
                     yield harness_error(group, variant, index, exc, config)
                     continue
@@ -219,17 +253,19 @@ def run_group(target: Target, group: Group, config: SweepConfig, *, skip: Contai
                     peer = {"cpu": out.cpu, "target": out.target, "arbiter": out.arbiter_result}
                 yield row
         if wants_backward(info, config, group.dtype):
-            gen = samples(info, dtype, thorough=config.thorough, seed=config.seed, requires_grad=True)
-            for index, sample in enumerate(gen):
-                if config.max_samples is not None and index >= config.max_samples:
-                    break
+            gen = _taken(samples(info, dtype, thorough=config.thorough, seed=config.seed, requires_grad=True),
+                         config.max_samples, batching)
+            if batches is not None:
+                batches.samples["backward"] = {i: s for i, s in gen.ready if str(group.item("backward", i)) not in skip}
+            for index, sample in gen:
                 key = str(group.item("backward", index))
                 if key in skip:
                     continue
                 if on_start:
                     on_start(key)
                 try:
-                    row = evaluate(target, info, group.op, "backward", group.dtype, index, sample, config)
+                    row = _evaluate(target, info, group.op, "backward", group.dtype, index, sample, config, None,
+                                    batches)[0]
                 except Exception as exc:  # noqa: BLE001
                     row = harness_error(group, "backward", index, exc, config)
                 yield row
@@ -239,6 +275,45 @@ def run_group(target: Target, group: Group, config: SweepConfig, *, skip: Contai
             yield {"item_key": key, "op": group.op, "variant": "function", "dtype": group.dtype, "sample": -1,
                    "status": decide_unrun("cpu").value, "error": f"sample generation failed: {type(exc).__name__}: {exc}"[:2000],
                    "duration_s": 0.0, "seed": config.seed}
+
+
+def _batching(target: Target, group: Group, config: SweepConfig, skip: Container[str]) -> bool:
+    """Whether this group's samples are compiled in batches: a target that can batch, a batch
+    size above 1, not after a batch of this group killed a worker, and not a random op (one RNG
+    stream would run through every sample of a batch)."""
+    return (target.batchable and config.compile_batch > 1 and getattr(skip, "batch", True)
+            and comparators.comparator_for(group.op) != "random")
+
+
+class _taken:
+    """``(index, sample)`` of a sample generator up to ``limit``. ``ready``: when batching, every
+    sample generated up front (a batch needs them all); a generator failure is raised after the
+    samples before it, as a lazy walk would."""
+
+    def __init__(self, gen: Iterator[Any], limit: int | None, eager: bool) -> None:
+        self.gen, self.limit = gen, limit
+        self.ready: list[tuple[int, Any]] = []
+        self.failure: Exception | None = None
+        if eager:
+            try:
+                for index, sample in enumerate(gen):
+                    if limit is not None and index >= limit:
+                        break
+                    self.ready.append((index, sample))
+            except Exception as exc:  # noqa: BLE001 - raised where the lazy walk would raise it
+                self.failure = exc
+            self.gen = None
+
+    def __iter__(self) -> Iterator[tuple[int, Any]]:
+        if self.gen is None:
+            yield from self.ready
+            if self.failure is not None:
+                raise self.failure
+            return
+        for index, sample in enumerate(self.gen):
+            if self.limit is not None and index >= self.limit:
+                return
+            yield index, sample
 
 
 def _arbiter(out: Any, peer: dict[str, Any] | None) -> Any:

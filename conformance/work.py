@@ -90,11 +90,14 @@ class Skip:
     schema search) pre-flights each input in a forked child.
     ``replay``: what earlier runs stored for this group, to replay before searching (the schema
     search's corpus entry, a ``schema_corpus`` row); None: nothing stored, or the corpus is off.
+    ``batch``: False once a compiled batch of this group's samples killed or hung a worker
+    (:mod:`conformance.batching`): its items then compile one at a time.
     """
 
     done: frozenset[str] = frozenset()
     only: frozenset[str] | None = None
     crash_safe: bool = False
+    batch: bool = True
     replay: dict[str, Any] | None = field(default=None, compare=False, repr=False)
 
     def __contains__(self, key: object) -> bool:

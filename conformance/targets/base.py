@@ -143,6 +143,10 @@ class Target:
     # eager target, ``conformance.contracts.COMPILER_DEFAULT`` on a compiler target). A target
     # whose results cannot carry a contract leaves it out (an ONNX value has no strides).
     default_contracts: ClassVar[tuple[str, ...] | None] = None
+    # A compiler target whose one compiled graph can run many samples of an op x dtype, each
+    # item taking its own result from it (:mod:`conformance.batching`); its evidence must let
+    # :meth:`batch_problem` tell that every sample was compiled.
+    batchable: ClassVar[bool] = False
 
     def __init__(self, build: str | BuildRef | None = None) -> None:
         self.ref = BuildRef.parse(build)  # what was asked for
@@ -167,6 +171,15 @@ class Target:
 
     def compiled(self) -> Compiled | None:
         """What the backend compiled since the last :meth:`wrap` (None: not a compiler target)."""
+        return None
+
+    def batch_problem(self, record: Compiled) -> str | None:
+        """Why a batch's compiled call cannot stand for each of its samples (None: it can): it
+        must have compiled exactly one graph and broken none, so that no sample's call ran eager
+        between graphs."""
+        if record.graphs != 1 or record.graph_breaks:
+            return (f"{record.graphs} graphs, {record.graph_breaks} graph breaks"
+                    + (f" ({'; '.join(record.break_reasons[:2])})" if record.break_reasons else ""))
         return None
 
     def synchronize(self) -> None:

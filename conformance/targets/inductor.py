@@ -50,6 +50,7 @@ class CompilerTarget(Target):
     """A ``torch.compile`` backend on the CPU, compared with eager CPU."""
 
     compiler = True
+    batchable = True
     device = "cpu"
     backend_name = ""
 

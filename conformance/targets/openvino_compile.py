@@ -71,6 +71,10 @@ class OpenVinoTarget(CompilerTarget):
     name = "openvino"
     description = "torch.compile(backend='openvino') on OpenVINO's CPU device vs eager CPU"
     backend_name = "openvino"
+    # Not batched: OpenVINO runs a failing subgraph, or ops it cannot convert, in PyTorch per
+    # partition, and the fallback an item reports is read from the latest compiled record. In a
+    # batch one sample's hand-off would be every sample's.
+    batchable = False
 
     def setup(self) -> None:
         try:
