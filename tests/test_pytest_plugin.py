@@ -4,13 +4,24 @@ from __future__ import annotations
 
 import pytest
 
+from neuron_emu import _build
 from opdb import Store
 
+EMU_CACHE = _build.cache_root()  # at import, while HOME is still the user's
 pytest_plugins = ["pytester"]
 
 
+@pytest.fixture
+def emu_cache(monkeypatch):
+    """pytester points HOME at a temporary folder, and with it the emulator's default build
+    cache (~/.cache/neuron_emu): each run JIT-built the C++ core again (~45 s of g++). The runs
+    share this process's cache instead (first-use builds are tested in test_emu_build.py), read
+    before pytester moves HOME."""
+    monkeypatch.setenv("NEURON_EMU_CACHE", str(EMU_CACHE))
+
+
 @pytest.mark.parametrize("xdist", [False, True])
-def test_plugin_collects_runs_and_records(pytester, tmp_path, xdist):
+def test_plugin_collects_runs_and_records(emu_cache, pytester, tmp_path, xdist):
     db = tmp_path / "pt.sqlite"
     args = ["-p", "no:cacheprovider", "--conformance-target", "neuron-emu", "--conformance-build", "2.33.0",
             "--conformance-ops", "cumsum", "--conformance-ops", "abs", "--conformance-dtypes", "float32,bfloat16",

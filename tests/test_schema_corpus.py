@@ -176,11 +176,16 @@ def test_a_damaged_entry_is_ignored_with_a_note_and_replaced(clean, cold_clean, 
 
 
 def test_a_crash_safe_rerun_searches(clean, cold_clean, monkeypatch):
+    """What is under test is the corpus's decision: with an entry stored, a crash-safe re-run
+    searches again (crash-safe), never replays. The search it asks for runs without its forks
+    (two per input: 120 s for this overload; the crash-safe search itself is tested in
+    test_schema_inputs.py), and the entry it stores is still marked crash-safe."""
     searched = []
     real = search._search
-    monkeypatch.setattr(search, "_search", lambda *a, **k: searched.append(k) or real(*a, **k))
+    monkeypatch.setattr(search, "_search", lambda *a, **k: searched.append(k) or real(*a, **{**k, "crash_safe": False}))
     _, side = _run(clean(), _stored(cold_clean[1]), crash_safe=True)
     assert side["how"] == "searched" and side["why"] == "crash-safe re-run" and searched[0]["crash_safe"]
+    assert corpus.decode(_stored(side)).crash_safe
 
 
 OPS = ("aten::_add_relu.Tensor", "aten::values_copy.default")
