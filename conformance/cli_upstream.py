@@ -46,7 +46,7 @@ def upstream_cmd(db_path: str, run_id: str, source: str, dtype: str, as_json: bo
         if run is None:
             raise UsageProblem(f"{db_path}: no run {run_id!r}")
         pairs = upstream.statuses_by_pair(matrix_cells(st, run_id))
-    rows = upstream.triage(pairs, source=source, dtype=dtype)
+    rows = upstream.triage(pairs, source=source, dtype=dtype, target=run.get("target"))
     found, denominator = upstream.recall(rows)
     unknown = [(op, dt, s) for op, dt, s in upstream.unknown_findings(pairs, source=source) if dt == dtype]
     src = next(e.source for e in upstream.expectations() if e.source.name == source)

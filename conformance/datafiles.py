@@ -210,6 +210,12 @@ class Checked:
     outcome: str
     reason: str
     evidence: str
+    # the targets the note holds for (empty: every target); e.g. a failure only Inductor's
+    # implicit_fallbacks=False shows is untestable on ``inductor`` and testable on ``inductor-strict``
+    targets: tuple[str, ...] = ()
+
+    def holds_for(self, target: str | None) -> bool:
+        return not self.targets or target is None or target in self.targets
 
 
 def _choice(path: Path, key: str, value: object, accepted: tuple[str, ...]) -> str:
@@ -269,7 +275,8 @@ def upstream_checks(path: Path = UPSTREAM_TRIAGE, facts: Path = UPSTREAM_INDUCTO
     out: dict[tuple[str, str, str], Checked] = {}
     for i, raw in enumerate(tables):
         where = f"check[{i}]"
-        e = _keys(path, where, raw, {"source", "ops", "dtype", "outcome", "reason", "evidence"})
+        e = _keys(path, where, raw, {"source", "ops", "dtype", "outcome", "reason", "evidence"}, {"targets"})
+        targets = _names(path, f"{where}.targets", e["targets"]) if "targets" in e else ()
         outcome = _choice(path, f"{where}.outcome", e["outcome"], UPSTREAM_CHECKED)
         dtype = _choice(path, f"{where}.dtype", e["dtype"], UPSTREAM_DTYPES)
         for op in _names(path, f"{where}.ops", e["ops"]):
@@ -280,5 +287,5 @@ def upstream_checks(path: Path = UPSTREAM_TRIAGE, facts: Path = UPSTREAM_INDUCTO
             if key in out:
                 raise _bad(path, f"{where}.ops", op, "an op checked once per source and dtype")
             out[key] = Checked(e["source"], op, dtype, outcome, _text(path, f"{where}.reason", e["reason"]),
-                               _text(path, f"{where}.evidence", e["evidence"]))
+                               _text(path, f"{where}.evidence", e["evidence"]), targets)
     return out

@@ -61,11 +61,13 @@ def _failing(statuses: Mapping[str, int]) -> bool:
 
 
 def triage(pairs: Mapping[tuple[str, str], Mapping[str, int]], *, source: str = "newest", dtype: str = "float32",
-           device: str = "cpu") -> list[TriageRow]:
+           device: str = "cpu", target: str | None = None) -> list[TriageRow]:
     """Every upstream-known failure of ``source`` in ``dtype`` on ``device``, triaged against a
-    run's statuses (``pairs``: see :func:`statuses_by_pair`). A stale or untestable note wins:
-    the upstream failure does not hold (or cannot be seen) outside the harness, so a failing
-    status of the run there has another cause and is no re-finding (the row still shows it)."""
+    run's statuses (``pairs``: see :func:`statuses_by_pair`) on ``target``. A stale or untestable
+    note wins where it holds for the target: the upstream failure does not hold (or cannot be
+    seen) outside the harness, so a failing status of the run there has another cause and is no
+    re-finding (the row still shows it). A note scoped to other targets (untestable on
+    ``inductor``, where only ``implicit_fallbacks=False`` shows it) does not apply."""
     if source not in {e.source.name for e in expectations()}:
         raise DataFileError(f"{EXPECTATIONS}: no source {source!r}; expected one of "
                             f"{', '.join(sorted({e.source.name for e in expectations()}))}")
@@ -75,6 +77,7 @@ def triage(pairs: Mapping[tuple[str, str], Mapping[str, int]], *, source: str = 
                      and e.device == device), key=lambda e: e.op):
         st = dict(pairs.get((e.op, dtype), {}))
         note = notes.get((source, e.op, dtype))
+        note = note if note is not None and note.holds_for(target) else None
         why = note.reason if note else e.reason
         if note and note.outcome in ("stale", "untestable"):
             outcome = note.outcome  # shown outside the harness: a failing status here has another cause

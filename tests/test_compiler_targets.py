@@ -107,6 +107,19 @@ def test_inductor_names_the_kernels_it_does_not_lower():
     assert row["proof"]["fallback_kernels"] == ["aten::cumsum.default"]
 
 
+def test_inductor_strict_fails_where_inductor_falls_back_to_a_kernel():
+    """upstream's setting (implicit_fallbacks=False): cholesky has no lowering (nor an explicit
+    fallback, as cumsum has), so what the inductor target passes with a fallback kernel is a
+    compile error naming the missing lowering, as upstream's expected-failure list says."""
+    (row,) = _sweep(get_target("inductor-strict"), ["cholesky"])
+    assert row["status"] == "error" and "MissingOperatorWithoutDecomp" in row["error"], row["error"]
+    assert row["proof"]["graphs"] >= 1
+    (fallback,) = _sweep(get_target("inductor"), ["cholesky"])
+    assert fallback["status"] == "pass" and "aten::cholesky.default" in fallback["proof"]["fallback_kernels"]
+    (ok,) = _sweep(get_target("inductor-strict"), ["sin"])
+    assert ok["status"] == "pass" and ok["proof"]["backend"] == "inductor"
+
+
 def test_a_backend_that_perturbs_sin_is_caught_as_a_mismatch(registered):
     rows = _sweep(get_target("test-perturb-sin"), ["sin", "cos", "abs"], variants=("function", "inplace"))
     by_op = {}

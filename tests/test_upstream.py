@@ -96,6 +96,26 @@ def test_triage_outcomes_and_recall():
         upstream.triage(pairs, source="nope")
 
 
+def test_a_note_scoped_to_a_target_leaves_other_targets_to_their_statuses():
+    """'Missing lowering' failures are untestable on the inductor target (implicit fallbacks
+    on), and re-found or missed by the statuses of an inductor-strict run."""
+    pairs = {("cholesky", "float32"): {"error": 4}, ("normal", "float32"): {"pass": 3}}
+    on = {r.op: r for r in upstream.triage(pairs, source="newest", dtype="float32", target="inductor")}
+    assert on["cholesky"].outcome == on["normal"].outcome == "untestable"
+    strict = {r.op: r for r in upstream.triage(pairs, source="newest", dtype="float32", target="inductor-strict")}
+    assert strict["cholesky"].outcome == "re-found" and strict["normal"].outcome == "missed"
+    assert strict["multinomial"].outcome == "stale"  # unscoped notes hold for every target
+    assert upstream.checked()[("newest", "cholesky", "float32")].targets == ("inductor",)
+
+
+def test_bad_note_targets_are_one_error(tmp_path):
+    path = tmp_path / "t.toml"
+    path.write_text('[[check]]\nsource = "newest"\nops = ["cholesky"]\ndtype = "float32"\noutcome = "untestable"\n'
+                    'reason = "r"\nevidence = "e"\ntargets = "inductor"\n')
+    with pytest.raises(DataFileError, match=r"check\[0\]\.targets.*'inductor'"):
+        upstream.checked(path)
+
+
 def _db(tmp_path):
     path = tmp_path / "u.sqlite"
     with Store.open(path) as st:

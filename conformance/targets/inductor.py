@@ -142,6 +142,33 @@ class InductorTarget(CompilerTarget):
             return compile_fx(gm, example_inputs, inner_compile=inner)
 
 
+@register
+class InductorStrictTarget(InductorTarget):
+    """Inductor as PyTorch's own Inductor OpInfo tests configure it (``implicit_fallbacks=False``,
+    ``test/inductor/test_torchinductor_opinfo.py``): an op Inductor has no lowering for is a
+    compile error ("missing lowering") instead of a call of its ATen kernel. What the default
+    ``inductor`` target records as ``proof.fallback_kernels`` fails here, so its findings are the
+    ones upstream's expected-failure lists are written against."""
+
+    name = "inductor-strict"
+    description = "torch.compile(backend='inductor') with implicit_fallbacks=False (upstream's OpInfo test setting) vs eager CPU"
+
+    def setup(self) -> None:
+        super().setup()
+        if self.ref.is_default:
+            self.build = f"inductor-strict-{torch.__version__}"
+
+    def repro_setup(self) -> tuple[str, str]:
+        return ("import torch._inductor.config\ntorch._inductor.config.implicit_fallbacks = False",
+                "torch.compile({fn}, backend='inductor', dynamic=False)")
+
+    def compile_graph(self, gm: torch.fx.GraphModule, example_inputs: list[Any], record: Compiled) -> Callable[..., Any]:
+        import torch._inductor.config
+
+        with torch._inductor.config.patch(implicit_fallbacks=False):
+            return super().compile_graph(gm, example_inputs, record)
+
+
 @contextlib.contextmanager
 def _seeded_outside() -> Iterator[None]:
     """OpInfo's random ops call their op through ``wrapper_set_seed`` (freeze the RNG state, seed
