@@ -21,6 +21,9 @@ from opdb import OpdbError, Store
 from opdb.cli import merge_cmd
 
 EXIT_OK = 0
+#: The targets ``--target`` takes, as every command's help names them (kept as text: the command
+#: line must answer --help without importing torch; tests/test_cli.py holds it to the registry).
+TARGETS = "neuron-emu | inductor | inductor-strict | onnxruntime | openvino | cuda | cpu | device:TYPE"
 EXIT_FAILURES = 1
 EXIT_USAGE = 2
 

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from .cli import EXIT_FAILURES, EXIT_OK, EXIT_USAGE, UsageProblem, check_build, handles_errors, main
+from .cli import EXIT_FAILURES, EXIT_OK, EXIT_USAGE, TARGETS, UsageProblem, check_build, handles_errors, main
 
 
 @main.command("audit")
@@ -19,7 +19,7 @@ from .cli import EXIT_FAILURES, EXIT_OK, EXIT_USAGE, UsageProblem, check_build, 
               help="An extra input-shape set for the compile shape sweep, same syntax "
                    "(several inputs separated by ';'); repeatable.")
 @click.option("--target", "target_name", default="neuron-emu", show_default=True,
-              help="neuron-emu | inductor | onnxruntime | openvino | cuda | cpu | device:TYPE (as for conformance run).")
+              help=f"{TARGETS} (as for conformance run).")
 @click.option("--build", default=None, help="Target build (name or manifest path; default: the newest).")
 @click.option("--train", is_flag=True, help="Also compare parameter gradients and a 3-step SGD run.")
 @click.option("--db", "db_path", type=click.Path(dir_okay=False), default=None,

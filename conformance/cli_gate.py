@@ -10,7 +10,7 @@ import click
 
 from opdb import Store
 
-from .cli import EXIT_FAILURES, EXIT_OK, EXIT_USAGE, check_build, db_option, handles_errors, main
+from .cli import EXIT_FAILURES, EXIT_OK, EXIT_USAGE, TARGETS, check_build, db_option, handles_errors, main
 from .cli_sweep import ledger_group
 from .gate_limits import CONFIRM_BUDGET_S, MAX_RERUNS  # not .gate: it imports torch
 
@@ -108,7 +108,7 @@ def ledger_stale(ledger_path: str | None, n_runs: int, target: str | None, db_pa
 
 @main.command("nightly")
 @click.option("--target", default="neuron-emu", show_default=True,
-              help="neuron-emu | inductor | onnxruntime | openvino | cuda | cpu | device:TYPE (as for conformance run).")
+              help=f"{TARGETS} (as for conformance run).")
 @click.option("--build", "builds", multiple=True, help="Build(s) to run, oldest first (default: all shipped).")
 @click.option("--ops", "ops", multiple=True, metavar="GLOB",
               help="OpInfo name or aten:: overload globs (repeatable; default: every op, schema search included).")

@@ -14,6 +14,7 @@ from .cli import (
     EXIT_FAILURES,
     EXIT_OK,
     EXIT_USAGE,
+    TARGETS,
     UsageProblem,
     check_build,
     db_option,
@@ -24,7 +25,7 @@ from .cli import (
 
 @main.command("run")
 @click.option("--target", default="neuron-emu", show_default=True,
-              help="neuron-emu | inductor | inductor-strict | onnxruntime | openvino | cuda | cpu | device:TYPE (any device type torch knows, see --import)")
+              help=f"{TARGETS} (any device type torch knows, see --import)")
 @click.option("--import", "imports", multiple=True, metavar="MODULE",
               help="Import this module first, in the supervisor and every worker (repeatable), "
                    "e.g. --target device:neuron --import neuron_emu.")

@@ -50,6 +50,7 @@ class Summary:
     session_items: int = 0  # of which run in this session
     interrupted: bool = False
     graphs: int = 0  # graphs a compiler target compiled (this session)
+    batched: int = 0  # items whose result came from a compiled batch (conformance.batching)
     uncompiled: int = 0  # items of a compiler target that compiled none (this session)
     compiler: bool = False  # some item carried a compiler's proof
     # schema searches of this session: "replayed" / "searched" (from the corpus or not), and why
@@ -72,7 +73,8 @@ class Summary:
             if self.counts.get(status.value):
                 lines.append(f"  {status.value:<18}{self.counts[status.value]:>8}")
         if self.compiler:
-            lines.append(f"compiled graphs: {self.graphs} ({self.uncompiled} items compiled none)")
+            lines.append(f"compiled graphs: {self.graphs} ({self.uncompiled} items compiled none"
+                         + (f"; {self.batched} items from batches" if self.batched else "") + ")")
         if self.corpus:
             why = "; ".join(f"{n} {w}" for w, n in self.corpus_why.most_common())
             lines.append(f"schema search: {self.corpus['replayed']} overloads replayed from the corpus, "
@@ -274,10 +276,14 @@ class Supervisor:
         self.summary.items += 1
         self.summary.session_items += 1
         self.summary.op_time[row.get("op") or row.get("model_id") or "?"] += row.get("duration_s") or 0.0
-        graphs = (row.get("proof") or {}).get("graphs")
+        proof = row.get("proof") or {}
+        graphs = proof.get("graphs")
         if graphs is not None:
             self.summary.compiler = True
-            self.summary.graphs += graphs
+            batch = proof.get("batch") if not (proof.get("batch") or {}).get("alone") else None
+            # a batch's graph is every one of its items' proof: counted once, at its first sample
+            self.summary.graphs += graphs if batch is None or batch.get("first") == row.get("sample") else 0
+            self.summary.batched += batch is not None
             self.summary.uncompiled += graphs == 0
 
     def _corpus(self, side: dict[str, Any] | None) -> None:

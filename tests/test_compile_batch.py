@@ -5,6 +5,7 @@ kills its worker blames no item. Mostly on ``aot_eager`` (no C++ build), float32
 
 from __future__ import annotations
 
+import json
 import sqlite3
 
 import pytest
@@ -174,7 +175,7 @@ def test_op_batches_run_the_cpu_rejected_samples_alone(registered):
 
 
 def test_a_batch_that_kills_its_worker_blames_no_item(tmp_path):
-    spec = RunSpec(target="test-batch-crash", imports=("batch_crash_target",), ops=("exp",), dtypes=("float32",),
+    spec = RunSpec(target="test-batch-crash", imports=("batch_targets",), ops=("exp",), dtypes=("float32",),
                    workers=1, max_samples=3, variants=("function",), compile_batch=4)
     summary = execute_run(spec, tmp_path / "r.sqlite")
     assert summary.infra is None
@@ -182,6 +183,18 @@ def test_a_batch_that_kills_its_worker_blames_no_item(tmp_path):
         "select item_key, status, proof from op_results where variant = 'function' and op = 'exp'").fetchall()
     assert sorted((k, s) for k, s, _ in rows) == [(f"exp|function|float32|{i}", "pass") for i in range(3)]
     assert all('"batch"' not in p for _, _, p in rows)  # each compiled alone after the batch's death
+
+
+def test_a_run_through_the_workers_counts_a_batch_graph_once(tmp_path):
+    spec = RunSpec(target="test-worker-aot-eager", imports=("batch_targets",), ops=("exp",), dtypes=("float32",),
+                   workers=1, max_samples=3, variants=("function",), compile_batch=4)
+    summary = execute_run(spec, tmp_path / "r.sqlite")
+    proofs = [json.loads(p) for (p,) in sqlite3.connect(tmp_path / "r.sqlite").execute(
+        "select proof from op_results where variant = 'function' and op = 'exp'")]
+    assert [p["batch"]["samples"] for p in proofs] == [3, 3, 3] and all(p["graphs"] == 1 for p in proofs)
+    canaries = summary.items - 3  # canary groups of one or two samples
+    assert summary.batched >= 3 and summary.graphs <= 1 + canaries < summary.items
+    assert f"{summary.batched} items from batches" in summary.render()
 
 
 def test_compile_batch_is_checked_and_the_cli_default_is_the_library_default():

@@ -1,6 +1,7 @@
-"""A compiler target whose backend kills its process when it compiles a batch of samples
-(conformance.batching), imported by a run through ``--import`` (tests/test_compile_batch.py): the
-supervisor must blame no item and run the group on, unbatched."""
+"""Compiler targets for runs through the workers, registered by ``--import batch_targets``
+(tests/test_compile_batch.py): ``aot_eager`` as it is, and one whose backend kills its process
+when it compiles a batch of samples (conformance.batching): the supervisor must blame no item
+and run the group on, unbatched."""
 
 from __future__ import annotations
 
@@ -9,6 +10,12 @@ import signal
 
 from conformance.targets.base import register
 from conformance.targets.inductor import CompilerTarget
+
+
+@register
+class WorkerAotEager(CompilerTarget):
+    name = "test-worker-aot-eager"
+    backend_name = "aot_eager"
 
 
 @register
