@@ -100,8 +100,9 @@ class Batch:
 
     def run(self) -> None:
         indices = sorted(self.samples)
-        for start in range(0, len(indices), self.size):
-            chunk = tuple(indices[start:start + self.size])
+        chunks = -(-len(indices) // self.size)  # as few batches as the size allows, of even sizes
+        for k in range(chunks):
+            chunk = tuple(indices[k * len(indices) // chunks:(k + 1) * len(indices) // chunks])
             if len(chunk) > 1 and not self._attempt(chunk):
                 self._bisect(chunk)
 

@@ -1,0 +1,102 @@
+"""Do a run's findings reproduce outside the harness? The hand check of a backend's findings.
+
+Picks up to ``--limit`` failing items of a run (one per op x variant, failing statuses only,
+canaries left out; ``--not-upstream`` leaves out op x dtype pairs that PyTorch's own Inductor
+expectations already list), writes each one's standalone script with ``conformance repro``
+(torch only: no harness code runs in it), runs it in a fresh interpreter, and prints per
+finding whether the script reproduces it (exit 1: the difference is real, outside the harness)
+or not (exit 0: a harness false alarm to fix, or a flaky one), with the script's last line.
+
+    .venv/bin/python benchmarks/findings_repro.py --db results/inductor.sqlite --run RUN --limit 30 --not-upstream
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sqlite3
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _upstream_pairs() -> set[tuple[str, str]]:
+    sys.path.insert(0, str(ROOT))
+    from conformance.upstream import expectations
+
+    return {(e.op, e.dtype) for e in expectations() if e.device == "cpu"}
+
+
+def _findings(db: Path, run: str, limit: int, not_upstream: bool, statuses: tuple[str, ...]) -> list[dict]:
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    conn.row_factory = sqlite3.Row
+    marks = ",".join("?" * len(statuses))
+    rows = conn.execute(f"select id, op, variant, dtype, sample, status, error from op_results where run_id = ? "
+                        f"and variant != 'canary' and status in ({marks}) order by op, variant, sample",
+                        [run, *statuses]).fetchall()
+    known = _upstream_pairs() if not_upstream else set()
+    out, seen = [], set()
+    for r in rows:
+        if (r["op"], r["dtype"]) in known or (r["op"], r["variant"]) in seen:
+            continue
+        seen.add((r["op"], r["variant"]))
+        out.append(dict(r))
+    return out[:limit]
+
+
+def _reproduce(db: Path, row: dict, where: Path) -> tuple[str, str]:
+    made = subprocess.run([sys.executable, "-m", "conformance", "repro", str(row["id"]), "--db", str(db),
+                           "--out", str(where)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    if made.returncode != 0:
+        return "no script", (made.stderr or made.stdout).strip().splitlines()[-1][:160]
+    script = next(where.glob(f"repro_{row['id']}.py"), None)
+    if script is None:
+        return "no script", made.stdout.strip()[:160]
+    try:
+        ran = subprocess.run([sys.executable, str(script)], cwd=where, capture_output=True, text=True, timeout=600)
+    except subprocess.TimeoutExpired:
+        return "reproduced", "timed out (600 s)"
+    last = [ln for ln in (ran.stdout + ran.stderr).strip().splitlines() if ln.strip()][-1:] or [""]
+    if ran.returncode == 1:
+        return "reproduced", last[0][:160]
+    if ran.returncode == 0:
+        return "not reproduced", last[0][:160]
+    if ran.returncode < 0 or ran.returncode > 128:
+        return "reproduced", f"the script died (exit {ran.returncode}): {last[0][:120]}"
+    return "script error", f"exit {ran.returncode}: {last[0][:140]}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--db", required=True, type=Path)
+    ap.add_argument("--run", required=True)
+    ap.add_argument("--limit", type=int, default=30)
+    ap.add_argument("--not-upstream", action="store_true", help="leave out op x dtype pairs upstream already lists")
+    # contract findings are left out by default: their scripts check the contract with harness code
+    ap.add_argument("--statuses", default="mismatch,error,crash,timeout,unsupported_dtype,unsupported_layout")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    rows = _findings(args.db, args.run, args.limit, args.not_upstream, tuple(args.statuses.split(",")))
+    print(f"{len(rows)} findings of run {args.run} (one per op x variant{', not listed upstream' if args.not_upstream else ''})")
+    counts: Counter[str] = Counter()
+    results = []
+    with tempfile.TemporaryDirectory(prefix="findings-") as tmp:
+        for row in rows:
+            outcome, said = _reproduce(args.db, row, Path(tmp))
+            counts[outcome] += 1
+            results.append({**row, "outcome": outcome, "script_said": said})
+            err = re.sub(r"\s+", " ", row["error"] or "")[:70]
+            print(f"  {row['id']:>7} {row['op']:34s} {row['variant']:9s} {row['status']:9s} {outcome:15s} {said[:80]}"
+                  f"\n          harness: {err}", flush=True)
+    print("outcomes:", ", ".join(f"{k} {v}" for k, v in counts.most_common()))
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
