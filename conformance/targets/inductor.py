@@ -123,7 +123,7 @@ class InductorTarget(CompilerTarget):
     def setup(self) -> None:
         super().setup()
         if self.ref.is_default:
-            self.build = f"inductor-{torch.__version__}"
+            self.build = f"{self.name}-{torch.__version__}"  # inductor-2.13.0+cpu, inductor-strict-...
 
     def repro_setup(self) -> tuple[str, str]:
         return "", "torch.compile({fn}, backend='inductor', dynamic=False)"
@@ -152,11 +152,6 @@ class InductorStrictTarget(InductorTarget):
 
     name = "inductor-strict"
     description = "torch.compile(backend='inductor') with implicit_fallbacks=False (upstream's OpInfo test setting) vs eager CPU"
-
-    def setup(self) -> None:
-        super().setup()
-        if self.ref.is_default:
-            self.build = f"inductor-strict-{torch.__version__}"
 
     def repro_setup(self) -> tuple[str, str]:
         return ("import torch._inductor.config\ntorch._inductor.config.implicit_fallbacks = False",
