@@ -34,6 +34,7 @@ from opdb import Store
 from opdb.blobs import decode_inputs, dump_inputs, load_inputs
 from opdb.queries import op_result
 
+from .comparators import comparator_for
 from .contracts import CONTRACTS
 from .inputs.opinfo import DEFAULT_SEED, by_name, samples
 from .targets import get_target
@@ -221,6 +222,7 @@ def write_repro(store: Store, result_id: int, out_dir: str | Path) -> Path:
         raise ValueError(f"{where}: {exc}") from None
     target = get_target(run.get("target", "cpu"), config.get("build_spec") or run.get("build"),
                         tuple(config.get("imports") or ()))
+    target.use_own_rng(comparator_for(op) == "random")  # as the sweep ran it
     setup, wrapped = target.repro_setup()
     script = out / f"repro_{int(result_id)}.py"
     # A compiler target gets out= tensors of the result's shapes, as in the sweep (execute._invoke).

@@ -64,6 +64,7 @@ def evaluate(target: Target, info: Any, op: str, variant: str, dtype: str, index
 def _evaluate(target: Target, info: Any, op: str, variant: str, dtype: str, index: int, sample: Any,
               config: SweepConfig, peer: dict[str, Any] | None, batches: OpBatches | None = None
               ) -> tuple[dict[str, Any], Any]:
+    target.use_own_rng(comparators.comparator_for(op) == "random")
     computed = None
     if batches is not None:
         computed = batches.get(variant, info.op if variant == "backward" else variant_fn(info, variant), index)

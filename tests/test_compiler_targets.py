@@ -120,6 +120,25 @@ def test_inductor_strict_fails_where_inductor_falls_back_to_a_kernel():
     assert ok["status"] == "pass" and ok["proof"]["backend"] == "inductor"
 
 
+def test_dropout_inside_a_deterministic_op_draws_what_eager_draws():
+    """scaled_dot_product_attention's samples 2 and 3 apply dropout: Inductor's own RNG lowering
+    drew another mask than eager from the same seed, and each was a false mismatch. Such ops are
+    compiled with fallback_random and compared value by value; random OpInfos keep Inductor's
+    own RNG (compared by distribution)."""
+    target = get_target("inductor")
+    rows = _sweep(target, ["nn.functional.scaled_dot_product_attention"], variants=("function", "backward"), samples=4)
+    dropout = [r for r in rows if r["sample"] in (2, 3)]
+    assert len(dropout) == 4 and any("native_dropout" in op or "bernoulli" in op for op in dropout[0]["reached_ops"])
+    for r in rows:
+        assert r["comparator"] == "allclose", r["item_key"]
+        if r["variant"] == "function":
+            assert r["status"] == "pass", (r["item_key"], r["error"])
+        # backward: the same masks (errors of accumulation order, ~1e-5, not of another mask: ~7)
+        assert r["max_abs_err"] < 1e-4, (r["item_key"], r["error"])
+    (rnd,) = _sweep(target, ["nn.functional.dropout"])
+    assert rnd["comparator"] == "random" and rnd["status"] == "pass" and target._own_rng
+
+
 def test_a_backend_that_perturbs_sin_is_caught_as_a_mismatch(registered):
     rows = _sweep(get_target("test-perturb-sin"), ["sin", "cos", "abs"], variants=("function", "inplace"))
     by_op = {}

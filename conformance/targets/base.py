@@ -173,6 +173,13 @@ class Target:
         """What the backend compiled since the last :meth:`wrap` (None: not a compiler target)."""
         return None
 
+    def use_own_rng(self, own: bool) -> None:
+        """Whether the next items' random ops may draw from the target's own random number
+        generator (``own``: a random OpInfo, compared by distribution) or must draw what eager
+        PyTorch draws from the same seed (a deterministic op that calls a random one inside, e.g.
+        attention with dropout: compared value by value), where the target can choose. Default:
+        nothing to choose (an eager device draws from its own generator either way)."""
+
     def batch_problem(self, record: Compiled) -> str | None:
         """Why a batch's compiled call cannot stand for each of its samples (None: it can): it
         must have compiled exactly one graph and broken none, so that no sample's call ran eager

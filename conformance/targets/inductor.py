@@ -122,13 +122,29 @@ class InductorTarget(CompilerTarget):
 
     def setup(self) -> None:
         super().setup()
+        self._own_rng = True
         if self.ref.is_default:
             self.build = f"{self.name}-{torch.__version__}"  # inductor-2.13.0+cpu, inductor-strict-...
 
+    def use_own_rng(self, own: bool) -> None:
+        # Inductor lowers random ops to its own generator (Philox), whose numbers differ from
+        # eager's for the same seed: attention's dropout mask differed, and every such sample of
+        # multi_head_attention_forward and scaled_dot_product_attention was a false mismatch.
+        # fallback_random makes the compiled graph call ATen's random kernels (the same numbers);
+        # random OpInfos keep Inductor's own lowering, compared by distribution.
+        self._own_rng = own
+
     def repro_setup(self) -> tuple[str, str]:
-        return "", "torch.compile({fn}, backend='inductor', dynamic=False)"
+        setup = "" if self._own_rng else "import torch._inductor.config\ntorch._inductor.config.fallback_random = True"
+        return setup, "torch.compile({fn}, backend='inductor', dynamic=False)"
 
     def compile_graph(self, gm: torch.fx.GraphModule, example_inputs: list[Any], record: Compiled) -> Callable[..., Any]:
+        import torch._inductor.config
+
+        with torch._inductor.config.patch(fallback_random=not self._own_rng):
+            return self._compile(gm, example_inputs, record)
+
+    def _compile(self, gm: torch.fx.GraphModule, example_inputs: list[Any], record: Compiled) -> Callable[..., Any]:
         from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
         def inner(graph: torch.fx.GraphModule, inputs: list[Any], **kwargs: Any) -> Any:
@@ -154,8 +170,8 @@ class InductorStrictTarget(InductorTarget):
     description = "torch.compile(backend='inductor') with implicit_fallbacks=False (upstream's OpInfo test setting) vs eager CPU"
 
     def repro_setup(self) -> tuple[str, str]:
-        return ("import torch._inductor.config\ntorch._inductor.config.implicit_fallbacks = False",
-                "torch.compile({fn}, backend='inductor', dynamic=False)")
+        setup, call = super().repro_setup()
+        return ("import torch._inductor.config\ntorch._inductor.config.implicit_fallbacks = False\n" + setup).strip(), call
 
     def compile_graph(self, gm: torch.fx.GraphModule, example_inputs: list[Any], record: Compiled) -> Callable[..., Any]:
         import torch._inductor.config
