@@ -6,6 +6,8 @@ expectations already list), writes each one's standalone script with ``conforman
 (torch only: no harness code runs in it), runs it in a fresh interpreter, and prints per
 finding whether the script reproduces it (exit 1: the difference is real, outside the harness)
 or not (exit 0: a harness false alarm to fix, or a flaky one), with the script's last line.
+Items whose compiler compiled no graph are left out unless ``--with-uncompiled``: their
+script compiles nothing either (dynamo's graph-break reasons are in the item's proof).
 
     .venv/bin/python benchmarks/findings_repro.py --db results/inductor.sqlite --run RUN --limit 30 --not-upstream
 """
@@ -32,7 +34,11 @@ def _upstream_pairs() -> set[tuple[str, str]]:
     return {(e.op, e.dtype) for e in expectations() if e.device == "cpu"}
 
 
-def _findings(db: Path, run: str, limit: int, not_upstream: bool, statuses: tuple[str, ...]) -> list[dict]:
+NOT_COMPILED = "infra: the compiler target compiled no graph"
+
+
+def _findings(db: Path, run: str, limit: int, not_upstream: bool, statuses: tuple[str, ...],
+              compiled_only: bool = True) -> list[dict]:
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     conn.row_factory = sqlite3.Row
     marks = ",".join("?" * len(statuses))
@@ -44,6 +50,8 @@ def _findings(db: Path, run: str, limit: int, not_upstream: bool, statuses: tupl
     for r in rows:
         if (r["op"], r["dtype"]) in known or (r["op"], r["variant"]) in seen:
             continue
+        if compiled_only and (r["error"] or "").startswith(NOT_COMPILED):
+            continue  # dynamo compiled nothing (its graph-break reasons are in the proof): no value to check
         seen.add((r["op"], r["variant"]))
         out.append(dict(r))
     return out[:limit]
@@ -61,9 +69,13 @@ def _reproduce(db: Path, row: dict, where: Path) -> tuple[str, str]:
         ran = subprocess.run([sys.executable, str(script)], cwd=where, capture_output=True, text=True, timeout=600)
     except subprocess.TimeoutExpired:
         return "reproduced", "timed out (600 s)"
-    last = [ln for ln in (ran.stdout + ran.stderr).strip().splitlines() if ln.strip()][-1:] or [""]
-    if ran.returncode == 1:
-        return "reproduced", last[0][:160]
+    text = ran.stdout + ran.stderr
+    last = [ln for ln in text.strip().splitlines() if ln.strip()][-1:] or [""]
+    said = next((ln for ln in text.splitlines() if ln.startswith(("MISMATCH:", "target raised:"))), last[0])
+    if ran.returncode == 1 and said.startswith(("MISMATCH:", "target raised:")):
+        return "reproduced", said[:160]
+    if ran.returncode == 1:  # only a contract the script checks with harness code failed
+        return "contract only", last[0][:160]
     if ran.returncode == 0:
         return "not reproduced", last[0][:160]
     if ran.returncode < 0 or ran.returncode > 128:
@@ -79,9 +91,12 @@ def main() -> None:
     ap.add_argument("--not-upstream", action="store_true", help="leave out op x dtype pairs upstream already lists")
     # contract findings are left out by default: their scripts check the contract with harness code
     ap.add_argument("--statuses", default="mismatch,error,crash,timeout,unsupported_dtype,unsupported_layout")
+    ap.add_argument("--with-uncompiled", action="store_true",
+                    help="also items whose compiler compiled no graph (a script then compares eager with eager)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    rows = _findings(args.db, args.run, args.limit, args.not_upstream, tuple(args.statuses.split(",")))
+    rows = _findings(args.db, args.run, args.limit, args.not_upstream, tuple(args.statuses.split(",")),
+                     compiled_only=not args.with_uncompiled)
     print(f"{len(rows)} findings of run {args.run} (one per op x variant{', not listed upstream' if args.not_upstream else ''})")
     counts: Counter[str] = Counter()
     results = []

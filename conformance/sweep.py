@@ -132,8 +132,10 @@ def _decided(target: Target, info: Any, op: str, variant: str, dtype: str, index
                     fallback=out.fallback, expected_failure=xfail.statuses if xfail else None,
                     graphs=out.graphs, contracts_failed=failed)
     if status is Status.ERROR and out.target_error is None and out.graphs == 0:
+        # the status says why (nothing compiled), and so must the text: a failed contract of the
+        # eager run it was had overwritten it (linalg.solve out=: 'contract metadata: ...')
         error = f"{NOT_COMPILED} ({_eager_why(out.proof)})"
-    if close and failed:
+    elif close and failed:
         error = contracts.summary(checks)
     if status in (Status.XFAIL, Status.XPASS) and xfail is not None:
         error = f"{error or 'passed'} [expected failure: {xfail.where}: {xfail.reason}]"

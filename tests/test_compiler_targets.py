@@ -159,6 +159,21 @@ def test_a_target_that_silently_runs_eager_never_passes(registered):
         assert r["error"].startswith(NOT_COMPILED)
 
 
+def test_an_uncompiled_item_says_so_even_when_a_contract_fails(registered):
+    """The status of an item that compiled nothing is error, and its text says why, whatever a
+    contract of its eager run said: found on linalg.solve out= (dynamo refuses a non-contiguous
+    out=, and the metadata contract's failure had become the item's message)."""
+    (row,) = _sweep(get_target("test-silent-eager"), ["sin"], variants=("function",))
+    assert row["status"] == "error" and row["error"].startswith(NOT_COMPILED)
+    from conformance import contracts
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(contracts._CHECKS, "metadata", lambda s: contracts._fail("strides differ"))
+        (row,) = _sweep(get_target("test-silent-eager"), ["sin"], variants=("function",))
+    assert row["contract_failed"] == "metadata"
+    assert row["status"] == "error" and row["error"].startswith(NOT_COMPILED), row["error"]
+
+
 def test_a_compile_failure_is_an_error_not_an_eager_run(registered):
     (row,) = _sweep(get_target("test-broken-backend"), ["sin"])
     assert row["status"] == "error" and "the backend broke" in row["error"], row["error"]
