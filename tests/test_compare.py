@@ -88,7 +88,24 @@ def test_random_comparator_checks_distribution():
     assert not fn(0, a + 1.0, b).close
     assert ks_statistic(a, a) == 0
     assert comparator_for("bernoulli") == "random"
-    assert comparator_for("nn.functional.dropout") in ("random", "meta")
+    assert comparator_for("nn.functional.dropout") == "random"  # its values are defined: not "meta"
+
+
+def test_no_opinfo_is_claimed_by_two_comparator_tables():
+    """The first table that matches wins: an op listed in two tables (dropout was in both meta
+    and random, so its values were never compared) is one wrong choice waiting to happen."""
+    import fnmatch
+
+    from conformance import datafiles
+    from conformance.inputs.opinfo import by_name
+
+    tables = {kind: rule.ops for kind, rule in datafiles.comparators().items()}
+    twice = {}
+    for name in by_name():
+        kinds = [k for k, globs in tables.items() if any(fnmatch.fnmatchcase(name, g) for g in globs)]
+        if len(kinds) > 1:
+            twice[name] = kinds
+    assert not twice, f"OpInfos matched by more than one comparator table: {twice}"
 
 
 def test_random_ops_are_found_from_registry_tags():
