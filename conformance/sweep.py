@@ -222,9 +222,9 @@ def run_group(target: Target, group: Group, config: SweepConfig, *, skip: Contai
     """Yield a row per item of ``group``; items whose key is in ``skip`` are not run.
 
     ``on_start(key)`` is called before each item executes, so a supervisor knows which item was
-    in flight if the process dies. On a compiler target that can, the function and backward
-    samples are compiled a batch at a time (:mod:`conformance.batching`), unless ``skip`` says
-    a batch of this group killed a worker (``Skip.batch``).
+    in flight if the process dies. On a compiler target that can, each variant's samples are
+    compiled a batch at a time (:mod:`conformance.batching`), unless ``skip`` says a batch of
+    this group killed a worker (``Skip.batch``).
     """
     info = by_name()[group.op]
     dtype = getattr(torch, group.dtype)
