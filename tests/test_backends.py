@@ -201,3 +201,19 @@ def test_openvino_silently_running_eager_is_infra(monkeypatch):
     for r in rows:
         assert r["status"] == "error" and r["proof"]["graphs"] == 0, r
         assert r["error"].startswith(NOT_COMPILED)
+
+
+def test_onnxruntime_batches_give_the_verdicts_of_one_model_per_sample():
+    """One exported model per batch of samples (conformance.batching): the same statuses as one
+    model per item, an export the exporter refuses (linalg.eig) bisected to unsupported items."""
+    _ort()
+    target = get_target("onnxruntime")
+
+    def rows(batch):
+        config = SweepConfig(variants=("function", "out"), max_samples=4, compile_batch=batch)
+        return [r for op in ("add", "topk", "linalg.eig") for r in run_group(target, Group(op, "float32"), config)]
+
+    batched, alone = rows(4), rows(1)
+    assert {r["item_key"]: r["status"] for r in batched} == {r["item_key"]: r["status"] for r in alone}
+    assert any((r["proof"].get("batch") or {}).get("samples", 0) > 1 for r in batched if r["op"] == "add")
+    assert {r["status"] for r in batched if r["op"] == "linalg.eig" and r["variant"] == "function"} == {"unsupported"}
