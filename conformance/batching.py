@@ -34,7 +34,18 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from .compare import leaves
-from .execute import backward_grads, err, grad_inputs, invoke, leafify, on_device, out_like, phase, proof, to_cpu
+from .execute import (
+    backward_grads,
+    err,
+    grad_inputs,
+    invoke,
+    leafify,
+    on_device,
+    out_like,
+    phase,
+    proof,
+    to_cpu,
+)
 from .targets import Target
 
 #: Samples per compiled graph unless ``--compile-batch`` says otherwise (1: no batching).

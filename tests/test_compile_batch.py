@@ -10,6 +10,7 @@ import sqlite3
 
 import pytest
 import torch
+from torch.testing._internal.opinfo.core import SampleInput
 
 from conformance.batching import Batch, OpBatches
 from conformance.inputs.opinfo import by_name
@@ -19,7 +20,6 @@ from conformance.sweep import SweepConfig, run_group
 from conformance.targets import REGISTRY, get_target
 from conformance.targets.base import Compiled
 from conformance.targets.inductor import CompilerTarget
-from torch.testing._internal.opinfo.core import SampleInput
 
 MUL = torch.ops.aten.mul.Tensor
 
