@@ -46,10 +46,10 @@ from .execute import (
     proof,
     to_cpu,
 )
-from .targets import Target
+from .targets import Compiled, Target
 
 #: Samples per compiled graph unless ``--compile-batch`` says otherwise (1: no batching).
-DEFAULT_SIZE = 16
+DEFAULT_SIZE = Target.default_batch
 #: The variants a batch runs (``mode``).
 MODES = ("function", "inplace", "out", "backward")
 #: The phase a worker reports while it runs a batch (:func:`conformance.execute.phase`).
@@ -65,6 +65,7 @@ class Computed:
     proof: dict[str, Any]
     duration_s: float  # the batch's call time, shared out over its samples
     repeats: list[Any] = field(default_factory=list)  # later identical calls' results, on the CPU
+    record: Compiled | None = None  # what the backend compiled for the batch (its op trace reads it)
 
 
 @dataclass
@@ -173,7 +174,7 @@ class Batch:
                                                         if isinstance(x, torch.Tensor)}),
                           "batch": {"samples": len(chunk), "first": chunk[0], "compile_s": round(record.compile_s, 4)}}
             self.results[i] = Computed(results[pos], dev_samples[pos], item_proof, took / len(chunk),
-                                       repeats.get(i, []))
+                                       repeats.get(i, []), record)
         return None
 
     def _prepare(self, i: int) -> tuple[Any, list[torch.Tensor], tuple[Any, list[Any], list[int], Any]]:

@@ -59,9 +59,11 @@ from .cli import (
 @click.option("--run-id", default=None, help="Label the run (shards of one run share an id and its spec; a recorded shard is refused).")
 @click.option("--timeout", "timeout_s", default=60.0, show_default=True, help="Seconds per item (finite, above 0).")
 @click.option("--max-samples", type=int, default=None, help="At most this many samples per op x dtype (1 or more).")
-@click.option("--compile-batch", "compile_batch", type=int, default=16, show_default=True,
+@click.option("--compile-batch", "compile_batch", type=int, default=None,
               help="Compiler targets (inductor, ...): compile up to this many samples of an op x dtype as one graph, "
-                   "bisecting a batch that fails; 1: one graph per item. Verdicts are the same either way.")
+                   "bisecting a batch that fails; 1: one graph per item. Verdicts are the same either way. "
+                   "Default: the target's (16 on inductor, inductor-strict and onnxruntime; 1 on openvino, "
+                   "where batches measured no faster).")
 @click.option("--ledger", default=None, type=click.Path(dir_okay=False), help="Tolerance/xfail ledger TOML.")
 @click.option("--seed", type=int, default=None,
               help="Seed of the generated inputs (default: the fixed seed every run shares, so runs compare).")

@@ -224,7 +224,8 @@ def run_item(target: Target, info: Any, variant: str, sample: Any, *, want_arbit
             if computed is not None and target.compiler:  # the sample's share of a compiled batch
                 s_dev, result = computed.sample, computed.result
                 out.duration_s, out.proof = computed.duration_s, dict(computed.proof)
-                trace = _eager_trace(target, lambda: invoke(fn, variant, on_device(sample, dev), dev, out.cpu))
+                with target.standing_for(computed.record):
+                    trace = _eager_trace(target, lambda: invoke(fn, variant, on_device(sample, dev), dev, out.cpu))
             elif target.compiler:  # compiled with no dispatch mode active; ops traced on an eager run
                 s_dev = on_device(sample, dev)
                 wrapped = target.wrap(fn)
@@ -410,7 +411,8 @@ def run_backward(target: Target, info: Any, sample: Any, *, computed: Any = None
             if computed is not None and target.compiler:  # the sample's share of a compiled batch
                 s_dev, grads_dev = computed.sample, computed.result
                 out.duration_s, out.proof = computed.duration_s, dict(computed.proof)
-                trace = _eager_trace(target, lambda: backward_grads(info.op, leafify(sample, dev), upstream, dev))
+                with target.standing_for(computed.record):
+                    trace = _eager_trace(target, lambda: backward_grads(info.op, leafify(sample, dev), upstream, dev))
             elif target.compiler:  # see run_item: compiled untraced, ops traced on an eager run
                 s_dev = leafify(sample, dev)
                 wrapped = target.wrap(info.op)

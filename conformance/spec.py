@@ -29,7 +29,7 @@ from .contracts import parse_contracts
 from .inputs.opinfo import DEFAULT_SEED
 from .ledger import Ledger
 from .select import VARIANTS, SelectionError, parse_dtypes, parse_shard
-from .sweep import DEFAULT_BATCH, SweepConfig
+from .sweep import SweepConfig
 from .targets import BuildRef
 from .work import Selection
 
@@ -75,9 +75,10 @@ class RunSpec:
     # nothing (what is found is the same either way)
     corpus: bool = field(default=True, metadata=_stored(omit_default=True))
     # samples per compiled graph on a compiler target that batches them (conformance.batching);
-    # 1: every item compiles its own graph. How items run, not what they are: a verdict is always
-    # what the sample alone gets (a batched result that does not pass runs again alone)
-    compile_batch: int = field(default=DEFAULT_BATCH, metadata=_stored(omit_default=True))
+    # 1: every item compiles its own graph; None: the target's own default (Target.default_batch).
+    # How items run, not what they are: a verdict is always what the sample alone gets (a batched
+    # result that does not pass runs again alone)
+    compile_batch: int | None = field(default=None, metadata=_stored(omit_default=True))
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: normalise in place, once
@@ -93,7 +94,7 @@ class RunSpec:
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
             raise SelectionError(f"--timeout {t!r}: must be a finite number of seconds above 0 (e.g. 60)")
         b = self.compile_batch
-        if isinstance(b, bool) or not isinstance(b, int) or b < 1:
+        if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 1):
             raise SelectionError(f"--compile-batch {b!r}: must be a whole number of at least 1 (1: no batching)")
         for name, value in (("--max-samples", self.max_samples), ("--model-limit", self.model_limit)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):

@@ -22,7 +22,6 @@ from typing import Any
 import torch
 
 from . import comparators, contracts
-from .batching import DEFAULT_SIZE as DEFAULT_BATCH
 from .batching import OpBatches
 from .compare import arbitrate, compare, leaves
 from .execute import run_backward, run_item, signature, trace_changes_cpu
@@ -45,8 +44,8 @@ class SweepConfig:
     model_modes: tuple[str, ...] = ("eager", "compile")  # model items per graph
     contracts: tuple[str, ...] = ("default",)  # see conformance.contracts.parse_contracts
     # samples per compiled graph on a compiler target that can batch them (1: each item compiles
-    # its own; see conformance.batching)
-    compile_batch: int = DEFAULT_BATCH
+    # its own; None: the target's default, Target.default_batch; see conformance.batching)
+    compile_batch: int | None = None
 
     def describe(self) -> dict[str, Any]:
         """The settings as JSON values (the ledger, a loaded file, aside)."""
@@ -237,7 +236,7 @@ def run_group(target: Target, group: Group, config: SweepConfig, *, skip: Contai
             wanted = contracts.parse_contracts(config.contracts, target)
             repeat = range(contracts.DETERMINISM_SAMPLES) if "determinism" in wanted else ()
             batches = OpBatches(target, info, {v: {i: s for i, s in gen.ready if str(group.item(v, i)) not in skip}
-                                               for v in variants}, size=config.compile_batch, repeat=repeat)
+                                               for v in variants}, size=batch_size(target, config), repeat=repeat)
         for index, sample in gen:
             peer = None  # the function variant's results, for the other variants' "variants" contract
             for variant in variants:
@@ -280,11 +279,18 @@ def run_group(target: Target, group: Group, config: SweepConfig, *, skip: Contai
                    "duration_s": 0.0, "seed": config.seed}
 
 
+def batch_size(target: Target, config: SweepConfig) -> int:
+    """Samples per compiled graph: ``--compile-batch``, else the target's default (1: none)."""
+    if not target.batchable:
+        return 1
+    return config.compile_batch if config.compile_batch is not None else target.default_batch
+
+
 def _batching(target: Target, group: Group, config: SweepConfig, skip: Container[str]) -> bool:
     """Whether this group's samples are compiled in batches: a target that can batch, a batch
     size above 1, not after a batch of this group killed a worker, and not a random op (one RNG
     stream would run through every sample of a batch)."""
-    return (target.batchable and config.compile_batch > 1 and getattr(skip, "batch", True)
+    return (batch_size(target, config) > 1 and getattr(skip, "batch", True)
             and comparators.comparator_for(group.op) != "random")
 
 

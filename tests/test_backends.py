@@ -203,6 +203,39 @@ def test_openvino_silently_running_eager_is_infra(monkeypatch):
         assert r["error"].startswith(NOT_COMPILED)
 
 
+def test_an_openvino_batch_with_a_sample_left_to_pytorch_is_bisected_to_it(monkeypatch):
+    """OpenVINO hands a subgraph it cannot compile to PyTorch: in a batch, one sample's fallback
+    would be every sample's. Such a batch is not kept; bisection keeps the halves OpenVINO ran
+    whole, and only the sample it failed on reports the fallback (as when run alone). The kept
+    items name their ops from their own batch, not from a later attempt that fell back."""
+    _openvino()
+    from openvino.frontend.pytorch.torchdynamo import execute
+
+    target = get_target("openvino")
+    config = SweepConfig(variants=("function",), max_samples=4, compile_batch=4)
+    alone = list(run_group(target, Group("nn.functional.relu", "float32"), SweepConfig(variants=("function",), max_samples=4,
+                                                                         compile_batch=1)))
+    shapes = [r["signature"].split("[", 1)[1].split("]", 1)[0] for r in alone]  # "f32[5,5]" -> "5,5"
+    bad = shapes[-1]  # the last sample: its failing batch is the latest attempt
+    assert shapes.count(bad) == 1, shapes
+    compile_ = execute.openvino_compile
+
+    def fails_on_one_shape(gm, *args, **kwargs):
+        if any(isinstance(a, torch.Tensor) and ",".join(map(str, a.shape)) == bad for a in args):
+            raise RuntimeError("plugin broke on this shape")
+        return compile_(gm, *args, **kwargs)
+
+    monkeypatch.setattr(execute, "openvino_compile", fails_on_one_shape)
+    batched = list(run_group(target, Group("nn.functional.relu", "float32"), config))
+    alone = list(run_group(target, Group("nn.functional.relu", "float32"), SweepConfig(variants=("function",), max_samples=4,
+                                                                         compile_batch=1)))
+    assert [(r["status"], r["fallback_ops"]) for r in batched] == [(r["status"], r["fallback_ops"]) for r in alone]
+    assert [r["status"] for r in batched] == ["pass"] * 3 + ["pass_fallback"], batched
+    assert batched[-1]["fallback_ops"] == ["aten::relu.default"]
+    kept = [r for r in batched if (r["proof"].get("batch") or {}).get("samples", 0) > 1]
+    assert len(kept) == 2 and all(r["fallback_ops"] == [] and r["proof"]["openvino_subgraphs"] >= 1 for r in kept)
+
+
 def test_onnxruntime_batches_give_the_verdicts_of_one_model_per_sample():
     """One exported model per batch of samples (conformance.batching): the same statuses as one
     model per item, an export the exporter refuses (linalg.eig) bisected to unsupported items."""

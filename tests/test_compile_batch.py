@@ -197,12 +197,19 @@ def test_a_run_through_the_workers_counts_a_batch_graph_once(tmp_path):
     assert f"{summary.batched} items from batches" in summary.render()
 
 
-def test_compile_batch_is_checked_and_the_cli_default_is_the_library_default():
+def test_compile_batch_is_checked_and_defaults_to_the_targets_own():
     from conformance.batching import DEFAULT_SIZE
     from conformance.cli import main
     from conformance.select import SelectionError
+    from conformance.sweep import batch_size
+    from conformance.targets.openvino_compile import OpenVinoTarget
 
     with pytest.raises(SelectionError, match="--compile-batch 0"):
         RunSpec(compile_batch=0)
     option = next(p for p in main.commands["run"].params if p.name == "compile_batch")
-    assert option.default == DEFAULT_SIZE == RunSpec().compile_batch
+    assert option.default is None is RunSpec().compile_batch  # None: the target's own default
+    inductor, ov, cpu = get_target("inductor"), OpenVinoTarget(), get_target("cpu")
+    assert batch_size(inductor, SweepConfig()) == DEFAULT_SIZE == 16 and batch_size(inductor, SweepConfig(compile_batch=4)) == 4
+    # openvino batches only when asked (measured no faster); an eager target never
+    assert batch_size(ov, SweepConfig()) == 1 and batch_size(ov, SweepConfig(compile_batch=8)) == 8
+    assert batch_size(cpu, SweepConfig(compile_batch=8)) == 1

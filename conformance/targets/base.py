@@ -147,6 +147,9 @@ class Target:
     # item taking its own result from it (:mod:`conformance.batching`); its evidence must let
     # :meth:`batch_problem` tell that every sample was compiled.
     batchable: ClassVar[bool] = False
+    # Samples per batch unless ``--compile-batch`` says otherwise (1: batch only when asked, on a
+    # target where batches were measured not to pay).
+    default_batch: ClassVar[int] = 16
 
     def __init__(self, build: str | BuildRef | None = None) -> None:
         self.ref = BuildRef.parse(build)  # what was asked for
@@ -179,6 +182,13 @@ class Target:
         PyTorch draws from the same seed (a deterministic op that calls a random one inside, e.g.
         attention with dropout: compared value by value), where the target can choose. Default:
         nothing to choose (an eager device draws from its own generator either way)."""
+
+    @contextlib.contextmanager
+    def standing_for(self, record: Compiled | None) -> Iterator[None]:
+        """Inside the block ``record`` is the target's latest compile (what :meth:`trace` reads
+        for fallback): the compiled batch an item's result came from, which later batches and
+        alone re-runs have since replaced. Default: nothing to restore."""
+        yield
 
     def batch_problem(self, record: Compiled) -> str | None:
         """Why a batch's compiled call cannot stand for each of its samples (None: it can): it

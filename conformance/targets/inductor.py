@@ -110,6 +110,16 @@ class CompilerTarget(Target):
         record.break_reasons = sorted({str(k).strip().splitlines()[0][:200] for k in counters["graph_break"]})
         return record
 
+    @contextlib.contextmanager
+    def standing_for(self, record: Compiled | None) -> Iterator[None]:
+        held = self._record
+        if record is not None:
+            self._record = record
+        try:
+            yield
+        finally:
+            self._record = held
+
     def compile_backend(self) -> str | Callable[..., Any]:
         return self.backend_name
 
