@@ -99,7 +99,7 @@ def fingerprint(target: Any, reference: Any, *, ref_kind: str) -> dict[str, Any]
     t_l, r_l = _floats(target), _floats(reference)
     if len(t_l) != len(r_l):
         return None
-    errs, nonfinite = [], 0
+    errs, nonfinite, exact = [], 0, True
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         for t, r in zip(t_l, r_l, strict=True):
             if t is None or r is None or not t.is_floating_point() or not r.is_floating_point():
@@ -108,6 +108,10 @@ def fingerprint(target: Any, reference: Any, *, ref_kind: str) -> dict[str, Any]
                 return None
             if t.numel() == 0:
                 continue
+            if t.dtype == r.dtype and torch.equal(t, r) and bool(torch.isfinite(t).all()):
+                errs.append(np.zeros(t.numel()))  # equal and finite: every error is 0 (calloc'd, not touched)
+                continue
+            exact = False
             finfo = torch.finfo(t.dtype)
             t64 = t.detach().to(torch.float64).reshape(-1).numpy()
             r64 = r.detach().to(torch.float64).reshape(-1).numpy()
@@ -123,6 +127,13 @@ def fingerprint(target: Any, reference: Any, *, ref_kind: str) -> dict[str, Any]
             errs.append(e)
     if not errs:
         return None
+    per = max(4, min(PROBES, MAX_PROBES // len(errs)))
+    if exact:  # most items on a device that matches its reference: the sums below, without the passes
+        n = sum(x.size for x in errs)
+        picked = np.zeros(sum(min(per, x.size) for x in errs))
+        return {"ref": ref_kind, "n": n, "nonfinite": 0,
+                "probes": base64.b64encode(picked.astype(np.float32).tobytes()).decode("ascii"),
+                "bias": 0.0, "rms": 0.0, "p99": 0.0, "max": 0.0}
     e = np.concatenate(errs) if len(errs) > 1 else errs[0]
     if not e.size:
         return None
@@ -130,7 +141,6 @@ def fingerprint(target: Any, reference: Any, *, ref_kind: str) -> dict[str, Any]
     n = int(finite.size)
     # Probes per output (a small output next to a big one -- a model's logits next to its
     # gradients, a layer norm's mean next to its result -- is sampled all the same).
-    per = max(4, min(PROBES, MAX_PROBES // len(errs)))
     picked = np.concatenate([x[_probe_positions(x.size, per)] for x in errs])
     fp: dict[str, Any] = {"ref": ref_kind, "n": n, "nonfinite": nonfinite,
                           "probes": base64.b64encode(picked.astype(np.float32).tobytes()).decode("ascii")}

@@ -154,3 +154,20 @@ def test_worst_element_prefers_a_nan_and_the_farthest_output():
     assert ev.worst["output"] == 1 and ev.worst["target"] == 15.0
     ints = compare(torch.tensor([1, 2, 3]), torch.tensor([1, 7, 3]), atol=0, rtol=0)
     assert ints.worst == {"output": 0, "index": [1], "target": 7.0, "cpu": 2.0}
+
+
+def test_bitwise_equal_counts_nans_and_signed_zeros_and_views_alike():
+    """Same bits are equal in one pass (any strides, any float width); values that differ only in
+    a NaN's payload or a zero's sign are equal too; any other bit is not."""
+    from conformance.compare import bitwise_equal
+
+    x = torch.randn(6, 4, generator=torch.Generator().manual_seed(0))
+    for dt in (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.float8_e4m3fn):
+        a = x.to(dt)
+        assert bitwise_equal(a.t(), a.t().contiguous())  # a strided view against its copy
+        b = a.clone()
+        b.view(-1)[5] = torch.tensor(100.0).to(dt)
+        assert not bitwise_equal(a, b)
+    nan, other_nan = torch.tensor([float("nan"), 0.0]), torch.tensor([-float("nan"), -0.0])
+    assert bitwise_equal(nan, other_nan) and not bitwise_equal(nan, torch.tensor([1.0, 0.0]))
+    assert bitwise_equal(torch.tensor([1.0 + 2j]), torch.tensor([1.0 + 2j]).conj().conj())
