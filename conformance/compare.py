@@ -152,6 +152,28 @@ def _worst(score: torch.Tensor, t: torch.Tensor, c: torch.Tensor) -> dict[str, A
 
 
 def tensor_evidence(t: torch.Tensor, c: torch.Tensor, atol: float, rtol: float) -> Evidence:
+    """How close ``t`` (the target's) is to ``c`` (the CPU's): each element within ``atol + rtol *
+    |c|``, NaNs and infinities where the CPU has them. A complex element is one value, as
+    ``torch.isclose`` and ``torch.testing.assert_close`` take it (``|t - c|``, the modulus of the
+    difference); the errors shown are measured on its real and imaginary parts."""
+    ev = _tensor_evidence(t, c, atol, rtol)
+    if not (t.is_complex() and c.is_complex()) or t.shape != c.shape or t.numel() == 0:
+        return ev
+    tc, cc = (x.to(torch.complex64) if x.dtype == torch.complex32 else x for x in (t, c))
+    if t.layout != torch.strided or c.layout != torch.strided:
+        tc, cc = tc.to_dense(), cc.to_dense()
+    tc, cc = tc.resolve_conj().to(torch.complex128), cc.resolve_conj().to(torch.complex128)
+    bad = ~torch.isclose(tc, cc, rtol=rtol, atol=atol, equal_nan=True)
+    n_bad = int(bad.sum())
+    if n_bad == 0:
+        return replace(ev, close=True, mismatch_frac=0.0, detail="", worst=None)
+    note = "; NaN pattern differs" if not ev.nan_agree else ""
+    return replace(ev, close=False, mismatch_frac=n_bad / tc.numel(),
+                   detail=f"{n_bad} of {tc.numel()} complex values outside atol={atol:g} rtol={rtol:g} "
+                          f"(|target - cpu| > atol + rtol*|cpu|){note}")
+
+
+def _tensor_evidence(t: torch.Tensor, c: torch.Tensor, atol: float, rtol: float) -> Evidence:
     if t.layout != torch.strided or c.layout != torch.strided:  # sparse results: their values, densely
         t, c = t.to_dense() if t.layout != torch.strided else t, c.to_dense() if c.layout != torch.strided else c
     if t.dtype == torch.complex32 or c.dtype == torch.complex32:  # the CPU has few ComplexHalf kernels (no equal)

@@ -171,3 +171,27 @@ def test_bitwise_equal_counts_nans_and_signed_zeros_and_views_alike():
     nan, other_nan = torch.tensor([float("nan"), 0.0]), torch.tensor([-float("nan"), -0.0])
     assert bitwise_equal(nan, other_nan) and not bitwise_equal(nan, torch.tensor([1.0, 0.0]))
     assert bitwise_equal(torch.tensor([1.0 + 2j]), torch.tensor([1.0 + 2j]).conj().conj())
+
+
+def test_a_complex_element_is_one_value_as_assert_close_takes_it():
+    """|target - cpu| <= atol + rtol * |cpu| per complex element (torch.isclose's rule, which the
+    standalone repro's assert_close applies), not each part on its own: a small part's error
+    within the element's tolerance passes (ONNX Runtime's fft.fft was a false mismatch), and two
+    parts each within tolerance whose modulus is not fail."""
+    from conformance.compare import tensor_evidence
+
+    c = torch.tensor([1 + 1j, 0.001 + 5j], dtype=torch.complex64)
+    small_part = c.clone()
+    small_part[1] = complex(0.001 + 1.2e-5, 5)  # 1.2e-5 > atol on a part of 1e-3; within 1e-5 + 1.3e-6 * 5
+    ev = tensor_evidence(small_part, c, 1e-5, 1.3e-6)
+    assert ev.close and ev.detail == "" and ev.max_abs_err > 1e-5
+    torch.testing.assert_close(small_part, c, atol=1e-5, rtol=1.3e-6)
+    both_parts = c.clone()
+    both_parts[0] = complex(1 + 8e-6, 1 + 8e-6)  # each part within 1e-5 + 1.3e-6; |diff| = 1.13e-5 is not
+    ev = tensor_evidence(both_parts, c, 1e-5, 0.0)
+    assert not ev.close and ev.detail.startswith("1 of 2 complex values outside") and ev.mismatch_frac == 0.5
+    with pytest.raises(AssertionError):
+        torch.testing.assert_close(both_parts, c, atol=1e-5, rtol=0.0)
+    nan = torch.tensor([complex(float("nan"), 0)], dtype=torch.complex64)
+    assert tensor_evidence(nan, nan.clone(), 1e-5, 0.0).close
+    assert not tensor_evidence(nan, torch.tensor([1 + 0j]), 1e-5, 0.0).close
