@@ -50,17 +50,48 @@ def seed_all(seed: int) -> None:
 
 def samples(info: Any, dtype: torch.dtype, *, thorough: bool = False, seed: int = DEFAULT_SEED,
             requires_grad: bool = False) -> Iterator[Any]:
-    """SampleInputs on the CPU, generated from a fixed seed."""
+    """SampleInputs on the CPU, generated from a fixed seed.
+
+    Sample ``i`` depends on the seed alone: the generator draws from a torch random state of
+    its own, swapped in around each ``next`` and out again, so what the caller runs between two
+    samples (a random op, a device drawing from the global generator) cannot change the later
+    samples, and ``conformance repro`` regenerates exactly the sample the sweep ran. Python's
+    ``random`` and numpy's global state are seeded when the generator starts (OpInfos draw an
+    ``eps`` or indices from them; ``random`` was not seeded, and each build of a nightly got
+    other inputs under the same item key); the ops and devices do not draw from those two, so
+    they are not swapped (numpy's swap costs ~150 us a sample). The global torch state the
+    caller sees is seeded (:func:`seed_all`) once, when the generator starts: the items'
+    starting point."""
+    import random
+
+    import numpy as np
+
     seed_all(seed)
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    gen_state = torch.default_generator.get_state()
     # The generator functions are called directly: OpInfo.sample_inputs wraps them in
     # TrackedInputIter, which walks the Python stack and reseeds through torch.manual_seed
     # for every sample (milliseconds each; more than the ops themselves).
     fn = info.sample_inputs_func
     if thorough and info.reference_inputs_func is not None:
         fn = info.reference_inputs_func
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield from fn(info, "cpu", dtype, requires_grad)
+    gen = None
+    while True:
+        outer = torch.default_generator.get_state()
+        torch.default_generator.set_state(gen_state)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                if gen is None:
+                    gen = iter(fn(info, "cpu", dtype, requires_grad))
+                sample = next(gen)
+        except StopIteration:
+            return
+        finally:
+            gen_state = torch.default_generator.get_state()
+            torch.default_generator.set_state(outer)
+        yield sample
 
 
 def variant_fn(info: Any, variant: str) -> Callable[..., Any] | None:
