@@ -6,6 +6,7 @@ One regression test per fidelity root cause found by running PyTorch's TestCommo
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -206,3 +207,67 @@ def test_sdpa_backend_choice_matches_the_cpu(emu_build):
         cpu_pick = torch._fused_sdp_choice(q, k, v, mask.clone().requires_grad_(mask_grad))
         assert cpu_pick == (0 if mask_grad else 1)  # SDPBackend: math, flash_attention
         assert ("aten::_scaled_dot_product_flash_attention_for_cpu.default" in ops) == (fused and cpu_pick == 1)
+
+
+# 8 ------------------------------------------------------------------ the meta-dtype cache
+_DTYPE_CALLS = [
+    lambda t: t + 1, lambda t: t + 1.5, lambda t: t * True, lambda t: t / 2, lambda t: torch.div(t, 2, rounding_mode="floor"),
+    lambda t: t.sum(), lambda t: (t > 1).sum(), lambda t: torch.where(t > 1, t, torch.tensor(0.5)),
+    lambda t: t + torch.tensor(2.5, dtype=torch.float64), lambda t: t + torch.ones(t.shape[-1], dtype=torch.float64, device=t.device),
+    lambda t: t.double() + t, lambda t: t + t.sum(), lambda t: t.double() + t.sum(), lambda t: t + t.double().sum(),
+    lambda t: t.float() + t.double(), lambda t: t.float() + t.double().sum(),
+    lambda t: torch.cat([t, t.double()]), lambda t: torch.mean(t.double(), 0), lambda t: torch.pow(t, 2),
+    lambda t: torch.pow(t, 2.0), lambda t: t.cumsum(0, dtype=torch.float64), lambda t: t.cumsum(0),
+]
+
+
+def test_meta_dtype_cache_agrees_with_a_fresh_meta_run(emu_build):
+    """The emulator caches the CPU's result dtypes per operator and argument signature. The same
+    operators (add, div, sum, cat, ...) with other argument dtypes, 0-dim or not, and other
+    shapes (left out of the key), once with the cache cleared before every call and once with
+    it holding every answer: dtypes and values as the CPU's each time."""
+    from neuron_emu import dispatch
+
+    for warm in (False, True):
+        dispatch._META_DTYPES.clear()
+        for shape in ((3, 4), (5,), (2, 1, 4)):
+            c = torch.arange(1, 1 + math.prod(shape), dtype=torch.int64).reshape(shape)
+            for i, call in enumerate(_DTYPE_CALLS):
+                if not warm:
+                    dispatch._META_DTYPES.clear()
+                want, got = call(c), call(c.to(D))
+                assert got.dtype == want.dtype, (i, shape, warm)
+                torch.testing.assert_close(got.cpu(), want, rtol=1e-6, atol=1e-6)
+        if emu_build == "2.33.0":  # int64 narrowed there, add and sum native: the cache answered
+            assert dispatch._META_DTYPES
+
+
+def _wrapped(number: float) -> torch.Tensor:
+    """The wrapped-number tensor ``t + number`` hands the dispatcher."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen = []
+
+    class Catch(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.extend(args)
+            return func(*args, **(kwargs or {}))
+
+    with Catch():
+        torch.ones(2, dtype=torch.int64) + number
+    return seen[1]
+
+
+def test_meta_dtype_cache_key_keeps_what_decides_a_dtype():
+    from neuron_emu.dispatch import _dtype_key
+
+    t = torch.ones(3, dtype=torch.int64)
+    assert _dtype_key(t) == _dtype_key(torch.ones(7, 2, dtype=torch.int64))  # shape: left out
+    assert _dtype_key(t) != _dtype_key(torch.ones((), dtype=torch.int64))  # 0-dim: ranks lower
+    # a wrapped Python number (float64, promoting as float32) is not a float64 CPU scalar
+    assert _dtype_key(torch.tensor(2.5, dtype=torch.float64)) != _dtype_key(_wrapped(2.5))
+    assert _dtype_key(t) != _dtype_key(t.double())
+    assert _dtype_key(2) != _dtype_key(2.0) != _dtype_key(True)
+    assert _dtype_key("floor") != _dtype_key("trunc")
+    with pytest.raises(TypeError):
+        _dtype_key(object())  # unknown arguments: the call is not cached
