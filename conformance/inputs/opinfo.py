@@ -9,11 +9,13 @@ Example::
 
 from __future__ import annotations
 
+import random
 import warnings
 from collections.abc import Callable, Iterator
 from functools import cache
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -62,10 +64,6 @@ def samples(info: Any, dtype: torch.dtype, *, thorough: bool = False, seed: int 
     they are not swapped (numpy's swap costs ~150 us a sample). The global torch state the
     caller sees is seeded (:func:`seed_all`) once, when the generator starts: the items'
     starting point."""
-    import random
-
-    import numpy as np
-
     seed_all(seed)
     random.seed(seed)
     np.random.seed(seed % 2**32)
