@@ -26,6 +26,7 @@ EXIT_OK = 0
 TARGETS = "neuron-emu | inductor | inductor-strict | onnxruntime | openvino | cuda | cpu | device:TYPE"
 EXIT_FAILURES = 1
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130  # Ctrl-C or SIGTERM stopped a run or a nightly (the shell's code for SIGINT)
 
 
 class UsageProblem(Exception):

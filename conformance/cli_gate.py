@@ -10,7 +10,18 @@ import click
 
 from opdb import Store
 
-from .cli import EXIT_FAILURES, EXIT_OK, EXIT_USAGE, TARGETS, check_build, db_option, handles_errors, main
+from .cli import (
+    EXIT_FAILURES,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    TARGETS,
+    check_build,
+    db_option,
+    fail,
+    handles_errors,
+    main,
+)
 from .cli_sweep import ledger_group
 from .gate_limits import CONFIRM_BUDGET_S, MAX_RERUNS  # not .gate: it imports torch
 
@@ -126,15 +137,26 @@ def ledger_stale(ledger_path: str | None, n_runs: int, target: str | None, db_pa
 @click.option("--site", default="results/site", show_default=True, type=click.Path(file_okay=False),
               help="Folder the report site is written to.")
 @click.option("--finish", is_flag=True, help="After merging shard DBs: coverage, report and gate only.")
+@click.option("--resume", default=None, metavar="PREFIX",
+              help="Continue an interrupted nightly (its prefix is printed when it stops), with the options it "
+                   "was started with: finished builds are kept, the interrupted one resumes, the rest run.")
 @db_option(default="results/opdb.sqlite")
 @handles_errors
 def nightly_cmd(target: str, builds: tuple[str, ...], ops: tuple[str, ...], dtypes: tuple[str, ...],
                 models: tuple[str, ...], model_limit: int | None, no_models: bool, no_schema: bool, workers: int,
-                shard: str, run_id_prefix: str | None, site: str, finish: bool, db_path: str) -> None:
+                shard: str, run_id_prefix: str | None, site: str, finish: bool, resume: str | None,
+                db_path: str) -> None:
     """The nightly: sweeps + models per build, coverage, the report site, and the gate.
 
     Example: conformance nightly --build 2.32.0 --build 2.33.0 --ops "nn.functional.*" --model-limit 5
+
+    Interrupted (Ctrl-C, SIGTERM), it stops in the build it was sweeping and exits 130; --resume
+    continues it.
     """
+    if resume and finish:
+        fail("--resume continues a nightly's sweeps and --finish skips them: give one")
+    if resume and run_id_prefix and resume != run_id_prefix:
+        fail(f"--resume {resume} and --run-id-prefix {run_id_prefix} name two nightlies: give --resume alone")
     for build in builds:  # before the imports below load torch
         check_build(target, build)
     from .nightly import NightlyResult, NightlySpec, finish_stages, run_nightly
@@ -150,7 +172,9 @@ def nightly_cmd(target: str, builds: tuple[str, ...], ops: tuple[str, ...], dtyp
         with Store.open(db_path) as store:
             finish_stages(store, spec, result, click.echo, db_label=db_path)
     else:
-        result = run_nightly(spec, db_path, progress=stderr_progress(), echo=click.echo)
+        result = run_nightly(spec, db_path, progress=stderr_progress(), echo=click.echo, resume=resume)
+    if result.interrupted is not None:
+        sys.exit(EXIT_INTERRUPTED)
     if any(s.infra for s in result.summaries.values()):
         sys.exit(EXIT_USAGE)
     sys.exit(result.gate_exit)

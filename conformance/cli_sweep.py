@@ -12,6 +12,7 @@ from opdb import Store
 
 from .cli import (
     EXIT_FAILURES,
+    EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_USAGE,
     TARGETS,
@@ -99,7 +100,7 @@ def run_cmd(variants: str, schema: bool | None, model_modes: str, resume: str | 
         sys.exit(EXIT_USAGE)
     if summary.interrupted:
         click.echo(f"interrupted; continue with: conformance run --resume {summary.run_id} --db {db_path}")
-        sys.exit(EXIT_FAILURES)
+        sys.exit(EXIT_INTERRUPTED)
     sys.exit(EXIT_OK if exit_zero or not summary.failures else EXIT_FAILURES)
 
 

@@ -9,6 +9,7 @@ databases; after the merge, ``--finish`` runs the stages after the sweeps on the
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -16,7 +17,8 @@ from pathlib import Path
 
 from opdb import Store
 
-from .run import Summary, check, run_into
+from .run import Summary, check, run_into, stored_summary
+from .select import SelectionError
 from .spec import RunSpec
 from .targets import BuildRef
 
@@ -29,7 +31,9 @@ class NightlySpec:
 
     run: RunSpec = RunSpec(models=("all",), schema=True)  # its build and run id are set per build
     builds: tuple[BuildRef, ...] = ()  # default: every build the target ships, oldest first
-    run_id_prefix: str | None = None  # shards of one nightly share run ids
+    # the builds' run ids are ``{prefix}-{build}``: shards of one nightly share them, and a nightly
+    # is resumed by its prefix (run_nightly picks one when none is given)
+    run_id_prefix: str | None = None
     site: str | None = "results/site"
     gate: bool = True
 
@@ -37,7 +41,8 @@ class NightlySpec:
         object.__setattr__(self, "builds", tuple(BuildRef.parse(b) for b in self.builds))
 
     def run_for(self, build: BuildRef) -> RunSpec:
-        return self.run.replace(build=build, run_id=f"{self.run_id_prefix}-{build}" if self.run_id_prefix else None)
+        run_id = f"{self.run_id_prefix}-{build}".replace("/", "_") if self.run_id_prefix else None
+        return self.run.replace(build=build, run_id=run_id)
 
 
 @dataclass
@@ -48,6 +53,8 @@ class NightlyResult:
     site: Path | None = None
     coverage: dict[str, str] = field(default_factory=dict)  # run id -> "exercised/reachable (pct)"
     gates: list[str] = field(default_factory=list)  # one line per gate pair
+    prefix: str | None = None  # the nightly's run id prefix: what ``--resume`` takes
+    interrupted: str | None = None  # the build whose sweep was interrupted: the nightly stopped there
 
     def summary_lines(self) -> list[str]:
         """The nightly's last words: one line per build, per gate pair, and where the report is."""
@@ -55,7 +62,8 @@ class NightlyResult:
         for build, run_id in self.runs.items():
             s = self.summaries.get(build)
             counts = f"{s.items:,} items, {s.failures:,} failing, {s.counts.get('pass_fallback', 0):,} pass on the " \
-                     f"CPU fallback, {s.wall_s / 60:.1f} min" if s is not None else "merged"
+                     f"CPU fallback, " + (f"{s.wall_s / 60:.1f} min" if s.session_items or not s.items
+                                         else "swept by an earlier session") if s is not None else "merged"
             if s is not None and s.infra:
                 counts = f"INFRA: {s.infra}"
             cov = self.coverage.get(run_id)
@@ -76,17 +84,55 @@ def default_builds(target: str) -> tuple[BuildRef, ...]:
 
 
 def run_nightly(spec: NightlySpec, db_path: str | os.PathLike[str], progress: Callable[[str], None] | None = None,
-                echo: Echo = print) -> NightlyResult:
+                echo: Echo = print, *, resume: str | None = None) -> NightlyResult:
+    """Sweep every build, then the stages after the sweeps. Interrupted (Ctrl-C, SIGTERM) in a
+    build's sweep, the nightly stops there (``result.interrupted``): no later build is swept and no
+    coverage, gate or report is made of unfinished runs. ``resume``: the prefix of a nightly in
+    this database; its finished builds are kept, its interrupted one resumes, the rest run."""
     result = NightlyResult()
     check(spec.run)  # a bad selection is refused before the database is created
+    if resume:
+        spec = dataclasses.replace(spec, run_id_prefix=resume)
+    elif spec.run_id_prefix is None:
+        from opdb.store import new_run_id
+
+        spec = dataclasses.replace(spec, run_id_prefix=new_run_id(spec.run.target, "nightly"))
+    result.prefix = spec.run_id_prefix
+    if resume and not Path(db_path).exists():
+        raise SelectionError(f"{db_path}: no such database, so no nightly {resume!r} to resume")
     with Store.open(db_path) as store:
-        sweep_stage(spec, store, result, progress, echo)
+        if resume:
+            _check_resumable(store, spec)
+        # named first: after a kill -9 this line is what --resume takes
+        echo(f"== nightly {result.prefix}" + (" (resumed) ==" if resume else " =="))
+        sweep_stage(spec, store, result, progress, echo, resume=bool(resume))
+        if result.interrupted is not None:
+            echo(f"nightly interrupted in the sweep of {result.interrupted}: nothing after it ran; continue it with "
+                 f"`conformance nightly --resume {result.prefix} --db {db_path}` and the same options")
+            return result
         if spec.run.shard != "1/1":
             echo(f"shard {spec.run.shard} done; merge the shard databases (conformance merge OUT IN...), then run "
                  f"`conformance nightly --finish` on the merged one")
             return result
         finish_stages(store, spec, result, echo, run_ids=list(result.runs.values()), db_label=str(db_path))
     return result
+
+
+def _check_resumable(store: Store, spec: NightlySpec) -> None:
+    """A nightly to resume: some build's run under its prefix, each started with this spec."""
+    builds = spec.builds or default_builds(spec.run.target)
+    found = [(b, run) for b in builds if (run := store.get_run(spec.run_for(b).run_id or "")) is not None]
+    if not found:
+        raise SelectionError(f"{store.path}: no nightly {spec.run_id_prefix!r} to resume (no run "
+                             f"{spec.run_for(builds[0]).run_id!r}); the prefix is printed when a nightly is interrupted")
+    for build, run in found:
+        stored = RunSpec.from_run(run, workers=spec.run.workers).to_config()
+        mine = spec.run_for(build).replace(build=build.resolved()).to_config()
+        for key in sorted(set(stored) | set(mine)):
+            if key not in ("shard", "run_id") and stored.get(key) != mine.get(key):
+                raise SelectionError(f"nightly {spec.run_id_prefix}: build {build} was started with {key}="
+                                     f"{stored.get(key)!r}, this command has {key}={mine.get(key)!r}; resume it "
+                                     "with the options it was started with")
 
 
 def finish_stages(store: Store, spec: NightlySpec, result: NightlyResult, echo: Echo = print,
@@ -110,16 +156,26 @@ def finish_stages(store: Store, spec: NightlySpec, result: NightlyResult, echo: 
 
 # -- the stages ----------------------------------------------------------------------------
 def sweep_stage(spec: NightlySpec, store: Store, result: NightlyResult, progress: Callable[[str], None] | None,
-                echo: Echo) -> None:
+                echo: Echo, *, resume: bool = False) -> None:
     builds = spec.builds or default_builds(spec.run.target)
     parts = [name for name, on in (("OpInfo sweep", spec.run.opinfo), ("schema search", spec.run.schema),
                                    ("models", bool(spec.run.models))) if on]
     for i, build in enumerate(builds, start=1):
-        echo(f"== sweep {i}/{len(builds)}: {spec.run.target} {build} ({', '.join(parts)}) ==")
-        summary = run_into(spec.run_for(build), store, progress=progress)
-        echo(summary.render(top=3))
+        run = spec.run_for(build)
+        stored = store.shard_status(run.run_id, run.shard) if resume and run.run_id else None
+        if stored == "finished":
+            echo(f"== sweep {i}/{len(builds)}: {spec.run.target} {build}: finished by an earlier session ==")
+            summary = stored_summary(store, run.run_id, run.shard)
+        else:
+            echo(f"== sweep {i}/{len(builds)}: {spec.run.target} {build} ({', '.join(parts)})"
+                 + (" resumed ==" if stored else " =="))
+            summary = run_into(run, store, progress=progress, resume=run.run_id if stored else None)
+            echo(summary.render(top=3))
         result.runs[str(build)] = summary.run_id
         result.summaries[str(build)] = summary
+        if summary.interrupted:
+            result.interrupted = str(build)
+            return
 
 
 def coverage_stage(store: Store, run_ids: Sequence[str], echo: Echo) -> dict[str, str]:

@@ -144,6 +144,13 @@ def _check_run_id(store: Store, spec: RunSpec, config: dict[str, Any], where: st
                              f"--resume {spec.run_id} or use a new --run-id")
 
 
+def stored_summary(store: Store, run_id: str, shard: str = "1/1") -> Summary:
+    """The summary of a run (shard) swept by an earlier session, from what the store holds."""
+    summary = Summary(run_id)
+    _whole_run(store, run_id, shard, summary)
+    return summary
+
+
 def _whole_run(store: Store, run_id: str, shard: str, summary: Summary) -> None:
     """Counts and items of everything the run (this shard) holds, earlier sessions included:
     a resumed run's exit code and summary are about the whole run, not the part run now."""

@@ -289,6 +289,12 @@ class Store:
                 "values (?, ?, ?, ?, 'running')", [run_id, shard, socket.gethostname(), now()])
         return self.get_run(run_id) or {}
 
+    def shard_status(self, run_id: str, shard: str = "1/1") -> str | None:
+        """A run shard's status (``running``, ``interrupted``, ``finished``, ...); None when the
+        run has no such shard."""
+        row = self.db.execute("select status from run_shards where run_id = ? and shard = ?", [run_id, shard]).fetchone()
+        return row[0] if row else None
+
     def finish_run(self, run_id: str, *, shard: str = "1/1", status: str = "finished") -> None:
         """Close a shard; the run is finished when all of its recorded shards are."""
         with self._transaction():

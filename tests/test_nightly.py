@@ -6,6 +6,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from opdb import Store
 
 ARGS = ["--build", "2.32.0", "--build", "2.33.0", "--ops", "abs", "--ops", "cumsum",
@@ -47,3 +49,59 @@ def test_two_shards_merge_and_finish_like_the_unsharded_nightly(tmp_path):
     with Store.open(merged) as st:
         assert {x["status"] for x in st.runs()} == {"finished"}
         assert st.count("coverage") == 2 * st.count("ops") or st.count("coverage") > 3000
+
+
+def _interrupt_in(build: str):
+    """A progress callback that stops the sweep of ``build`` at its first line, as Ctrl-C would."""
+    def progress(line: str) -> None:
+        if f" {build} " in line:
+            raise KeyboardInterrupt
+
+    return progress
+
+
+def test_an_interrupted_nightly_stops_at_its_build_and_resumes_from_there(tmp_path):
+    from conformance.nightly import NightlySpec, run_nightly
+    from conformance.select import SelectionError
+    from conformance.spec import RunSpec
+
+    db, said = tmp_path / "n.sqlite", []
+    run = RunSpec(ops=("abs",), dtypes=("float32",), schema=False, workers=1)
+    spec = NightlySpec(run=run, builds=("2.32.0", "2.33.0"), site=str(tmp_path / "site"))
+    first = run_nightly(spec, db, progress=_interrupt_in("2.33.0"), echo=said.append)
+    assert first.interrupted == "2.33.0" and first.prefix, said
+    assert f"--resume {first.prefix}" in said[-1]
+    with Store.open(db) as st:
+        status = {r["build"]: r["status"] for r in st.runs()}
+        assert status == {"2.32.0": "finished", "2.33.0": "interrupted"}, status
+        assert st.count("coverage") == 0  # no stage after the sweeps ran on unfinished runs
+        before = st.count("op_results", run_id=first.runs["2.32.0"])
+    assert not (tmp_path / "site").exists() and first.gates == []
+
+    other = NightlySpec(run=run.replace(dtypes=("bfloat16",)), builds=spec.builds, site=spec.site)
+    with pytest.raises(SelectionError, match="2.32.0 was started with dtypes"):
+        run_nightly(other, db, resume=first.prefix, echo=said.append)
+    with pytest.raises(SelectionError, match="no nightly 'nope'"):
+        run_nightly(spec, db, resume="nope", echo=said.append)
+
+    said.clear()
+    second = run_nightly(spec, db, resume=first.prefix, echo=said.append)
+    assert second.interrupted is None and second.runs == first.runs, said
+    assert any("2.32.0: finished by an earlier session" in s for s in said), said
+    with Store.open(db) as st:
+        assert {r["status"] for r in st.runs()} == {"finished"} and len(st.runs()) == 2
+        assert st.count("op_results", run_id=first.runs["2.32.0"]) == before  # kept, not swept again
+        assert st.count("coverage") > 0
+    assert len(second.gates) == 1 and (tmp_path / "site" / "index.html").exists()
+
+
+def test_the_nightly_command_exits_130_when_interrupted(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    import conformance.run
+    from conformance.cli import main
+
+    monkeypatch.setattr(conformance.run, "stderr_progress", lambda: _interrupt_in("2.33.0"))
+    r = CliRunner().invoke(main, ["nightly", *ARGS, "--db", str(tmp_path / "n.sqlite"), "--site", str(tmp_path / "s")])
+    assert r.exit_code == 130, r.output
+    assert "nightly interrupted in the sweep of 2.33.0" in r.output and "--resume " in r.output
