@@ -21,6 +21,16 @@ def emu_build(request):
     neuron_emu.use_build(prev)
 
 
+@pytest.fixture(autouse=True)
+def _emulator_build_restored():
+    """The emulator's active build as each test found it: a test that switches builds (a target
+    on a manifest in tmp_path) must not decide which build a later test of its worker runs."""
+    prev = neuron_emu.active_build()
+    yield
+    if neuron_emu.active_build() is not prev:
+        neuron_emu.use_build(prev)
+
+
 @pytest.fixture
 def store() -> Store:
     """An in-memory opdb."""
