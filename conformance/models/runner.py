@@ -13,7 +13,8 @@ against eager CPU from identical weights and data:
   (the first step's forward/backward *is* the parity run);
 * ``compile`` items run the same protocol through ``torch.compile(backend=<target's>,
   dynamic=False)`` wrapped in a counting backend (device-generic), then sweep the spec's shape
-  variants recording recompiles and p50/p99 forward latency after warm-up;
+  variants in inference (``eval()``, ``no_grad``, as ``conformance audit`` does) recording
+  recompiles and p50/p99 forward latency after warm-up;
 * a failing item is localized (:mod:`conformance.models.localize`) to its first divergent op.
 
 A spec that cannot be looked up, built or traced yields ``error`` rows for its items; nothing
@@ -489,12 +490,14 @@ def run_item(target: Any, prep: _Prepared, dtype_name: str, mode: str, config: A
     # Performance: compile counts, shape sweep and latency.
     if tgt.error is None and fn is not None and cpu.error is None:
         try:
-            if mode == "compile":
-                assert counter is not None
-                row.update(_shape_sweep(spec, fn, dtype, target, counter, tgt.first_s, timed_iters))
-            elif timed_iters:
-                times = _time_forward(fn, target.to_device(inputs), target, WARMUP + timed_iters)[WARMUP:]
-                row["p50_ms"], row["p99_ms"] = percentile(times, 0.5), percentile(times, 0.99)
+            assert tgt_model is not None
+            with _inference(tgt_model):
+                if mode == "compile":
+                    assert counter is not None
+                    row.update(_shape_sweep(spec, fn, dtype, target, counter, tgt.first_s, timed_iters))
+                elif timed_iters:
+                    times = _time_forward(fn, target.to_device(inputs), target, WARMUP + timed_iters)[WARMUP:]
+                    row["p50_ms"], row["p99_ms"] = percentile(times, 0.5), percentile(times, 0.99)
         except Exception as exc:  # noqa: BLE001
             row["error"] = f"{row['error'] + '; ' if row['error'] else ''}latency sweep failed: {_err(exc)}"[:2000]
     return row
@@ -504,17 +507,33 @@ def _shape(inputs: tuple) -> list[Any]:
     return [list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__ for x in leaves(inputs)]
 
 
+@contextlib.contextmanager
+def _inference(model: nn.Module) -> Iterator[None]:
+    """``model`` in eval mode under ``no_grad`` (its training flags restored after): the latency
+    a model is deployed with, and for a compiled model an inference graph per shape instead of
+    a joint forward-backward one (measured: about half of a compile item's time went to the two
+    joint recompiles of the shape sweep)."""
+    flags = {m: m.training for m in model.modules()}
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        for m, training in flags.items():
+            m.training = training
+
+
 def _shape_sweep(spec: Any, fn: Callable[..., Any], dtype: torch.dtype, target: Any, counter: CountingBackend,
                  first_s: float, timed_iters: int = TIMED_ITERS) -> dict[str, Any]:
-    """Compile count/time of the canonical shape, then each shape variant: recompiles and latency."""
-    compiles0 = counter.compiles
+    """Compile count of the canonical shape, then each shape variant's recompiles, and latency at
+    each (run in inference: the canonical shape compiles its inference graph here)."""
     shapes, recompiles = [], 0
     for v, inputs in enumerate(spec.shape_variants()):
         x = target.to_device(_cast(inputs, dtype))
         before = counter.compiles
-        fn(*x)  # first call at this shape: compiles when the shape is new
+        fn(*x)  # first call at this shape: compiles when the shape (or the inference mode) is new
         target.synchronize()
-        n = counter.compiles - before if v else compiles0  # canonical shape: compiled by the training run
+        n = counter.compiles - before
         if v:
             recompiles += n
         times = _time_forward(fn, x, target, WARMUP + timed_iters)[WARMUP:] if timed_iters else []
