@@ -21,14 +21,18 @@ def emu_build(request):
     neuron_emu.use_build(prev)
 
 
+_START_BUILD = neuron_emu.active_build()  # the build this test session started on
+
+
 @pytest.fixture(autouse=True)
 def _emulator_build_restored():
-    """The emulator's active build as each test found it: a test that switches builds (a target
-    on a manifest in tmp_path) must not decide which build a later test of its worker runs."""
-    prev = neuron_emu.active_build()
+    """Each test ends with the emulator on the build the session started with: a test, or a
+    module fixture, that switched builds (a target on a manifest in a tmp folder) must not decide
+    which build a later test of its worker runs. Targets switch to their own build before they run
+    anything, so a module fixture's target still runs its build in the next test."""
     yield
-    if neuron_emu.active_build() is not prev:
-        neuron_emu.use_build(prev)
+    if neuron_emu.active_build() is not _START_BUILD:
+        neuron_emu.use_build(_START_BUILD)
 
 
 @pytest.fixture

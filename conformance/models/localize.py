@@ -147,7 +147,7 @@ def localize(model: nn.Module, inputs: tuple, target: Any, dtype: torch.dtype, *
     def to_dev(v: Any) -> Any:
         def one(x: Any) -> Any:
             if isinstance(x, torch.Tensor):
-                return x.detach().clone().to(dev)
+                return target.to_device(x.detach().clone())  # the target's way on (its build, for the emulator)
             if isinstance(x, torch.device) and x.type == "cpu":
                 return dev
             return x

@@ -7,7 +7,7 @@ Native vs fallback comes from the device's own runtime tracking (as with torch-n
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +54,16 @@ class NeuronEmuTarget(Target):
         one switches it back before running anything, instead of running on the other build."""
         if self._emu.active_build().name != self.build:
             self._emu.use_build(self.build_spec)
+
+    # Every way onto the device makes this target's build the active one first: the runs outside
+    # an op trace (a contract's second call, an untraced re-run, a model's localization) too.
+    def to_device(self, value: Any) -> Any:
+        self._ensure_active()
+        return super().to_device(value)
+
+    def wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        self._ensure_active()
+        return super().wrap(fn)
 
     @contextlib.contextmanager
     def trace(self) -> Iterator[OpTrace]:
