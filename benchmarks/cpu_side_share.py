@@ -20,10 +20,10 @@ import torch
 
 from conformance import execute
 from conformance import sweep as sweep_mod
-from conformance.inputs.opinfo import by_name, cpu_dtypes
-from conformance.sweep import SweepConfig, run_group
+from conformance.inputs.opinfo import by_name
+from conformance.sweep import OPINFO, SweepConfig, run_group
 from conformance.targets import get_target
-from conformance.work import Group
+from conformance.work import Selection
 
 
 def main() -> None:
@@ -37,10 +37,8 @@ def main() -> None:
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")
     target = get_target("neuron-emu", build=args.build)
-    chosen = random.Random(args.seed).sample(sorted(by_name().items()), args.ops)
-    dtypes = args.dtypes.split(",")
-    groups = [Group(n, d) for n, info in chosen for d in dtypes
-              if d in {str(x).removeprefix("torch.") for x in cpu_dtypes(info)}]
+    chosen = random.Random(args.seed).sample(sorted(by_name()), args.ops)
+    groups = OPINFO.groups(Selection(ops=tuple(chosen), dtypes=(args.dtypes,)))  # the dtypes the CPU has
 
     spent = {"cpu": 0.0, "target": 0.0}
     current: list = [None, 0.0]

@@ -18,10 +18,9 @@ from collections import Counter
 import torch
 
 import neuron_emu.dispatch as dispatch
-from conformance.inputs.opinfo import by_name, cpu_dtypes
-from conformance.sweep import SweepConfig, run_group
+from conformance.sweep import OPINFO, SweepConfig, run_group
 from conformance.targets import get_target
-from conformance.work import Group
+from conformance.work import Selection
 
 VOLATILE = {"duration_s", "proof", "recorded_at"}
 
@@ -30,14 +29,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", default="2.33.0")
     ap.add_argument("--dtypes", default="int64,float64,int32")
-    ap.add_argument("--ops", default="", help="only OpInfos whose name starts with this")
+    ap.add_argument("--ops", default="", help="only OpInfos whose name starts with this (a glob prefix)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")
     target = get_target("neuron-emu", build=args.build)
-    dtypes = args.dtypes.split(",")
-    groups = [Group(n, d) for n, info in sorted(by_name().items()) if n.startswith(args.ops)
-              for d in dtypes if d in {str(x).removeprefix("torch.") for x in cpu_dtypes(info)}]
+    groups = OPINFO.groups(Selection(ops=(f"{args.ops}*",), dtypes=(args.dtypes,)))  # the dtypes the CPU has
     config = SweepConfig(contracts=("none",))
 
     def sweep() -> tuple[dict[str, dict], float]:

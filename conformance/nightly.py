@@ -17,7 +17,7 @@ from pathlib import Path
 
 from opdb import Store
 
-from .run import Summary, check, run_into, stored_summary
+from .run import Summary, check, config_difference, run_into, stored_summary
 from .select import SelectionError
 from .spec import RunSpec
 from .targets import BuildRef
@@ -126,13 +126,12 @@ def _check_resumable(store: Store, spec: NightlySpec) -> None:
         raise SelectionError(f"{store.path}: no nightly {spec.run_id_prefix!r} to resume (no run "
                              f"{spec.run_for(builds[0]).run_id!r}); the prefix is printed when a nightly is interrupted")
     for build, run in found:
-        stored = RunSpec.from_run(run, workers=spec.run.workers).to_config()
-        mine = spec.run_for(build).replace(build=build.resolved()).to_config()
-        for key in sorted(set(stored) | set(mine)):
-            if key not in ("shard", "run_id") and stored.get(key) != mine.get(key):
-                raise SelectionError(f"nightly {spec.run_id_prefix}: build {build} was started with {key}="
-                                     f"{stored.get(key)!r}, this command has {key}={mine.get(key)!r}; resume it "
-                                     "with the options it was started with")
+        differ = config_difference(RunSpec.from_run(run, workers=spec.run.workers).to_config(),
+                                   spec.run_for(build).replace(build=build.resolved()).to_config())
+        if differ is not None:
+            key, theirs, mine = differ
+            raise SelectionError(f"nightly {spec.run_id_prefix}: build {build} was started with {key}={theirs!r}, "
+                                 f"this command has {key}={mine!r}; resume it with the options it was started with")
 
 
 def finish_stages(store: Store, spec: NightlySpec, result: NightlyResult, echo: Echo = print,

@@ -118,6 +118,15 @@ def _select(spec: RunSpec) -> list[Group]:
 _PER_SHARD = ("shard",)
 
 
+def config_difference(stored: dict[str, Any], mine: dict[str, Any]) -> tuple[str, Any, Any] | None:
+    """The first key (sorted) whose value differs between a stored run config and another one,
+    as (key, stored value, other value); keys that may differ between shards are not compared."""
+    for key in sorted(set(stored) | set(mine)):
+        if key not in _PER_SHARD and stored.get(key) != mine.get(key):
+            return key, stored.get(key), mine.get(key)
+    return None
+
+
 def _check_run_id(store: Store, spec: RunSpec, config: dict[str, Any], where: str) -> None:
     """A reused --run-id joins the run only as another shard of the same spec: another selection,
     seed or build would mix two runs under one id, and a shard already recorded would be silently
@@ -126,13 +135,11 @@ def _check_run_id(store: Store, spec: RunSpec, config: dict[str, Any], where: st
     existing = store.get_run(spec.run_id)
     if existing is None:
         return
-    stored = json.loads(existing.get("config") or "{}")
-    mine = json.loads(json.dumps(config, sort_keys=True))
-    for key in sorted(set(stored) | set(mine)):
-        if key in _PER_SHARD or stored.get(key) == mine.get(key):
-            continue
-        raise SelectionError(f"--run-id {spec.run_id}: {where} holds that run with {key}={stored.get(key)!r}, this "
-                             f"run has {key}={mine.get(key)!r}; use a new --run-id (or --resume {spec.run_id})")
+    differ = config_difference(json.loads(existing.get("config") or "{}"), json.loads(json.dumps(config, sort_keys=True)))
+    if differ is not None:
+        key, theirs, mine = differ
+        raise SelectionError(f"--run-id {spec.run_id}: {where} holds that run with {key}={theirs!r}, this "
+                             f"run has {key}={mine!r}; use a new --run-id (or --resume {spec.run_id})")
     from opdb.queries import results_by_key
 
     recorded = sum(1 for table in TABLES
