@@ -117,6 +117,34 @@ def test_denormals_flushed_on_every_intra_op_thread_and_only_where_declared(emu_
     assert int(((sub * 1.0) != 0).sum()) == n and int(((small * small) != 0).sum()) == n
 
 
+def test_small_calls_flush_on_one_thread_and_backward_flushes_on_every_thread(two_threads):
+    # A call with fewer than GRAIN_SIZE input elements runs serially (no `omp parallel` region to
+    # set FTZ/DAZ on the workers): avg_pool2d splits its 16 planes over both threads whatever
+    # their size, so a worker computing half of them without FTZ/DAZ would leave them unflushed.
+    # Backward ops run on autograd's device thread: small ones serially there, large ones on a
+    # team of that thread's own, flushed on each of its threads.
+    prev = neuron_emu.active_build().name
+    neuron_emu.use_build("2.32.0")  # FTZ, avg_pool2d native
+    try:
+        assert neuron_emu.active_build().numerics.flush_denormals
+        sub = torch.full((2, 8, 4, 4), 1e-39)
+        want = torch.nn.functional.avg_pool2d(sub, 1)
+        assert int((want != 0).sum()) == sub.numel()
+        got = torch.nn.functional.avg_pool2d(sub.to(D), 1).cpu()
+        assert int((got != 0).sum()) == 0
+        for n in (256, 1 << 20):
+            x = torch.ones(n, device=D, requires_grad=True)
+            (x * torch.full((n,), 1e-39, device=D)).sum().backward()  # x.grad = ones * 1e-39
+            assert int((x.grad.cpu() != 0).sum()) == 0, n
+        # the calling thread's counts are back, and no FTZ/DAZ is left on the CPU's threads
+        assert torch.get_num_threads() == 2
+        assert torch.equal(torch.nn.functional.avg_pool2d(sub, 1), want)
+        big = torch.full((1 << 20,), 1e-39)
+        assert int(((big * 1.0) != 0).sum()) == 1 << 20
+    finally:
+        neuron_emu.use_build(prev)
+
+
 def test_denormal_flushing_leaves_no_ftz_in_a_worker_thread_started_during_the_call():
     # A fresh process whose second OpenMP thread starts inside the first device call: a new
     # thread inherits the starting thread's FTZ/DAZ, so it must be started before they are set.

@@ -39,6 +39,12 @@
 #include <xmmintrin.h>
 #define NEURON_EMU_X86 1
 #endif
+#ifdef _OPENMP
+#include <omp.h>
+// MKL's per-thread thread count (exported by libtorch_cpu when torch is built with MKL; weak, so a
+// torch without MKL loads the core all the same).
+extern "C" int MKL_Set_Num_Threads_Local(int) __attribute__((weak));  // mkl_service.h's C name
+#endif
 
 namespace neuron_emu {
 
@@ -536,23 +542,54 @@ static void on_intra_op_threads(void (*fn)()) {
 }
 #endif
 
+// A call whose tensor arguments hold fewer elements than this runs on the calling thread alone:
+// intra-op parallelism is off for its duration (OpenMP's and MKL's thread counts of this thread
+// set to 1), so FTZ/DAZ on this thread covers every element it computes and no `omp parallel`
+// region is opened.  Those regions (one to set, one to restore) cost more than such an op, and
+// far more once a second long-lived thread has a team of its own: autograd's device thread runs
+// every backward op of the device, libgomp then manages more threads than there are cores and
+// stops spinning, and each region pays a futex wake (measured on 2 cores, 2 threads, a 5x5 add:
+// 8 us before the first backward, 35-60 us after).  GRAIN_SIZE is what TensorIterator kernels
+// never split over threads anyway; the serial path is a speed choice, never a numerics one.
+static constexpr int64_t kSerialBelow = at::internal::GRAIN_SIZE;
+
 struct FtzGuard {
 #ifdef NEURON_EMU_X86
   bool on;
-  explicit FtzGuard(bool enable) : on(enable) {
-    if (on && t_ftz_depth++ == 0) on_intra_op_threads(&ftz_set_this_thread);
+  bool serial = false;
+  int omp_prev = 0, mkl_prev = 0;
+  FtzGuard(bool enable, int64_t work) : on(enable) {
+    if (!on || t_ftz_depth++ != 0) return;
+#ifdef _OPENMP
+    if (work < kSerialBelow && !at::in_parallel_region() && at::get_num_threads() > 1) {
+      serial = true;
+      omp_prev = omp_get_max_threads();
+      omp_set_num_threads(1);
+      if (MKL_Set_Num_Threads_Local) mkl_prev = MKL_Set_Num_Threads_Local(1);
+      ftz_set_this_thread();
+      return;
+    }
+#endif
+    on_intra_op_threads(&ftz_set_this_thread);
   }
   ~FtzGuard() {
-    if (on && --t_ftz_depth == 0) {
-      try {
-        on_intra_op_threads(&ftz_restore_this_thread);
-      } catch (...) {
-        ftz_restore_this_thread();  // at least the calling thread; a worker keeps its flag for next time
-      }
+    if (!on || --t_ftz_depth != 0) return;
+    if (serial) {
+      ftz_restore_this_thread();
+#ifdef _OPENMP
+      omp_set_num_threads(omp_prev);
+      if (MKL_Set_Num_Threads_Local) MKL_Set_Num_Threads_Local(mkl_prev);
+#endif
+      return;
+    }
+    try {
+      on_intra_op_threads(&ftz_restore_this_thread);
+    } catch (...) {
+      ftz_restore_this_thread();  // at least the calling thread; a worker keeps its flag for next time
     }
   }
 #else
-  explicit FtzGuard(bool) {}
+  FtzGuard(bool, int64_t) {}
 #endif
 };
 
@@ -574,25 +611,40 @@ static void run_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack, boo
   CallCtx ctx;
   const std::string name = op_name(op);
   ctx.op_name = &name;
+  // Elements in the tensor arguments (FtzGuard: serial below kSerialBelow).  A factory has none
+  // and runs serially whatever it makes: empty/empty_strided are most of them and compute
+  // nothing, and CPU random draws are serial kernels anyway.
+  int64_t work = 0;
+  auto count = [&work](const at::Tensor& t) {
+    if (t.defined()) work += t.numel();
+  };
   for (size_t i = 0; i < nargs; ++i) {
     c10::IValue& v = (*stack)[base + i];
     if (v.isTensor()) {
       const at::Tensor& t = v.toTensor();
+      count(t);
       if (t.defined() && t.device().type() == kNeuron) v = ctx.to_cpu(t);
       else ctx.to_cpu(t);
     } else if (v.isTensorList()) {
       auto in = v.toTensorList();
       c10::List<at::Tensor> out;
       out.reserve(in.size());
-      for (const at::Tensor& t : in) out.push_back(ctx.to_cpu(t));
+      for (const at::Tensor& t : in) {
+        count(t);
+        out.push_back(ctx.to_cpu(t));
+      }
       v = out;
     } else if (v.isOptionalTensorList()) {
       auto in = v.toOptionalTensorList();
       c10::List<std::optional<at::Tensor>> out;
       out.reserve(in.size());
       for (std::optional<at::Tensor> t : in) {
-        if (t.has_value()) out.push_back(ctx.to_cpu(*t));
-        else out.push_back(std::nullopt);
+        if (t.has_value()) {
+          count(*t);
+          out.push_back(ctx.to_cpu(*t));
+        } else {
+          out.push_back(std::nullopt);
+        }
       }
       v = out;
     } else if (v.isDevice()) {
@@ -616,7 +668,7 @@ static void run_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack, boo
   if (ks.has(c10::DispatchKey::SparseCsrPrivateUse1))
     cpu_ks = cpu_ks | c10::DispatchKeySet(c10::DispatchKey::SparseCsrCPU);
   {
-    FtzGuard fg(ftz);
+    FtzGuard fg(ftz, work);
     if (op == conv_ov) {
       conv.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
     } else if (op == conv_bw_ov) {
