@@ -36,10 +36,12 @@ import torch
 
 from opdb.status import EXPECTABLE
 
+from .inputs.opinfo import SPARSE_VARIANTS
+
 DEFAULT_LEDGER = Path(__file__).parent / "data" / "ledger.toml"
 DTYPES = ("float64", "float32", "bfloat16", "float16", "complex64", "complex128", "int64", "int32",
           "int16", "int8", "uint8", "bool")
-VARIANTS = ("function", "inplace", "out", "backward", "schema", "canary", "model", "*")
+VARIANTS = ("function", "inplace", "out", "backward", *SPARSE_VARIANTS, "schema", "canary", "model", "*")
 STATUSES = EXPECTABLE  # the failing statuses an xfail entry may accept
 
 # torch.testing.assert_close defaults, the baseline every override starts from.

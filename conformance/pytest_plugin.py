@@ -94,14 +94,15 @@ class _Session:
             self._target = get_target(self.target_name, self.pytest_config.getoption("--conformance-build"))
         return self._target
 
-    def samples(self, op: str, dtype: str) -> list[Any]:
-        key = f"{op}|{dtype}"
+    def samples(self, op: str, dtype: str, layout: str | None = None) -> list[Any]:
+        """The group's samples (a sparse variant's own, for ``layout``)."""
+        key = f"{op}|{dtype}|{layout}"
         if key not in self._samples:
             import torch
 
             from conformance.inputs.opinfo import by_name, samples
 
-            gen = samples(by_name()[op], getattr(torch, dtype), seed=self.config.seed)
+            gen = samples(by_name()[op], getattr(torch, dtype), seed=self.config.seed, layout=layout)
             out = []
             for i, s in enumerate(gen):
                 if self.config.max_samples is not None and i >= self.config.max_samples:
@@ -113,7 +114,7 @@ class _Session:
     def collect(self, session: pytest.Session) -> list[pytest.Item]:
         from conformance.inputs.opinfo import by_name
         from conformance.kinds import select_groups
-        from conformance.sweep import plan
+        from conformance.sweep import plan, sparse_plan
 
         dtypes = self.pytest_config.getoption("--conformance-dtypes")
         groups = select_groups(self.pytest_config.getoption("--conformance-ops") or None,
@@ -129,6 +130,14 @@ class _Session:
                     items.append(ConformanceItem.from_parent(
                         session, name=f"{g.op}[{variant}-{g.dtype}-{idx}]", op=g.op, variant=variant,
                         dtype=g.dtype, index=idx))
+            for layout in sparse_plan(by_name()[g.op], self.config):
+                try:
+                    n = len(self.samples(g.op, g.dtype, layout))
+                except Exception:  # noqa: BLE001 - as above
+                    continue
+                items.extend(ConformanceItem.from_parent(
+                    session, name=f"{g.op}[{layout}-{g.dtype}-{idx}]", op=g.op, variant=layout, dtype=g.dtype,
+                    index=idx) for idx in range(n))
         return items
 
     def record(self, row: dict[str, Any]) -> None:
@@ -164,13 +173,13 @@ class ConformanceItem(pytest.Item):
         self.add_marker(pytest.mark.xdist_group(f"{op}|{dtype}"))
 
     def runtest(self) -> None:
-        from conformance.inputs.opinfo import by_name
+        from conformance.inputs.opinfo import SPARSE_VARIANTS, by_name
         from conformance.sweep import evaluate, harness_error
         from conformance.verdict import Status
         from conformance.work import Group
 
         s: _Session = self.config._conformance
-        sample = s.samples(self.op, self.dtype)[self.index]
+        sample = s.samples(self.op, self.dtype, self.variant if self.variant in SPARSE_VARIANTS else None)[self.index]
         try:
             row = evaluate(s.target(), by_name()[self.op], self.op, self.variant, self.dtype, self.index, sample,
                            s.config)

@@ -36,12 +36,12 @@ from opdb.queries import op_result
 
 from .comparators import comparator_for
 from .contracts import CONTRACTS
-from .inputs.opinfo import DEFAULT_SEED, by_name, samples
+from .inputs.opinfo import DEFAULT_SEED, SPARSE_VARIANTS, by_name, samples
 from .targets import get_target
 
 # Which attribute of the OpInfo a variant calls (schema results call the overload itself).
 _VARIANT_ATTR = {"function": "op", "canary": "op", "backward": "op", "out": "op", "inplace": "inplace_variant",
-                 "schema": None}
+                 **dict.fromkeys(SPARSE_VARIANTS, "op"), "schema": None}
 
 _TEMPLATE = '''"""{doc}
 """
@@ -154,7 +154,8 @@ def nth(it, n):
 
 target = get_target(RECORD["target"], RECORD["build_spec"], tuple(RECORD["imports"]))
 sample = nth(samples(info, getattr(torch, RECORD["dtype"]), thorough=RECORD["thorough"], seed=RECORD["seed"],
-                     requires_grad=VARIANT == "backward"), RECORD["sample"])
+                     requires_grad=VARIANT == "backward", layout=VARIANT if VARIANT.startswith("sparse_") else None),
+             RECORD["sample"])
 config = SweepConfig(thorough=RECORD["thorough"], seed=RECORD["seed"], contracts=tuple(RECORD["contracts"]))
 row = evaluate(target, info, RECORD["op"], VARIANT, RECORD["dtype"], RECORD["sample"], sample, config)
 checks = row["contracts"] or {}
@@ -210,7 +211,8 @@ def write_repro(store: Store, result_id: int, out_dir: str | Path) -> Path:
         dtype = _dtype(row.get("dtype"), where)
         seed = _int(row.get("seed") or config.get("seed") or DEFAULT_SEED, where, "seed")
         sample = _nth(samples(info, dtype, thorough=bool(config.get("thorough")), seed=seed,
-                              requires_grad=variant == "backward"), _int(row.get("sample"), where, "sample"))
+                              requires_grad=variant == "backward", layout=variant if variant in SPARSE_VARIANTS else None),
+                      _int(row.get("sample"), where, "sample"))
         data = {"input": sample.input, "args": sample.args, "kwargs": sample.kwargs}
         resolve = ("from torch.testing._internal.common_methods_invocations import op_db\n"
                    f"info = next(o for o in op_db if o.name == {info.name!r} and "

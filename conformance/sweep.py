@@ -26,7 +26,7 @@ from .batching import OpBatches
 from .compare import arbitrate, compare, leaves
 from .execute import run_backward, run_item, signature, trace_changes_cpu
 from .fingerprint import fingerprint
-from .inputs.opinfo import DEFAULT_SEED, by_name, cpu_dtypes, samples, variant_fn
+from .inputs.opinfo import DEFAULT_SEED, SPARSE_VARIANTS, by_name, cpu_dtypes, samples, variant_fn
 from .ledger import Ledger
 from .select import VARIANTS, parse_dtypes, select_ops
 from .targets import Target
@@ -129,11 +129,13 @@ def _decided(target: Target, info: Any, op: str, variant: str, dtype: str, index
     row["contract_failed"] = ",".join(failed) or None
     status = decide(cpu_error=out.cpu_error, target_error=out.target_error, close=close,
                     fallback=out.fallback, expected_failure=xfail.statuses if xfail else None,
-                    graphs=out.graphs, contracts_failed=failed)
-    if status is Status.ERROR and out.target_error is None and out.graphs == 0:
+                    graphs=out.graphs, contracts_failed=failed,
+                    eager_reason="; ".join((out.proof or {}).get("break_reasons") or []))
+    if out.target_error is None and out.graphs == 0 and status is not Status.SKIP:
         # the status says why (nothing compiled), and so must the text: a failed contract of the
         # eager run it was had overwritten it (linalg.solve out=: 'contract metadata: ...')
-        error = f"{NOT_COMPILED} ({_eager_why(out.proof)})"
+        error = (f"{NOT_COMPILED} ({_eager_why(out.proof)})" if status is Status.ERROR else
+                 f"the compiler refused an input's layout, compiled no graph and ran eager ({_eager_why(out.proof)})")
     elif close and failed:
         error = contracts.summary(checks)
     if status in (Status.XFAIL, Status.XPASS) and xfail is not None:
@@ -206,8 +208,15 @@ BACKWARD_DTYPES = ("float32", "bfloat16")
 
 
 def plan(info: Any, config: SweepConfig, dtype: str = "float32") -> list[str]:
-    """The forward variants the OpInfo has (backward is planned separately)."""
-    return [v for v in config.variants if v != "backward" and variant_fn(info, v) is not None]
+    """The forward variants the OpInfo has on its strided samples (backward and the sparse
+    variants, each with samples of its own, are planned separately)."""
+    return [v for v in config.variants
+            if v != "backward" and v not in SPARSE_VARIANTS and variant_fn(info, v) is not None]
+
+
+def sparse_plan(info: Any, config: SweepConfig) -> list[str]:
+    """The sparse variants the OpInfo has samples for (:data:`SPARSE_VARIANTS`)."""
+    return [v for v in config.variants if v in SPARSE_VARIANTS and variant_fn(info, v) is not None]
 
 
 def wants_backward(info: Any, config: SweepConfig, dtype: str) -> bool:
@@ -272,11 +281,32 @@ def run_group(target: Target, group: Group, config: SweepConfig, *, skip: Contai
                     row = harness_error(group, "backward", index, exc, config)
                 yield row
     except Exception as exc:  # noqa: BLE001 - the sample generator itself failed
-        key = str(group.item("function", -1))
-        if key not in skip:
-            yield {"item_key": key, "op": group.op, "variant": "function", "dtype": group.dtype, "sample": -1,
-                   "status": decide_unrun("cpu").value, "error": f"sample generation failed: {type(exc).__name__}: {exc}"[:2000],
-                   "duration_s": 0.0, "seed": config.seed}
+        yield from _generation_failed(group, "function", exc, config, skip)
+    for layout in sparse_plan(info, config):  # never batched: a compiled batch holds strided samples
+        try:
+            for index, sample in _taken(samples(info, dtype, seed=config.seed, layout=layout), config.max_samples, False):
+                key = str(group.item(layout, index))
+                if key in skip:
+                    continue
+                if on_start:
+                    on_start(key)
+                try:
+                    row = _evaluate(target, info, group.op, layout, group.dtype, index, sample, config, None)[0]
+                except Exception as exc:  # noqa: BLE001
+                    row = harness_error(group, layout, index, exc, config)
+                yield row
+        except Exception as exc:  # noqa: BLE001
+            yield from _generation_failed(group, layout, exc, config, skip)
+
+
+def _generation_failed(group: Group, variant: str, exc: Exception, config: SweepConfig,
+                       skip: Container[str]) -> Iterator[dict[str, Any]]:
+    """The row of a sample generator that failed (item -1 of the variant), unless skipped."""
+    key = str(group.item(variant, -1))
+    if key not in skip:
+        yield {"item_key": key, "op": group.op, "variant": variant, "dtype": group.dtype, "sample": -1,
+               "status": decide_unrun("cpu").value, "error": f"sample generation failed: {type(exc).__name__}: {exc}"[:2000],
+               "duration_s": 0.0, "seed": config.seed}
 
 
 def batch_size(target: Target, config: SweepConfig) -> int:

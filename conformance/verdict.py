@@ -43,6 +43,8 @@ _UNSUPPORTED_LAYOUT = [
     re.compile(r"supports only strided tensors", re.I),
     # the dispatcher's own refusal: no kernel of this op for a sparse/mkldnn/nested tensor on the device
     re.compile(r"with arguments from the '(Sparse|SparseCsr|Mkldnn|Nested)\w*' backend"),
+    # dynamo's refusal to trace a sparse input (a graph break: the call then runs eager)
+    re.compile(r"Attempted to wrap sparse Tensor", re.I),
 ]
 
 
@@ -79,7 +81,7 @@ NOT_COMPILED = ("infra: the compiler target compiled no graph for this item, so 
 
 def decide(*, cpu_error: str | None, target_error: str | None, close: bool,
            fallback: Sequence[str] = (), expected_failure: Sequence[str] | None = None,
-           graphs: int | None = None, contracts_failed: Sequence[str] = ()) -> Status:
+           graphs: int | None = None, contracts_failed: Sequence[str] = (), eager_reason: str = "") -> Status:
     """The verdict for one executed item.
 
     ``expected_failure`` is the list of failing statuses a ledger xfail entry accepts (None
@@ -87,19 +89,25 @@ def decide(*, cpu_error: str | None, target_error: str | None, close: bool,
     ``graphs`` is how many graphs a compiler target compiled for the item (None for an eager
     target): a compiler target that compiled none ran eager, and that is an ``error`` of the
     infrastructure (:data:`NOT_COMPILED`) whatever the comparison said, never a pass and
-    never an expected failure. ``contracts_failed`` names the contract checks that failed: an
+    never an expected failure, unless ``eager_reason`` (why it compiled none: its graph-break
+    reasons) says the compiler refused an input's layout: that is ``unsupported_layout``, a
+    statement about the compiler, as a device's refusal is. ``contracts_failed`` names the contract checks that failed: an
     item whose values pass but whose contract fails is ``contract`` (values that fail are a
     ``mismatch`` whatever the contracts say).
 
         >>> decide(cpu_error=None, target_error=None, close=True, graphs=0).value
         'error'
+        >>> decide(cpu_error=None, target_error=None, close=True, graphs=0,
+        ...        eager_reason="Attempted to wrap sparse Tensor").value
+        'unsupported_layout'
         >>> decide(cpu_error=None, target_error=None, close=True, contracts_failed=["out"]).value
         'contract'
     """
     if cpu_error is not None:
         return Status.SKIP
     if target_error is None and graphs == 0:
-        return Status.ERROR
+        return apply_expected(Status.UNSUPPORTED_LAYOUT, expected_failure) if is_unsupported_layout(eager_reason) \
+            else Status.ERROR
     if target_error is not None:
         # from the error the target raised (never from what a device's manifest says): a refusal
         # before running first (an export failure, whatever its reason names), then a refused

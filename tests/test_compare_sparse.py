@@ -166,3 +166,79 @@ def test_the_sweep_catches_a_layout_and_a_pattern_difference_in_a_real_sparse_op
     dropped = _to_sparse_rows(_DropsOne())
     assert any(r["status"] == "mismatch" and "sparsity pattern differs" in r["error"] and "0 only on target, 1 "
                "only on CPU); dense values: 1 of" in r["error"] for r in dropped), [r["error"] for r in dropped]
+
+
+# -- the sparse variants: the OpInfo's own sparse samples ----------------------------------------
+
+class _ScalesSparseValues(CpuTarget):
+    """The CPU, but every sparse result's specified values come back 1 % too large."""
+
+    name = "test-scales-sparse-values"
+
+    def wrap(self, fn):
+        def run(*args, **kwargs):
+            out = fn(*args, **kwargs)
+            if not isinstance(out, torch.Tensor) or out.layout == torch.strided:
+                return out
+            if out.layout == torch.sparse_coo:
+                out = out.coalesce()
+                return torch.sparse_coo_tensor(out.indices(), out.values() * 1.01, out.shape)
+            compressed, plain = ((out.crow_indices(), out.col_indices()) if out.layout in (torch.sparse_csr, torch.sparse_bsr)
+                                 else (out.ccol_indices(), out.row_indices()))
+            return torch.sparse_compressed_tensor(compressed, plain, out.values() * 1.01, out.shape, layout=out.layout)
+        return run
+
+
+SPARSE = ("sparse_coo", "sparse_csr", "sparse_csc", "sparse_bsr", "sparse_bsc")
+
+
+def _mul_rows(target, variants=SPARSE, max_samples=4):
+    return list(run_group(target, Group("mul", "float32"), SweepConfig(variants=variants, max_samples=max_samples)))
+
+
+def test_the_sparse_variants_run_the_opinfos_own_sparse_samples_in_each_layout():
+    from conformance.inputs.opinfo import by_name, samples, sparse_samples_fn
+
+    info = by_name()["mul"]
+    for variant, layout in zip(SPARSE, LAYOUTS, strict=True):
+        first = next(samples(info, torch.float32, layout=variant))
+        assert first.input.layout == layout, variant
+    # abs declares sparse support but gives no sample function of its own (upstream raises
+    # NotImplementedError): no sparse item is planned, none fails to generate
+    assert sparse_samples_fn(by_name()["abs"], "sparse_coo") is None
+    assert [r for r in run_group(CpuTarget(), Group("abs", "float32"), SweepConfig(variants=SPARSE))] == []
+
+    clean = _mul_rows(CpuTarget())
+    assert {r["variant"] for r in clean} == set(SPARSE)
+    assert all(r["status"] == "pass" for r in clean), [(r["item_key"], r["error"]) for r in clean if r["status"] != "pass"]
+    assert {r["item_key"] for r in clean} >= {"mul|sparse_bsc|float32|0", "mul|sparse_coo|float32|3"}
+
+
+def test_the_sparse_variants_catch_wrong_sparse_values_and_leave_strided_items_alone():
+    # mul's first COO samples have no specified element (nothing to scale): COO takes 10
+    rows = _mul_rows(_ScalesSparseValues(), variants=("function", *SPARSE), max_samples=10)
+    by_variant = {v: {r["status"] for r in rows if r["variant"] == v} for v in ("function", *SPARSE)}
+    assert by_variant["function"] == {"pass"}
+    for variant in SPARSE:
+        assert "mismatch" in by_variant[variant], (variant, by_variant)
+    assert all("values outside" in r["error"] for r in rows if r["status"] == "mismatch")
+
+
+def test_a_device_that_refuses_sparse_tensors_gives_unsupported_layout_and_the_ideal_build_passes():
+    from conformance.targets import get_target
+
+    refused = _mul_rows(get_target("neuron-emu", "2.33.0"))
+    assert refused and {r["status"] for r in refused} == {"unsupported_layout"}, {r["error"] for r in refused}
+    assert all("supports only strided tensors" in r["error"] for r in refused)
+    ideal = _mul_rows(get_target("neuron-emu", "ideal"))
+    assert {r["status"] for r in ideal} == {"pass"}, {r["error"] for r in ideal}
+
+
+def test_a_compiler_that_refuses_sparse_inputs_is_unsupported_layout_not_infra():
+    from conformance.targets import get_target
+
+    rows = list(run_group(get_target("inductor"), Group("mul", "float32"),
+                          SweepConfig(variants=("sparse_coo",), max_samples=1)))
+    assert [r["status"] for r in rows] == ["unsupported_layout"], rows
+    assert "refused an input's layout, compiled no graph and ran eager" in rows[0]["error"]
+    assert "Attempted to wrap sparse Tensor" in rows[0]["error"]

@@ -96,7 +96,8 @@ def test_an_old_runs_config_is_read_back():
     spec = RunSpec.from_run(OLD_RUN, workers=1)
     assert spec == RunSpec(target="neuron-emu", build="2.32.0", ops=("abs", "aten::_foreach_abs*"),
                            dtypes=("float32,bfloat16,int64",), seed=20261130, run_id="identity-2.32.0",
-                           models=("mlp",), model_limit=1, workers=1)
+                           models=("mlp",), model_limit=1, workers=1,
+                           variants=("function", "inplace", "out", "backward"))  # stored: before the sparse ones
 
 
 def test_keys_an_older_run_lacks_take_the_defaults():
@@ -115,3 +116,10 @@ def test_build_refs():
     assert RunSpec(build="2.33.0").build == BuildRef("2.33.0") and RunSpec().build.is_default
     cpu = get_target("cpu")
     assert cpu.build == "-" and cpu.ref.is_default
+
+
+def test_the_cli_default_variants_are_the_harness_variants():
+    from conformance.cli import main
+
+    option = next(p for p in main.commands["run"].params if p.name == "variants")
+    assert tuple(option.default.split(",")) == VARIANTS

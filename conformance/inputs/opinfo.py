@@ -50,9 +50,30 @@ def seed_all(seed: int) -> None:
     torch.default_generator.manual_seed(seed)
 
 
+#: The sparse variants: the OpInfo's own samples in that layout (``sample_inputs_sparse_coo_func``
+#: and its siblings), called through the function variant. Upstream's test_sparse runs them.
+SPARSE_VARIANTS = ("sparse_coo", "sparse_csr", "sparse_csc", "sparse_bsr", "sparse_bsc")
+_SUPPORTS = {"sparse_coo": "supports_sparse", "sparse_csr": "supports_sparse_csr", "sparse_csc": "supports_sparse_csc",
+             "sparse_bsr": "supports_sparse_bsr", "sparse_bsc": "supports_sparse_bsc"}
+
+
+def sparse_samples_fn(info: Any, layout: str) -> Callable[..., Any] | None:
+    """The OpInfo's sample function for sparse ``layout`` (a :data:`SPARSE_VARIANTS` name), or
+    None when it declares no support for the layout or gives no function of its own (upstream
+    then raises NotImplementedError, "no sample function specified")."""
+    if not getattr(info, _SUPPORTS[layout], False):
+        return None
+    fn = getattr(info, f"sample_inputs_{layout}_func", None)
+    inner = getattr(fn, "__wrapped__", fn)  # torch.no_grad()'s wrapper
+    if fn is None or getattr(inner, "__name__", "") == "_sample_inputs_unspecified":
+        return None
+    return fn
+
+
 def samples(info: Any, dtype: torch.dtype, *, thorough: bool = False, seed: int = DEFAULT_SEED,
-            requires_grad: bool = False) -> Iterator[Any]:
-    """SampleInputs on the CPU, generated from a fixed seed.
+            requires_grad: bool = False, layout: str | None = None) -> Iterator[Any]:
+    """SampleInputs on the CPU, generated from a fixed seed; ``layout``: a sparse variant's
+    samples (:data:`SPARSE_VARIANTS`) instead of the strided ones.
 
     Sample ``i`` depends on the seed alone: the generator draws from a torch random state of
     its own, swapped in around each ``next`` and out again, so what the caller runs between two
@@ -74,6 +95,10 @@ def samples(info: Any, dtype: torch.dtype, *, thorough: bool = False, seed: int 
     fn = info.sample_inputs_func
     if thorough and info.reference_inputs_func is not None:
         fn = info.reference_inputs_func
+    if layout is not None:
+        fn = sparse_samples_fn(info, layout)
+        if fn is None:
+            raise ValueError(f"OpInfo {full_name(info)} has no {layout} samples")
     gen = None
     while True:
         outer = torch.default_generator.get_state()
@@ -93,14 +118,17 @@ def samples(info: Any, dtype: torch.dtype, *, thorough: bool = False, seed: int 
 
 
 def variant_fn(info: Any, variant: str) -> Callable[..., Any] | None:
-    """The callable for ``function`` / ``inplace`` / ``out`` (None when the OpInfo lacks it)."""
+    """The callable for ``function`` / ``inplace`` / ``out`` / a sparse variant (None when the
+    OpInfo lacks it; a sparse variant calls the function on its own samples)."""
     if variant == "function":
         return info.op
     if variant == "inplace":
         return info.inplace_variant
     if variant == "out":
         return info.op if info.supports_out else None
-    raise ValueError(f"unknown variant {variant!r}; expected function, inplace or out")
+    if variant in SPARSE_VARIANTS:
+        return info.op if sparse_samples_fn(info, variant) is not None else None
+    raise ValueError(f"unknown variant {variant!r}; expected function, inplace, out or one of {', '.join(SPARSE_VARIANTS)}")
 
 
 class _Recorder(TorchDispatchMode):
