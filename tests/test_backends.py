@@ -250,3 +250,16 @@ def test_onnxruntime_batches_give_the_verdicts_of_one_model_per_sample():
     assert {r["item_key"]: r["status"] for r in batched} == {r["item_key"]: r["status"] for r in alone}
     assert any((r["proof"].get("batch") or {}).get("samples", 0) > 1 for r in batched if r["op"] == "add")
     assert {r["status"] for r in batched if r["op"] == "linalg.eig" and r["variant"] == "function"} == {"unsupported"}
+
+
+def test_sparse_inputs_are_refused_by_onnxruntime_and_openvino_with_the_reason():
+    # torch.export takes a sparse sample, but ONNX Runtime's session is fed dense arrays only;
+    # dynamo (openvino's torch.compile) refuses to trace a sparse input
+    _ort()
+    rows = _sweep(get_target("onnxruntime"), "mul", variants=("sparse_csr",), samples=1)
+    assert [r["status"] for r in rows] == ["unsupported"], rows
+    assert "ONNX Runtime takes dense inputs only (input 0 is sparse_csr)" in rows[0]["error"]
+    _openvino()
+    rows = _sweep(get_target("openvino"), "mul", variants=("sparse_coo",), samples=1)
+    assert [r["status"] for r in rows] == ["unsupported_layout"], rows
+    assert "Attempted to wrap sparse Tensor" in rows[0]["error"]

@@ -164,7 +164,15 @@ class OnnxRuntimeTarget(Target):
         t0 = time.perf_counter()
         session = self._session(program)
         record.compile_s += time.perf_counter() - t0
-        flat = program(*tensors)  # ONNXProgram feeds the session: bfloat16 and complex inputs converted
+        try:
+            flat = program(*tensors)  # ONNXProgram feeds the session: bfloat16 and complex inputs converted
+        except TypeError as exc:
+            # the session takes dense arrays: a sparse input exported, but cannot be fed
+            sparse = [f"input {i} is {str(t.layout).removeprefix('torch.')}" for i, t in enumerate(tensors)
+                      if t.layout != torch.strided]
+            if not sparse:
+                raise
+            raise TargetUnsupported(f"ONNX Runtime takes dense inputs only ({', '.join(sparse)}): {exc}") from exc
         record.graphs += 1
         record.extra = {"onnx_nodes": len(nodes), "onnx_ops": sorted(set(nodes)), "opset": _opset(proto),
                         "provider": session.get_providers()[0], "ort_runs": record.graphs}
