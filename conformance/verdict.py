@@ -91,9 +91,9 @@ def decide(*, cpu_error: str | None, target_error: str | None, close: bool,
     infrastructure (:data:`NOT_COMPILED`) whatever the comparison said, never a pass and
     never an expected failure, unless ``eager_reason`` (why it compiled none: its graph-break
     reasons) says the compiler refused an input's layout: that is ``unsupported_layout``, a
-    statement about the compiler, as a device's refusal is. ``contracts_failed`` names the contract checks that failed: an
-    item whose values pass but whose contract fails is ``contract`` (values that fail are a
-    ``mismatch`` whatever the contracts say).
+    statement about the compiler, as a device's refusal is. ``contracts_failed`` names the
+    contract checks that failed: an item whose values pass but whose contract fails is
+    ``contract`` (values that fail are a ``mismatch`` whatever the contracts say).
 
         >>> decide(cpu_error=None, target_error=None, close=True, graphs=0).value
         'error'
