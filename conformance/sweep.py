@@ -268,35 +268,32 @@ def run_group(target: Target, group: Group, config: SweepConfig, *, skip: Contai
                          config.max_samples, batching)
             if batches is not None:
                 batches.samples["backward"] = {i: s for i, s in gen.ready if str(group.item("backward", i)) not in skip}
-            for index, sample in gen:
-                key = str(group.item("backward", index))
-                if key in skip:
-                    continue
-                if on_start:
-                    on_start(key)
-                try:
-                    row = _evaluate(target, info, group.op, "backward", group.dtype, index, sample, config, None,
-                                    batches)[0]
-                except Exception as exc:  # noqa: BLE001
-                    row = harness_error(group, "backward", index, exc, config)
-                yield row
+            yield from _items(target, info, group, "backward", gen, config, skip, on_start, batches)
     except Exception as exc:  # noqa: BLE001 - the sample generator itself failed
         yield from _generation_failed(group, "function", exc, config, skip)
     for layout in sparse_plan(info, config):  # never batched: a compiled batch holds strided samples
         try:
-            for index, sample in _taken(samples(info, dtype, seed=config.seed, layout=layout), config.max_samples, False):
-                key = str(group.item(layout, index))
-                if key in skip:
-                    continue
-                if on_start:
-                    on_start(key)
-                try:
-                    row = _evaluate(target, info, group.op, layout, group.dtype, index, sample, config, None)[0]
-                except Exception as exc:  # noqa: BLE001
-                    row = harness_error(group, layout, index, exc, config)
-                yield row
+            gen = _taken(samples(info, dtype, seed=config.seed, layout=layout), config.max_samples, False)
+            yield from _items(target, info, group, layout, gen, config, skip, on_start)
         except Exception as exc:  # noqa: BLE001
             yield from _generation_failed(group, layout, exc, config, skip)
+
+
+def _items(target: Target, info: Any, group: Group, variant: str, gen: Iterator[tuple[int, Any]],
+           config: SweepConfig, skip: Container[str], on_start: Callable[[str], None] | None,
+           batches: OpBatches | None = None) -> Iterator[dict[str, Any]]:
+    """The rows of one variant with samples of its own (backward, a sparse layout)."""
+    for index, sample in gen:
+        key = str(group.item(variant, index))
+        if key in skip:
+            continue
+        if on_start:
+            on_start(key)
+        try:
+            row = _evaluate(target, info, group.op, variant, group.dtype, index, sample, config, None, batches)[0]
+        except Exception as exc:  # noqa: BLE001 - the harness failed on this item, not the sample generator
+            row = harness_error(group, variant, index, exc, config)
+        yield row
 
 
 def _generation_failed(group: Group, variant: str, exc: Exception, config: SweepConfig,
