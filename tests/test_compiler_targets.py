@@ -274,3 +274,16 @@ def test_random_opinfos_compile_beside_the_emulator():
         # torch.manual_seed: traced inside, no graph compiled and every random op was an error)
         assert r["status"] == "pass", (r["status"], r["error"])
         assert (r["proof"] or {}).get("graphs", 0) >= 1, r["proof"]
+
+
+def test_model_groups_on_a_compiler_target_hold_compile_items_only(registered):
+    """An eager model item on a compiler target ran the model as it is on the CPU and compared
+    the CPU with itself (every one passed, error exactly 0): no such item is planned."""
+    from conformance.models.runner import run_model_group
+
+    group = Group("mlp.d1w16.relu.none.bias", "float32", "model")
+    rows = list(run_model_group(_AotEager(), group, SweepConfig(), timed_iters=0))
+    assert [r["mode"] for r in rows] == ["compile"], [(r["mode"], r["status"]) for r in rows]
+    assert rows[0]["status"] == "pass" and rows[0]["shapes"][0]["compiles"] >= 1, rows[0]
+    eager = list(run_model_group(get_target("cpu"), group, SweepConfig(), timed_iters=0))
+    assert [r["mode"] for r in eager] == ["eager", "compile"]

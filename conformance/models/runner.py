@@ -53,6 +53,7 @@ from .. import datafiles
 from ..compare import Evidence, compare, leaves
 from ..fingerprint import fingerprint
 from ..structure import label, map_tensors, named_leaves
+from ..targets.base import TargetError
 from ..verdict import Status, decide, decide_unrun
 from ..work import NOTHING, Group, ItemKey, Selection
 from .localize import rel_l2
@@ -363,6 +364,10 @@ def run_model_group(target: Any, group: Group, config: Any, *, skip: Container[s
     compile shape sweep still records recompiles) and ``localize_failures`` trade depth for speed.
     """
     modes = modes if modes is not None else getattr(config, "model_modes", MODES)
+    if getattr(target, "compiler", False):
+        # an eager item would run the model as it is, on the CPU, and compare the CPU with itself:
+        # a pass that says nothing about the compiler. A compiler target's items are compiled.
+        modes = [m for m in modes if m != "eager"]
     keys = [(m, model_key(group.op, m, group.dtype)) for m in modes]
     todo = [(m, k) for m, k in keys if k not in skip]
     if not todo:
@@ -428,10 +433,11 @@ def run_item(target: Any, prep: _Prepared, dtype_name: str, mode: str, config: A
                 torch._dynamo.reset()
                 counter = CountingBackend(target.compile_backend())
                 fn = torch.compile(tgt_model, backend=counter, dynamic=False)
+            elif target.compiler:  # run_model_group plans no such item
+                raise TargetError(f"an eager model item on compiler target {target.name!r} would not "
+                                  "run the compiler; its model items are compile items")
             else:
-                # eager on the target; a compiler target's own mode is "compile" (its wrap
-                # refuses the dispatch-mode trace of the first step, which would run it eager)
-                fn = tgt_model if target.compiler else target.wrap(tgt_model)
+                fn = target.wrap(tgt_model)  # eager on the target
             tgt = train_side(spec, tgt_model, fn, tgt_inputs, target, train_steps, seed, compiled=mode == "compile")
         except Exception as exc:  # noqa: BLE001
             tgt = SideResult(error=_err(exc))
