@@ -263,3 +263,19 @@ def test_sparse_inputs_are_refused_by_onnxruntime_and_openvino_with_the_reason()
     rows = _sweep(get_target("openvino"), "mul", variants=("sparse_coo",), samples=1)
     assert [r["status"] for r in rows] == ["unsupported_layout"], rows
     assert "Attempted to wrap sparse Tensor" in rows[0]["error"]
+
+
+def test_a_model_on_onnxruntime_is_exported_and_its_inference_forward_compared():
+    # ONNX Runtime is inference only: the model item exports the model in eval mode and compares
+    # the forward with the CPU's; there is no eager item (that would be the CPU against itself)
+    _ort()
+    from conformance.models.runner import run_model_group
+
+    group = Group("mlp.d1w16.relu.none.bias", "float32", "model")
+    rows = list(run_model_group(get_target("onnxruntime"), group, SweepConfig(), timed_iters=0))
+    assert [(r["mode"], r["status"]) for r in rows] == [("compile", "pass")], rows
+    assert 0 < rows[0]["fwd_rel_err"] < 1e-5 and rows[0]["compile_s"] > 0
+    assert rows[0].get("loss_curve") is None  # nothing trained
+    bf16 = list(run_model_group(get_target("onnxruntime"), Group(group.op, "bfloat16", "model"), SweepConfig(),
+                                timed_iters=0))
+    assert [r["status"] for r in bf16] == ["error"] and "ONNXRuntimeError" in bf16[0]["error"], bf16

@@ -54,7 +54,7 @@ from ..compare import Evidence, compare, leaves
 from ..fingerprint import fingerprint
 from ..structure import label, map_tensors, named_leaves
 from ..targets.base import TargetError
-from ..verdict import Status, decide, decide_unrun
+from ..verdict import NOT_COMPILED, Status, decide, decide_unrun
 from ..work import NOTHING, Group, ItemKey, Selection
 from .localize import rel_l2
 from .selection import model_groups, model_key, resolve_spec
@@ -411,6 +411,8 @@ def run_item(target: Any, prep: _Prepared, dtype_name: str, mode: str, config: A
     tol = model_tolerance(config, spec.model_id, dtype_name, target.name)
     xfail = config.ledger.expected_failure(spec.model_id, "model", dtype_name, target.name)
     seed = int(getattr(config, "seed", 0) or 0)
+    if mode == "compile" and getattr(target, "exports", False):
+        return _exported_item(target, prep, dtype, tol, xfail, seed)
     row: dict[str, Any] = {}
 
     cpu_model = copy.deepcopy(prep.model).to(dtype)
@@ -506,6 +508,54 @@ def run_item(target: Any, prep: _Prepared, dtype_name: str, mode: str, config: A
                     row["p50_ms"], row["p99_ms"] = percentile(times, 0.5), percentile(times, 0.99)
         except Exception as exc:  # noqa: BLE001
             row["error"] = f"{row['error'] + '; ' if row['error'] else ''}latency sweep failed: {_err(exc)}"[:2000]
+    return row
+
+
+def _exported_item(target: Any, prep: _Prepared, dtype: torch.dtype, tol: Any, xfail: Any, seed: int) -> dict[str, Any]:
+    """A model item on a target that exports the model and runs it elsewhere (``exports``:
+    onnxruntime, inference only): the forward in eval mode, without gradients, against the CPU's;
+    nothing is trained. An export the target refuses is ``unsupported`` with its reason."""
+    inputs = _cast(prep.inputs, dtype)
+    cpu_out = tgt_out = None
+    cpu_error = tgt_error = None
+    try:
+        with _inference(cpu_model := copy.deepcopy(prep.model).to(dtype)):
+            torch.manual_seed(seed)
+            cpu_out = _detach_cpu(cpu_model(*inputs))
+    except Exception as exc:  # noqa: BLE001
+        cpu_error = _err(exc)
+    record = None
+    if cpu_error is None:
+        try:
+            tgt_model = copy.deepcopy(prep.model).to(dtype)
+            fn = target.wrap(tgt_model)
+            with _inference(tgt_model):
+                torch.manual_seed(seed)
+                t0 = time.perf_counter()
+                tgt_out = _detach_cpu(fn(*target.to_device(inputs)))
+                first_s = time.perf_counter() - t0
+        except Exception as exc:  # noqa: BLE001
+            tgt_error = _err(exc)
+        record = target.compiled()
+    row: dict[str, Any] = {"native_ops": [], "fallback_ops": []}
+    close, detail = False, ""
+    if cpu_error is None and tgt_error is None:
+        ev, fwd_err, detail = forward_evidence(cpu_out, tgt_out, tol)
+        row["max_abs_err"], row["max_rel_err"] = ev.row()["max_abs_err"], ev.row()["max_rel_err"]
+        row["fwd_rel_err"] = fwd_err if math.isfinite(fwd_err) else 1e308
+        row["fingerprint"] = fingerprint(tgt_out, cpu_out, ref_kind="cpu")
+        row["compile_s"] = first_s
+        close = not detail
+    status = decide(cpu_error=cpu_error, target_error=tgt_error, close=close,
+                    expected_failure=xfail.statuses if xfail else None,
+                    graphs=record.graphs if record is not None and tgt_error is None else None)
+    error = (f"CPU reference failed: {cpu_error}" if cpu_error else tgt_error) or (
+        f"forward: {detail} [tolerance from {tol.source}]" if detail else None)
+    if status is Status.ERROR and error is None:
+        error = f"{NOT_COMPILED} (no model was run by {target.name!r})"
+    if status in (Status.XFAIL, Status.XPASS) and xfail is not None:
+        error = f"{error or 'passed'} [expected failure: {xfail.where}: {xfail.reason}]"
+    row["status"], row["error"] = status.value, error
     return row
 
 

@@ -110,6 +110,8 @@ class OnnxRuntimeTarget(Target):
     description = "torch.onnx.export (dynamo) + ONNX Runtime's CPUExecutionProvider vs eager CPU"
     device = "cpu"
     compiler = True
+    # a model item exports the model and compares its inference forward (conformance.models.runner)
+    exports = True
     # one exported model for many samples (conformance.batching): an export the dynamo exporter
     # refuses for one sample is bisected down to it; that sample is unsupported on its own
     batchable = True
