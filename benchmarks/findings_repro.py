@@ -1,6 +1,7 @@
 """Do a run's findings reproduce outside the harness? The hand check of a backend's findings.
 
-Picks up to ``--limit`` failing items of a run (one per op x variant, failing statuses only,
+Picks up to ``--limit`` failing items of a run (one per op x variant, chosen at random with
+``--seed`` across the whole run, or the first in op order with ``--first``; failing statuses only,
 canaries left out; ``--not-upstream`` leaves out op x dtype pairs that PyTorch's own Inductor
 expectations already list), writes each one's standalone script with ``conformance repro``
 (torch only: no harness code runs in it), runs it in a fresh interpreter, and prints per
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import re
 import sqlite3
 import subprocess
@@ -38,7 +40,7 @@ NOT_COMPILED = "infra: the compiler target compiled no graph"
 
 
 def _findings(db: Path, run: str, limit: int, not_upstream: bool, statuses: tuple[str, ...],
-              compiled_only: bool = True) -> list[dict]:
+              compiled_only: bool = True, seed: int | None = 0) -> list[dict]:
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     conn.row_factory = sqlite3.Row
     marks = ",".join("?" * len(statuses))
@@ -54,6 +56,8 @@ def _findings(db: Path, run: str, limit: int, not_upstream: bool, statuses: tupl
             continue  # dynamo compiled nothing (its graph-break reasons are in the proof): no value to check
         seen.add((r["op"], r["variant"]))
         out.append(dict(r))
+    if seed is not None and len(out) > limit:
+        out = sorted(random.Random(seed).sample(out, limit), key=lambda r: (r["op"], r["variant"]))
     return out[:limit]
 
 
@@ -93,11 +97,13 @@ def main() -> None:
     ap.add_argument("--statuses", default="mismatch,error,crash,timeout,unsupported_dtype,unsupported_layout")
     ap.add_argument("--with-uncompiled", action="store_true",
                     help="also items whose compiler compiled no graph (a script then compares eager with eager)")
+    ap.add_argument("--seed", type=int, default=0, help="which findings the random choice takes")
+    ap.add_argument("--first", action="store_true", help="the first findings in op order, not a random choice")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     rows = _findings(args.db, args.run, args.limit, args.not_upstream, tuple(args.statuses.split(",")),
-                     compiled_only=not args.with_uncompiled)
-    print(f"{len(rows)} findings of run {args.run} (one per op x variant{', not listed upstream' if args.not_upstream else ''})")
+                     compiled_only=not args.with_uncompiled, seed=None if args.first else args.seed)
+    print(f"{len(rows)} findings of run {args.run} (one per op x variant, {'the first in op order' if args.first else f'seeded choice {args.seed}'}{', not listed upstream' if args.not_upstream else ''})")
     counts: Counter[str] = Counter()
     results = []
     with tempfile.TemporaryDirectory(prefix="findings-") as tmp:
