@@ -247,7 +247,7 @@ def write_repro(store: Store, result_id: int, out_dir: str | Path) -> Path:
         f"Run it with the Python that wrote it (torch and the target's package are installed there):\n"
         f"  {shlex.join([sys.executable, str(script.resolve())])}")
     text = _TEMPLATE.format(doc=doc, setup=setup, record=_literal(record), decoder=inspect.getsource(decode_inputs),
-                            resolve=resolve, wrapped=wrapped.format(fn="fn"))
+                            resolve=resolve, wrapped=wrapped.replace("{fn}", "fn"))
     text += (_CONTRACTS_PART if "contracts" in record else "") + _END
     _check_script(text, record)
     out.mkdir(parents=True, exist_ok=True)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -145,6 +147,17 @@ def test_an_openvino_item_through_the_workers_stores_its_proof(tmp_path):
     (neg,) = [(s, p) for op, v, s, _, p in rows if op == "neg"]
     assert neg[0] == "pass" and neg[1]["openvino_subgraphs"] == 1 and neg[1]["fallback_kernels"] == []
     assert neg[1]["openvino_ops"] == ["aten::neg.default"]
+    # the item's standalone script compiles it with OpenVINO's backend, with the sweep's options
+    # (a dict: its braces once broke the script's template), and reproduces the pass
+    from conformance.repro import write_repro
+    from opdb import Store
+
+    with Store.open(db, create=False) as st:
+        rid = next(iter(st.db.query("select id from op_results where op = 'neg'")))["id"]
+        script = write_repro(st, rid, tmp_path / "repro")
+    assert "backend='openvino', options={'device': 'CPU', 'testing': True}" in script.read_text()
+    ran = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
 
 
 def test_an_op_openvino_leaves_to_pytorch_is_a_fallback():

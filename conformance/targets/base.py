@@ -241,7 +241,8 @@ class Target:
         fork server calls it, so forked workers start with the device registered). Never raises."""
 
     def repro_setup(self) -> tuple[str, str]:
-        """Python source a standalone repro script runs first, and how it wraps ``{fn}``."""
+        """Python source a standalone repro script runs first, and how it wraps ``{fn}`` (a
+        placeholder replaced as it is: the rest of the text is Python, braces included)."""
         return "", "{fn}"
 
     def compile_backend(self) -> str | Callable[..., Any]:

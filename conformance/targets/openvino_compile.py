@@ -178,7 +178,7 @@ class OpenVinoTarget(CompilerTarget):
         trace.native = set(trace.dispatched) - trace.fallback
 
     def repro_setup(self) -> tuple[str, str]:
-        return "import openvino.torch", f"torch.compile({{fn}}, backend='openvino', options={OPTIONS!r})"
+        return "import openvino.torch", "torch.compile({fn}, backend='openvino', options=" + repr(OPTIONS) + ")"
 
 
 def _ops(gm: torch.fx.GraphModule) -> set[str]:
