@@ -9,6 +9,7 @@ constraints.txt``); the verdict rule runs everywhere. Float32, one sample per op
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import subprocess
 import sys
@@ -190,6 +191,46 @@ def test_openvino_handing_a_graph_to_inductor_is_an_error_and_to_pytorch_a_fallb
         (row,) = _sweep(target, "sin")
     assert row["status"] == "pass_fallback" and row["fallback_ops"] == ["aten::sin.default"], row
     assert row["proof"]["openvino_subgraphs"] == 0 and "plugin broke" in row["proof"]["openvino_failed"][0], row
+
+
+BREAK_CONVERSION = """
+from openvino.frontend.pytorch.torchdynamo import partition
+
+
+def _no_partitions(self, gm, options):
+    raise RuntimeError("conversion broke")
+
+
+partition.Partitioner.make_partitions = _no_partitions
+"""
+
+
+def test_a_graph_openvino_fails_to_convert_fails_its_repro_script_too(tmp_path):
+    """The sweep calls a graph OpenVINO cannot convert an error (its backend would compile it with
+    inductor); the item's standalone script must not pass it off as OpenVINO's result either."""
+    _openvino()
+    from conformance.repro import write_repro
+    from opdb import Store
+
+    db = tmp_path / "ov.sqlite"
+    with Store.open(db) as st:
+        run = st.start_run(target="openvino", build="-", torch_version=torch.__version__, config={"seed": 0})
+        st.insert("op_results", [{"run_id": run, "item_key": "sin|function|float32|0", "op": "sin",
+                                  "variant": "function", "dtype": "float32", "sample": 0, "seed": 0, "status": "error",
+                                  "atol": 1e-5, "rtol": 1.3e-6, "error": "TargetError: OpenVINO failed to convert"}])
+        rid = next(iter(st.db.query("select id from op_results")))["id"]
+        script = write_repro(st, rid, tmp_path / "repro")
+    mods = tmp_path / "mods"
+    mods.mkdir()
+    (mods / "sitecustomize.py").write_text(BREAK_CONVERSION)  # in the script's interpreter only
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(mods), os.environ.get("PYTHONPATH", "")])}
+    ran = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                         env=env)
+    assert ran.returncode == 1, ran.stdout + ran.stderr
+    assert "OpenVINO failed to convert the graph" in ran.stdout and "conversion broke" in ran.stdout, ran.stdout
+    # and a graph it converts passes as before
+    ok = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert ok.returncode == 0 and "within tolerance" in ok.stdout, ok.stdout + ok.stderr
 
 
 def test_openvino_silently_running_eager_is_infra(monkeypatch):

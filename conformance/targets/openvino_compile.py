@@ -37,6 +37,21 @@ from .inductor import CompilerTarget
 INSTALL = "pip install -e '.[backends]' -c constraints.txt"
 OPTIONS = {"device": "CPU", "testing": True}  # testing: single-op subgraphs allowed (see above)
 _EXECUTE_LOG = "openvino.frontend.pytorch.torchdynamo.execute"
+# What a standalone repro script runs first (torch and openvino only): the graph OpenVINO fails to
+# convert raises there too, as in the sweep, instead of being compiled by inductor and passing.
+REPRO_SETUP = """import sys
+
+import openvino.torch  # noqa: F401  (registers the "openvino" torch.compile backend)
+from openvino.frontend.pytorch.torchdynamo import backend as _openvino_backend
+
+
+def _no_inductor(*_, **__):
+    exc = sys.exc_info()[1]  # OpenVINO calls its inductor fallback from the handler of its own failure
+    raise RuntimeError(f"OpenVINO failed to convert the graph (its backend would compile it with inductor "
+                       f"instead): {type(exc).__name__}: {exc}")
+
+
+_openvino_backend.compile_fx = _no_inductor"""
 
 
 class _Log(logging.Handler):
@@ -178,7 +193,7 @@ class OpenVinoTarget(CompilerTarget):
         trace.native = set(trace.dispatched) - trace.fallback
 
     def repro_setup(self) -> tuple[str, str]:
-        return "import openvino.torch", "torch.compile({fn}, backend='openvino', options=" + repr(OPTIONS) + ")"
+        return REPRO_SETUP, "torch.compile({fn}, backend='openvino', options=" + repr(OPTIONS) + ")"
 
 
 def _ops(gm: torch.fx.GraphModule) -> set[str]:
