@@ -123,6 +123,17 @@ class CompilerTarget(Target):
     def compile_backend(self) -> str | Callable[..., Any]:
         return self.backend_name
 
+    def repro_setup(self) -> tuple[str, str]:
+        """The script compiles ``{fn}`` as :meth:`repro_compile` says and calls it as :meth:`wrap`
+        does: inside :func:`_seeded_outside`, so that an OpInfo whose op goes through
+        ``wrapper_set_seed`` compiles the same graph in the script as in the sweep."""
+        setup, call = self.repro_compile()
+        return (setup + "\n\n" + REPRO_SEEDED_OUTSIDE).strip(), f"_seeded_outside({call})"
+
+    def repro_compile(self) -> tuple[str, str]:
+        """Setup source and the ``torch.compile`` call of ``{fn}`` a repro script makes."""
+        return "", f"torch.compile({{fn}}, backend={self.backend_name!r}, dynamic=False)"
+
 
 @register
 class InductorTarget(CompilerTarget):
@@ -144,7 +155,7 @@ class InductorTarget(CompilerTarget):
         # random OpInfos keep Inductor's own lowering, compared by distribution.
         self._own_rng = own
 
-    def repro_setup(self) -> tuple[str, str]:
+    def repro_compile(self) -> tuple[str, str]:
         setup = "" if self._own_rng else "import torch._inductor.config\ntorch._inductor.config.fallback_random = True"
         return setup, "torch.compile({fn}, backend='inductor', dynamic=False)"
 
@@ -179,8 +190,8 @@ class InductorStrictTarget(InductorTarget):
     name = "inductor-strict"
     description = "torch.compile(backend='inductor') with implicit_fallbacks=False (upstream's OpInfo test setting) vs eager CPU"
 
-    def repro_setup(self) -> tuple[str, str]:
-        setup, call = super().repro_setup()
+    def repro_compile(self) -> tuple[str, str]:
+        setup, call = super().repro_compile()
         return ("import torch._inductor.config\ntorch._inductor.config.implicit_fallbacks = False\n" + setup).strip(), call
 
     def compile_graph(self, gm: torch.fx.GraphModule, example_inputs: list[Any], record: Compiled) -> Callable[..., Any]:
@@ -188,6 +199,27 @@ class InductorStrictTarget(InductorTarget):
 
         with torch._inductor.config.patch(implicit_fallbacks=False):
             return super().compile_graph(gm, example_inputs, record)
+
+
+# _seeded_outside for a standalone repro script (torch only), around the compiled callable.
+REPRO_SEEDED_OUTSIDE = """from torch.testing._internal import common_methods_invocations as _cmi
+from torch.testing._internal.common_utils import freeze_rng_state as _freeze_rng_state
+
+
+def _seeded_outside(compiled):
+    # as the sweep calls a compiled op: OpInfo's wrapper_set_seed (seed 42, then the op) calls the
+    # op alone while it is compiled, and the seeding happens around the compiled call
+    def run(*args, **kwargs):
+        seeded = _cmi.wrapper_set_seed
+        _cmi.wrapper_set_seed = lambda op, *a, **k: op(*a, **k)
+        try:
+            with _freeze_rng_state():
+                torch.manual_seed(42)
+                return compiled(*args, **kwargs)
+        finally:
+            _cmi.wrapper_set_seed = seeded
+
+    return run"""
 
 
 @contextlib.contextmanager

@@ -192,8 +192,8 @@ class OpenVinoTarget(CompilerTarget):
         trace.fallback = set(record.fallback_kernels) if record is not None else set()
         trace.native = set(trace.dispatched) - trace.fallback
 
-    def repro_setup(self) -> tuple[str, str]:
-        return REPRO_SETUP, "torch.compile({fn}, backend='openvino', options=" + repr(OPTIONS) + ")"
+    def repro_compile(self) -> tuple[str, str]:
+        return REPRO_SETUP, "torch.compile({fn}, backend='openvino', dynamic=False, options=" + repr(OPTIONS) + ")"
 
 
 def _ops(gm: torch.fx.GraphModule) -> set[str]:
