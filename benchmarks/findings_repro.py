@@ -7,8 +7,9 @@ expectations already list), writes each one's standalone script with ``conforman
 (torch only: no harness code runs in it), runs it in a fresh interpreter, and prints per
 finding whether the script reproduces it (exit 1: the difference is real, outside the harness)
 or not (exit 0: a harness false alarm to fix, or a flaky one), with the script's last line.
-Items whose compiler compiled no graph are left out unless ``--with-uncompiled``: their
-script compiles nothing either (dynamo's graph-break reasons are in the item's proof).
+Items whose compiler compiled no graph are left out unless ``--with-uncompiled``: they are the
+harness's infrastructure errors, not the backend's findings (their script says it compiled no
+graph, with dynamo's graph-break reasons, as the item's proof does).
 
     .venv/bin/python benchmarks/findings_repro.py --db results/inductor.sqlite --run RUN --limit 30 --not-upstream
 """
@@ -96,7 +97,7 @@ def main() -> None:
     # contract findings are left out by default: their scripts check the contract with harness code
     ap.add_argument("--statuses", default="mismatch,error,crash,timeout,unsupported_dtype,unsupported_layout")
     ap.add_argument("--with-uncompiled", action="store_true",
-                    help="also items whose compiler compiled no graph (a script then compares eager with eager)")
+                    help="also items whose compiler compiled no graph (infrastructure errors, not findings)")
     ap.add_argument("--seed", type=int, default=0, help="which findings the random choice takes")
     ap.add_argument("--first", action="store_true", help="the first findings in op order, not a random choice")
     ap.add_argument("--json", default=None)

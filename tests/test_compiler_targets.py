@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -239,6 +241,33 @@ def test_inductor_workers_compile_and_the_proof_is_stored(tmp_path):
     with Store.open(db, create=False) as st:  # the report's sample table shows it
         shown = {json.loads(r[5])[SAMPLE_COLUMNS.index("proof")] for r in op_sample_stream(st, summary.run_id)}
     assert shown == {"inductor: 1 graphs on cpu"}
+    # the item's standalone script compiles it too, and says it passes
+    from conformance.repro import write_repro
+
+    with Store.open(db, create=False) as st:
+        rid = next(iter(st.db.query("select id from op_results where op = 'neg' and variant = 'function'")))["id"]
+        script = write_repro(st, rid, tmp_path / "repro")
+    ran = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert ran.returncode == 0 and "within tolerance" in ran.stdout, ran.stdout + ran.stderr
+
+
+def test_a_refused_layouts_script_says_the_compiler_compiled_nothing(tmp_path):
+    """Dynamo refuses a sparse input and runs the call eager: the sweep's verdict is
+    unsupported_layout, and the item's standalone script must not pass the eager result off as
+    the compiler's (it printed the CPU's own values and exited 0)."""
+    from conformance.repro import write_repro
+    from opdb import Store
+
+    db = tmp_path / "r.sqlite"
+    execute_run(RunSpec(target="inductor", ops=("sum",), dtypes=("float32",), workers=1, max_samples=1,
+                        variants=("sparse_coo",)), db)
+    with Store.open(db, create=False) as st:
+        row = next(iter(st.db.query("select id, status from op_results where variant = 'sparse_coo'")))
+        assert row["status"] == "unsupported_layout", row
+        script = write_repro(st, row["id"], tmp_path / "repro")
+    ran = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert ran.returncode == 1, ran.stdout + ran.stderr
+    assert "compiled no graph" in ran.stdout and "Attempted to wrap sparse Tensor" in ran.stdout, ran.stdout
 
 
 def test_a_v3_database_gains_the_proof_column(tmp_path):

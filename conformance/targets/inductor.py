@@ -126,7 +126,8 @@ class CompilerTarget(Target):
     def repro_setup(self) -> tuple[str, str]:
         """The script compiles ``{fn}`` as :meth:`repro_compile` says and calls it as :meth:`wrap`
         does: inside :func:`_seeded_outside`, so that an OpInfo whose op goes through
-        ``wrapper_set_seed`` compiles the same graph in the script as in the sweep."""
+        ``wrapper_set_seed`` compiles the same graph in the script as in the sweep; a call that
+        compiled no graph raises there, as it fails in the sweep (never an eager pass)."""
         setup, call = self.repro_compile()
         return (setup + "\n\n" + REPRO_SEEDED_OUTSIDE).strip(), f"_seeded_outside({call})"
 
@@ -201,23 +202,32 @@ class InductorStrictTarget(InductorTarget):
             return super().compile_graph(gm, example_inputs, record)
 
 
-# _seeded_outside for a standalone repro script (torch only), around the compiled callable.
-REPRO_SEEDED_OUTSIDE = """from torch.testing._internal import common_methods_invocations as _cmi
+# How a standalone repro script (torch only) calls the compiled callable, as the sweep does:
+# seeded outside (see _seeded_outside), and a call that compiled no graph is not the compiler's
+# result (the sweep's "compiled no graph" infra error, or a layout the compiler refused).
+REPRO_SEEDED_OUTSIDE = """from torch._dynamo.utils import counters as _dynamo_counters
+from torch.testing._internal import common_methods_invocations as _cmi
 from torch.testing._internal.common_utils import freeze_rng_state as _freeze_rng_state
 
 
 def _seeded_outside(compiled):
-    # as the sweep calls a compiled op: OpInfo's wrapper_set_seed (seed 42, then the op) calls the
-    # op alone while it is compiled, and the seeding happens around the compiled call
+    # OpInfo's wrapper_set_seed (seed 42, then the op) calls the op alone while it is compiled,
+    # and the seeding happens around the compiled call
     def run(*args, **kwargs):
         seeded = _cmi.wrapper_set_seed
         _cmi.wrapper_set_seed = lambda op, *a, **k: op(*a, **k)
+        _dynamo_counters.clear()
         try:
             with _freeze_rng_state():
                 torch.manual_seed(42)
-                return compiled(*args, **kwargs)
+                result = compiled(*args, **kwargs)
         finally:
             _cmi.wrapper_set_seed = seeded
+        if not _dynamo_counters["stats"]["unique_graphs"]:
+            breaks = sorted({str(k).strip().splitlines()[0][:200] for k in _dynamo_counters["graph_break"]})
+            raise RuntimeError("torch.compile compiled no graph and ran the call eager (graph breaks: "
+                               + ("; ".join(breaks) or "none") + ")")
+        return result
 
     return run"""
 
