@@ -66,20 +66,31 @@ warnings.simplefilter("ignore")
 {resolve}
 
 
-def move(x, device, grad=False):
+def move(x, device, grad=False, copies=None):
+    """``x`` with its tensors copied to ``device`` as the sweep copies a sample: in the layout
+    each has (strides, storage offset and the rest of its storage, which ``as_strided`` reads),
+    tensors that share storage still sharing it (``copies``: one copy per storage)."""
+    copies = {{}} if copies is None else copies
     if isinstance(x, str) and x == "<device>":
         return torch.device(device)
     if isinstance(x, str) and x.startswith("<") and x.endswith("_format>"):
         fmt = getattr(torch, x[1:-1], None)
         return fmt if isinstance(fmt, torch.memory_format) else x
-    if isinstance(x, torch.Tensor) and grad:  # keep the sample's own requires_grad flags
+    if isinstance(x, torch.Tensor) and grad:  # leaves with the sample's own requires_grad flags
         return x.detach().to(device, copy=True).requires_grad_(x.requires_grad)
     if isinstance(x, torch.Tensor):
-        return x.detach().to(device, copy=True)
+        t = x.detach()
+        if t.layout != torch.strided or t.numel() == 0:
+            return t.to(device, copy=True)
+        st = t.untyped_storage()
+        if st.data_ptr() not in copies:
+            whole = t.new_empty(0).set_(st, 0, (st.nbytes() // t.element_size(),), (1,))
+            copies[st.data_ptr()] = whole.to(device, copy=True)
+        return copies[st.data_ptr()].as_strided(t.shape, t.stride(), t.storage_offset())
     if isinstance(x, (list, tuple)):
-        return type(x)(move(v, device, grad) for v in x)
+        return type(x)(move(v, device, grad, copies) for v in x)
     if isinstance(x, dict):
-        return {{k: move(v, device, grad) for k, v in x.items()}}
+        return {{k: move(v, device, grad, copies) for k, v in x.items()}}
     return x
 
 
@@ -97,8 +108,7 @@ def to_cpu(x):
 
 def call(f, device, out_like=None, sized_out=False):
     grad = VARIANT == "backward"
-    inp, args, kwargs = (move(data["input"], device, grad), move(data["args"], device, grad),
-                         move(data["kwargs"], device, grad))
+    inp, args, kwargs = move([data["input"], data["args"], data["kwargs"]], device, grad)
     if grad:  # input gradients for a fixed upstream gradient, as the sweep compares them
         outs = [o for o in leaves(f(inp, *args, **kwargs)) if isinstance(o, torch.Tensor) and o.requires_grad]
         ins = [t for t in leaves([inp, args, kwargs]) if isinstance(t, torch.Tensor) and t.requires_grad]
@@ -117,7 +127,8 @@ def call(f, device, out_like=None, sized_out=False):
 
 ref = None
 if VARIANT == "out" and data["input"] is not None:
-    ref = fn_functional(move(data["input"], "cpu"), *move(data["args"], "cpu"), **move(data["kwargs"], "cpu"))
+    ref_inp, ref_args, ref_kwargs = move([data["input"], data["args"], data["kwargs"]], "cpu")
+    ref = fn_functional(ref_inp, *ref_args, **ref_kwargs)
 cpu = call(fn, "cpu", ref)
 print("CPU result:", cpu)
 try:

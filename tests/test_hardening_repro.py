@@ -34,12 +34,13 @@ def _hostile(marker) -> list[str]:
 
 
 def _db(tmp_path, *, build="-", status="mismatch", op="abs", variant="function", dtype="float32", inputs=None,
-        error="boom"):
+        error="boom", sample=0):
     db = tmp_path / "t.sqlite"
     with Store.open(db) as st:
         run = st.start_run(target="cpu", build=build, torch_version=torch.__version__, config={"seed": 0})
-        st.insert("op_results", [{"run_id": run, "item_key": f"{op}|{variant}|{dtype}|0", "op": op, "variant": variant,
-                                  "dtype": dtype, "sample": 0, "status": status, "error": error, "inputs": inputs,
+        st.insert("op_results", [{"run_id": run, "item_key": f"{op}|{variant}|{dtype}|{sample}", "op": op,
+                                  "variant": variant, "dtype": dtype, "sample": sample, "status": status, "error": error,
+                                  "inputs": inputs,
                                   "atol": 1e-5, "rtol": 1.3e-6}])
         rid = next(iter(st.db.query("select id from op_results")))["id"]
     return db, rid
@@ -151,6 +152,17 @@ def test_schema_result_repro_round_trip_loads_weights_only(tmp_path):
     assert "weights_only=True" in script.read_text() and "weights_only=False" not in script.read_text()
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and "tensor([1., 3., 5.])" in out.stdout, out.stdout + out.stderr
+
+
+def test_the_script_copies_inputs_in_their_layout_and_storage(tmp_path):
+    """as_strided.partial_views' sample 2 is a view at offset 5 of a 20-element storage, and
+    as_strided reads that storage beyond the view (storage_offset=10): the script moves the sample as the sweep does
+    (execute.on_device), not as a compact copy of the view (``setStorage: ... out of bounds``)."""
+    db, rid = _db(tmp_path, op="as_strided.partial_views", status="pass", sample=2)
+    assert _repro(db, rid, tmp_path / "repro").exit_code == 0
+    script = tmp_path / "repro" / f"repro_{rid}.py"
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and "within tolerance" in out.stdout, out.stdout + out.stderr
 
 
 # A device backend whose abs(out=) replaces the out tensor's storage: the values stay right, the
