@@ -156,7 +156,8 @@ def test_an_openvino_item_through_the_workers_stores_its_proof(tmp_path):
     with Store.open(db, create=False) as st:
         rid = next(iter(st.db.query("select id from op_results where op = 'neg'")))["id"]
         script = write_repro(st, rid, tmp_path / "repro")
-    assert "backend='openvino', dynamic=False, options={'device': 'CPU', 'testing': True}" in script.read_text()
+    text = script.read_text()
+    assert "OPTIONS = {'device': 'CPU', 'testing': True}" in text and "backend=_openvino, dynamic=False" in text
     ran = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert ran.returncode == 0, ran.stdout + ran.stderr
 
@@ -233,24 +234,36 @@ def test_a_graph_openvino_fails_to_convert_fails_its_repro_script_too(tmp_path):
     assert ok.returncode == 0 and "within tolerance" in ok.stdout, ok.stdout + ok.stderr
 
 
-def test_a_compiled_items_script_compiles_the_graph_the_sweep_compiled(tmp_path):
-    """multi_head_attention_forward's OpInfo calls the op through ``wrapper_set_seed``, which the
-    sweep swaps for a plain call around the compiled call. A script that compiled the wrapper
-    instead (a graph break at its seeding, then another graph) passed where the sweep's compile
-    failed: the script must reach the sweep's verdict, whatever OpenVINO makes of the graph."""
+@pytest.mark.parametrize(("op", "variant", "index"), [
+    # the OpInfo calls the op through wrapper_set_seed, which the sweep swaps for a plain call
+    # around the compiled call; a script that compiled the wrapper (a graph break at its seeding,
+    # then another graph) passed where the sweep's compile failed in dynamo's shape guards
+    ("nn.functional.multi_head_attention_forward", "function", 0),
+    # gradients: the sweep gives OpenVINO aot_autograd (forward and backward graphs compiled); a
+    # script without it left the backward to PyTorch and passed where the sweep's worker died
+    ("complex", "backward", 8),
+])
+def test_a_compiled_items_script_reaches_the_sweeps_verdict(tmp_path, op, variant, index):
+    """The script compiles and calls the item as the sweep did, so it ends as the item did (0 for
+    a pass, 1 for a failure, a signal for a crash), whatever OpenVINO makes of the graph."""
     _openvino()
     from conformance.repro import write_repro
     from opdb import Store
 
     db = tmp_path / "ov.sqlite"
-    execute_run(RunSpec(target="openvino", ops=("nn.functional.multi_head_attention_forward",), dtypes=("float32",),
-                        workers=1, max_samples=1, variants=("function",)), db)
+    execute_run(RunSpec(target="openvino", ops=(op,), dtypes=("float32",), workers=1, max_samples=index + 1,
+                        variants=(variant,)), db)
     with Store.open(db, create=False) as st:
-        row = next(iter(st.db.query("select id, status, error from op_results where variant = 'function'")))
+        row = next(iter(st.db.query("select id, status, error from op_results where variant = ? and sample = ?",
+                                    [variant, index])))
         script = write_repro(st, row["id"], tmp_path / "repro")
-    assert "_seeded_outside(torch.compile(fn, backend='openvino', dynamic=False" in script.read_text()
+    assert "_seeded_outside(torch.compile(fn, backend=_openvino, dynamic=False)" in script.read_text()
     ran = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    assert ran.returncode == (0 if Status(row["status"]).passed else 1), (row, ran.stdout[-2000:], ran.stderr[-2000:])
+    said = (row, ran.returncode, ran.stdout[-2000:], ran.stderr[-2000:])
+    if row["status"] == "crash":
+        assert ran.returncode < 0, said
+    else:
+        assert ran.returncode == (0 if Status(row["status"]).passed else 1), said
 
 
 def test_openvino_silently_running_eager_is_infra(monkeypatch):

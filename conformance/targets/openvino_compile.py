@@ -38,7 +38,8 @@ INSTALL = "pip install -e '.[backends]' -c constraints.txt"
 OPTIONS = {"device": "CPU", "testing": True}  # testing: single-op subgraphs allowed (see above)
 _EXECUTE_LOG = "openvino.frontend.pytorch.torchdynamo.execute"
 # What a standalone repro script runs first (torch and openvino only): the graph OpenVINO fails to
-# convert raises there too, as in the sweep, instead of being compiled by inductor and passing.
+# convert raises there too, as in the sweep, instead of being compiled by inductor and passing; and
+# the backend is called with the options the sweep's compile_graph gives (aot_autograd with gradients).
 REPRO_SETUP = """import sys
 
 import openvino.torch  # noqa: F401  (registers the "openvino" torch.compile backend)
@@ -51,7 +52,15 @@ def _no_inductor(*_, **__):
                        f"instead): {type(exc).__name__}: {exc}")
 
 
-_openvino_backend.compile_fx = _no_inductor"""
+_openvino_backend.compile_fx = _no_inductor
+
+
+def _openvino(gm, example_inputs):
+    # the options compile_graph gives: with gradients, forward and backward through aot_autograd
+    options = dict(OPTIONS)
+    if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs):
+        options["aot_autograd"] = True
+    return _openvino_backend.openvino(gm, example_inputs, options=options)"""
 
 
 class _Log(logging.Handler):
@@ -193,7 +202,7 @@ class OpenVinoTarget(CompilerTarget):
         trace.native = set(trace.dispatched) - trace.fallback
 
     def repro_compile(self) -> tuple[str, str]:
-        return REPRO_SETUP, "torch.compile({fn}, backend='openvino', dynamic=False, options=" + repr(OPTIONS) + ")"
+        return f"OPTIONS = {OPTIONS!r}\n{REPRO_SETUP}", "torch.compile({fn}, backend=_openvino, dynamic=False)"
 
 
 def _ops(gm: torch.fx.GraphModule) -> set[str]:
