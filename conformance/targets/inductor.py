@@ -129,7 +129,7 @@ class CompilerTarget(Target):
         ``wrapper_set_seed`` compiles the same graph in the script as in the sweep; a call that
         compiled no graph raises there, as it fails in the sweep (never an eager pass)."""
         setup, call = self.repro_compile()
-        return (setup + "\n\n" + REPRO_SEEDED_OUTSIDE).strip(), f"_seeded_outside({call})"
+        return (setup + "\n\n" + REPRO_COMPILED_CALL).strip(), f"_seeded_outside({call})"
 
     def repro_compile(self) -> tuple[str, str]:
         """Setup source and the ``torch.compile`` call of ``{fn}`` a repro script makes."""
@@ -205,7 +205,7 @@ class InductorStrictTarget(InductorTarget):
 # How a standalone repro script (torch only) calls the compiled callable, as the sweep does:
 # seeded outside (see _seeded_outside), and a call that compiled no graph is not the compiler's
 # result (the sweep's "compiled no graph" infra error, or a layout the compiler refused).
-REPRO_SEEDED_OUTSIDE = """from torch._dynamo.utils import counters as _dynamo_counters
+REPRO_COMPILED_CALL = """from torch._dynamo.utils import counters as _dynamo_counters
 from torch.testing._internal import common_methods_invocations as _cmi
 from torch.testing._internal.common_utils import freeze_rng_state as _freeze_rng_state
 
