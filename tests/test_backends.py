@@ -103,6 +103,66 @@ def test_in_place_and_out_write_back_and_return_the_callers_tensor():
     assert spectrum.dtype == torch.complex64 and torch.allclose(spectrum, torch.fft.fft(torch.arange(4.0)))
 
 
+# Put first on sys.path in a script's interpreter: the harness cannot be imported there.
+NO_HARNESS = """
+import sys
+
+
+class _NoHarness:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("conformance", "opdb", "reports"):
+            raise ImportError(f"{name}: a standalone repro script imports no harness module")
+
+
+sys.meta_path.insert(0, _NoHarness())
+"""
+
+# (op, variant, sample, its status under onnxruntime 1.32.0 + onnxscript 0.7.2, constraints.txt)
+ORT_ITEMS = [("prod", "function", 7, "error"),  # ONNX Runtime rejects the exported ReduceProd
+             ("matmul", "out", 8, "mismatch"),  # every value wrong
+             ("fft.fft", "function", 3, "mismatch"),  # complex: pairs of reals read back as complex
+             ("add", "inplace", 0, "pass"),  # written back into the caller's tensor
+             ("add", "out", 0, "pass")]
+
+
+def test_an_onnxruntime_items_script_runs_without_the_harness_and_reaches_the_sweeps_verdict(tmp_path):
+    """The script exports and runs the sample as the sweep did (the target's own functions, as
+    source) with torch, onnxscript and onnxruntime only: the harness cannot even be imported."""
+    _ort()
+    from conformance.repro import write_repro
+    from opdb import Store
+
+    db = tmp_path / "ort.sqlite"
+    execute_run(RunSpec(target="onnxruntime", ops=("prod", "matmul", "fft.fft", "add"), dtypes=("float32",),
+                        workers=1, max_samples=9, variants=("function", "inplace", "out")), db)
+    mods = tmp_path / "mods"
+    mods.mkdir()
+    (mods / "sitecustomize.py").write_text(NO_HARNESS)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(mods), os.environ.get("PYTHONPATH", "")])}
+    runs = []
+    with Store.open(db, create=False) as st:
+        for op, variant, index, status in ORT_ITEMS:
+            (row,) = st.db.query("select id, status, error, contract_failed from op_results where op = ? and variant = ? "
+                                 "and sample = ?", [op, variant, index])
+            assert row["status"] == status, (op, variant, index, row)
+            script = write_repro(st, row["id"], tmp_path / "repro")
+            # its value part imports no harness; a failed contract is checked as the sweep checks it
+            # (conformance.repro: that part needs the harness), so only such a script may import it
+            values = script.read_text().split('"""', 2)[2].split("# -- the contracts the stored item failed")[0]
+            assert "conformance" not in values, ("the script imports the harness", row)
+            runs.append((op, row, subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
+                                                   stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
+                                                   env=None if row["contract_failed"] else env)))
+    for op, row, proc in runs:
+        out, _ = proc.communicate(timeout=300)
+        assert "a standalone repro script imports no harness module" not in out, out[-3000:]
+        assert proc.returncode == (0 if Status(row["status"]).passed else 1), (op, row, out[-3000:])
+        if row["status"] == "error":
+            assert "target raised:" in out and "ReduceProd" in out, out[-3000:]
+        elif row["status"] == "mismatch":
+            assert "MISMATCH:" in out, out[-3000:]
+
+
 def test_an_unexported_or_unrun_onnxruntime_path_is_infra(monkeypatch):
     _ort()
     from conformance.targets.onnx_runtime import OnnxRuntimeTarget

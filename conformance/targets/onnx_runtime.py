@@ -25,12 +25,12 @@ Example::
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from .base import Compiled, Target, TargetError, TargetUnsupported, register
 
@@ -79,6 +79,9 @@ def _reason(exc: BaseException) -> str:
     return f"{type(inner).__name__}: {lines[0] if lines else ''}"[:1000]
 
 
+# -- standalone parts: torch only, no module-level names, so that a repro script holds their source
+# (repro_setup) and runs what the sweep runs ------------------------------------------------------
+
 class _Sample(torch.nn.Module):
     """``fn`` with the sample's non-tensor arguments baked in; returns the result and each tensor
     input (cloned: the values it holds after the call, so in-place writes are seen)."""
@@ -88,11 +91,92 @@ class _Sample(torch.nn.Module):
         self.fn, self.leaves, self.spec, self.where = fn, leaves, spec, where
 
     def forward(self, *tensors: torch.Tensor) -> Any:
+        from torch.utils._pytree import tree_unflatten
+
         full = list(self.leaves)
         for i, t in zip(self.where, tensors, strict=True):
             full[i] = t
         args, kwargs = tree_unflatten(full, self.spec)
         return self.fn(*args, **kwargs), tuple(t.clone() for t in tensors)
+
+
+def _sample_module(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[_Sample, tuple[torch.Tensor, ...]]:
+    """The module an exported sample is (:class:`_Sample`) and its tensor inputs, in order."""
+    from torch.utils._pytree import tree_flatten
+
+    leaves, spec = tree_flatten((args, kwargs))
+    where = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
+    return _Sample(fn, leaves, spec, where).eval(), tuple(leaves[i] for i in where)
+
+
+def _user_outputs(ep: Any) -> list[tuple[Any, torch.dtype | None]]:
+    """Each user output's spec, with its dtype as the exported program traced it (None: not a
+    tensor); the ONNX model's outputs are these, less the constants, in this order."""
+    from torch.export.graph_signature import OutputKind
+
+    (output,) = [n for n in ep.graph.nodes if n.op == "output"]
+    pairs = zip(ep.graph_signature.output_specs, output.args[0], strict=True)
+    return [(spec, getattr(getattr(node, "meta", {}).get("val"), "dtype", None))
+            for spec, node in pairs if spec.kind == OutputKind.USER_OUTPUT]
+
+
+def _sample_result(program: Any, tensors: tuple[torch.Tensor, ...], flat: Any) -> Any:
+    """The sample's result from what ONNX Runtime returned (``flat``, the model's outputs):
+    constants put back, complex values rebuilt from ONNX's (..., 2) reals, and every input the
+    program mutates (in-place, ``out=``) written back into the caller's tensor; an output that
+    is a mutated input's value is that input, as eager returns ``self`` / ``out``."""
+    from torch.export.graph_signature import ConstantArgument
+    from torch.utils._pytree import tree_unflatten
+
+    ep = program.exported_program
+    sig = ep.graph_signature
+    outs, names, got = [], [], iter(flat)
+    for spec, dtype in _user_outputs(ep):
+        if isinstance(spec.arg, ConstantArgument):
+            outs.append(spec.arg.value)
+            names.append(None)
+            continue
+        value = next(got)
+        if dtype is not None and dtype.is_complex and not value.is_complex():
+            value = torch.view_as_complex(value.contiguous())
+        outs.append(value)
+        names.append(spec.arg.name)
+    _, after = tree_unflatten(outs, ep.call_spec.out_spec)
+    position = {name: i for i, name in enumerate(sig.user_inputs)}
+    mutated = {out: position[inp] for out, inp in sig.user_inputs_to_mutate.items()}
+    with torch.no_grad():
+        for i in sorted(set(mutated.values())):
+            tensors[i].copy_(after[i])
+    outs = [tensors[mutated[n]] if n in mutated else v for n, v in zip(names, outs, strict=True)]
+    result, _ = tree_unflatten(outs, ep.call_spec.out_spec)
+    return result
+
+
+def _session_options(ort: Any) -> Any:
+    options = ort.SessionOptions()
+    options.log_severity_level = 3  # errors only: its warnings would go into every item's output
+    return options
+
+
+# What a standalone repro script runs (torch, onnxscript and onnxruntime only): the sweep's export
+# through the public torch.onnx.export (the registry's opset, as the sweep's _core.export keeps it),
+# run in the same provider with the same options, its outputs read back by the same functions.
+_REPRO_CALL = """
+
+def _onnxruntime(fn):
+    def run(*args, **kwargs):
+        module, tensors = _sample_module(fn, args, kwargs)
+        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+            raise RuntimeError("ONNX Runtime runs inference only: an exported model computes no gradients")
+        ep = torch.export.export(module, tensors, strict=False)
+        program = torch.onnx.export(ep, (), dynamo=True, optimize=True, opset_version=OPSET,
+                                   verbose=False)
+        options = _session_options(onnxruntime)
+        program.initialize_inference_session(
+            lambda model: onnxruntime.InferenceSession(model, sess_options=options, providers=[PROVIDER]))
+        return _sample_result(program, tensors, program(*tensors))
+
+    return run"""
 
 
 def _refuse_under_a_dispatch_mode() -> None:
@@ -144,21 +228,17 @@ class OnnxRuntimeTarget(Target):
 
         def run(*args: Any, **kwargs: Any) -> Any:
             _refuse_under_a_dispatch_mode()
-            leaves, spec = tree_flatten((args, kwargs))
-            where = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
-            tensors = tuple(leaves[i] for i in where)
+            module, tensors = _sample_module(fn, args, kwargs)
             if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
                 raise TargetUnsupported("ONNX Runtime runs inference only: an exported model computes no gradients")
             t0 = time.perf_counter()
-            program = to_onnx(_Sample(fn, leaves, spec, where).eval(), tensors)
+            program = to_onnx(module, tensors)
             record.compile_s += time.perf_counter() - t0
             return self._run(program, tensors, record)
 
         return run
 
     def _run(self, program: Any, tensors: tuple[torch.Tensor, ...], record: Compiled) -> Any:
-        from torch.export.graph_signature import ConstantArgument
-
         ep = program.exported_program
         proto = program.model_proto
         record.graph_ops |= _aten_ops(ep.graph_module)
@@ -178,35 +258,11 @@ class OnnxRuntimeTarget(Target):
         record.graphs += 1
         record.extra = {"onnx_nodes": len(nodes), "onnx_ops": sorted(set(nodes)), "opset": _opset(proto),
                         "provider": session.get_providers()[0], "ort_runs": record.graphs}
-        sig = ep.graph_signature
-        outs, names, got = [], [], iter(flat)
-        for spec, dtype in _user_outputs(ep):
-            if isinstance(spec.arg, ConstantArgument):
-                outs.append(spec.arg.value)
-                names.append(None)
-                continue
-            value = next(got)
-            if dtype is not None and dtype.is_complex and not value.is_complex():
-                value = torch.view_as_complex(value.contiguous())  # ONNX holds complex as (..., 2) reals
-            outs.append(value)
-            names.append(spec.arg.name)
-        _, after = tree_unflatten(outs, ep.call_spec.out_spec)
-        # written back where the program mutates an input (in-place, out=); an output that is the
-        # mutated input's value is that input, as eager returns ``self`` / ``out``
-        position = {name: i for i, name in enumerate(sig.user_inputs)}
-        mutated = {out: position[inp] for out, inp in sig.user_inputs_to_mutate.items()}
-        with torch.no_grad():
-            for i in sorted(set(mutated.values())):
-                tensors[i].copy_(after[i])
-        outs = [tensors[mutated[n]] if n in mutated else v for n, v in zip(names, outs, strict=True)]
-        result, _ = tree_unflatten(outs, ep.call_spec.out_spec)
-        return result
+        return _sample_result(program, tensors, flat)
 
     def _session(self, program: Any) -> Any:
         def start(model: str | bytes) -> Any:
-            options = self._ort.SessionOptions()
-            options.log_severity_level = 3  # errors only: its warnings would go into every item's output
-            return self._ort.InferenceSession(model, sess_options=options, providers=[PROVIDER])
+            return self._ort.InferenceSession(model, sess_options=_session_options(self._ort), providers=[PROVIDER])
 
         program.initialize_inference_session(start)
         return program._inference_session
@@ -219,8 +275,13 @@ class OnnxRuntimeTarget(Target):
                           "model graphs (--models) are not run on it")
 
     def repro_setup(self) -> tuple[str, str]:
-        return ("from conformance.targets import get_target\n_onnxruntime = get_target('onnxruntime')",
-                "_onnxruntime.wrap({fn})")
+        """The script exports and runs each call as :meth:`wrap` does, with this module's own
+        functions (their source) and no harness import."""
+        parts = [inspect.getsource(f) for f in (_Sample, _sample_module, _user_outputs, _sample_result, _session_options)]
+        opset = _registry().opset_version
+        setup = (f"import onnxruntime\n\nPROVIDER = {PROVIDER!r}\nOPSET = {opset!r}\n\n\n"
+                 + "\n\n".join(parts) + _REPRO_CALL)
+        return setup, "_onnxruntime({fn})"
 
 
 def _aten_ops(gm: torch.fx.GraphModule) -> set[str]:
@@ -228,17 +289,6 @@ def _aten_ops(gm: torch.fx.GraphModule) -> set[str]:
 
     return {overload_name(n.target) for n in gm.graph.nodes
             if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)}
-
-
-def _user_outputs(ep: Any) -> list[tuple[Any, torch.dtype | None]]:
-    """Each user output's spec, with its dtype as the exported program traced it (None: not a
-    tensor); the ONNX model's outputs are these, less the constants, in this order."""
-    from torch.export.graph_signature import OutputKind
-
-    (output,) = [n for n in ep.graph.nodes if n.op == "output"]
-    pairs = zip(ep.graph_signature.output_specs, output.args[0], strict=True)
-    return [(spec, getattr(getattr(node, "meta", {}).get("val"), "dtype", None))
-            for spec, node in pairs if spec.kind == OutputKind.USER_OUTPUT]
 
 
 def _opset(proto: Any) -> int | None:
