@@ -100,7 +100,8 @@ class _Sample(torch.nn.Module):
         return self.fn(*args, **kwargs), tuple(t.clone() for t in tensors)
 
 
-def _sample_module(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[_Sample, tuple[torch.Tensor, ...]]:
+def _sample_module(fn: Callable[..., Any], args: tuple[Any, ...],
+                   kwargs: dict[str, Any]) -> tuple[_Sample, tuple[torch.Tensor, ...]]:
     """The module an exported sample is (:class:`_Sample`) and its tensor inputs, in order."""
     from torch.utils._pytree import tree_flatten
 
@@ -277,7 +278,8 @@ class OnnxRuntimeTarget(Target):
     def repro_setup(self) -> tuple[str, str]:
         """The script exports and runs each call as :meth:`wrap` does, with this module's own
         functions (their source) and no harness import."""
-        parts = [inspect.getsource(f) for f in (_Sample, _sample_module, _user_outputs, _sample_result, _session_options)]
+        parts = [inspect.getsource(f)
+                 for f in (_Sample, _sample_module, _user_outputs, _sample_result, _session_options)]
         opset = _registry().opset_version
         setup = (f"import onnxruntime\n\nPROVIDER = {PROVIDER!r}\nOPSET = {opset!r}\n\n\n"
                  + "\n\n".join(parts) + _REPRO_CALL)
