@@ -43,7 +43,8 @@ def tests(session: nox.Session) -> None:
     _install(session, "test")
     if not CHROMIUM.exists():
         session.warn(f"{CHROMIUM} is missing: the browser tests will skip (`nox -s browser` installs it as root)")
-    args = session.posargs or ["-n", "2", "--dist", "loadgroup"]
+    # the 15 slowest tests are printed: the suite has a time budget (README, "Tests")
+    args = session.posargs or ["-n", "2", "--dist", "loadgroup", "--durations=15"]
     session.run("pytest", *args, env={"PYTHONHASHSEED": "0"})
     _where(session)
 
