@@ -1,5 +1,9 @@
 """Merging databases: shards of the same run(s) into one file, without duplicating rows.
 
+Different runs (targets swept on different machines, for the report's cross-backend page) go into
+one database one merge at a time: each call takes the shards of one set of runs, and ``out`` may
+already hold others.
+
 Every check runs before anything is written: sources are the same runs (ids, targets, builds,
 torch versions), no file appears twice, the output is not among the inputs. Sources are attached
 read-only, so a merge never writes, migrates or re-journals an input.
@@ -116,7 +120,8 @@ def _check_sources(opened: Sequence[Store]) -> dict[str, dict[str, Any]]:
         if set(runs) != set(first):
             extra = sorted(set(runs) ^ set(first))
             raise OpdbError(f"{src.path}: holds different runs than {opened[0].path} "
-                            f"({', '.join(extra)}); only shards of the same run merge")
+                            f"({', '.join(extra)}); only shards of the same run merge in one call "
+                            "(to put different runs in one database, merge each into OUT in turn)")
         for rid, run in runs.items():
             check_same_run(first[rid], run, where=str(src.path))
     versions = {r["torch_version"] for rs in run_sets for r in rs.values()}

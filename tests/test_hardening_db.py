@@ -56,6 +56,21 @@ def test_merge_of_one_file_twice_or_into_itself_is_refused_at_once(tmp_path):
     assert _sha(a) == before
 
 
+def test_different_runs_merge_one_call_at_a_time_into_one_database(tmp_path):
+    """Shards of different runs in one call are refused (a shard of another night is a mistake);
+    runs swept apart (other targets, other machines) merge into one database call by call."""
+    a = _valid(tmp_path / "a.sqlite", build="b1", run_id="r1")
+    b = _valid(tmp_path / "b.sqlite", build="b2", run_id="r2", rows=10)
+    r = _cli("merge", tmp_path / "out.sqlite", a, b)
+    _one_line_error(r, "b.sqlite")
+    assert "merge each into OUT in turn" in r.output and not (tmp_path / "out.sqlite").exists()
+    for src in (a, b, a):  # the same run again adds nothing
+        assert _cli("merge", tmp_path / "out.sqlite", src).exit_code == 0
+    with Store.open(tmp_path / "out.sqlite", create=False) as st:
+        assert sorted(r["id"] for r in st.runs()) == ["r1", "r2"]
+        assert st.count("op_results") == 310
+
+
 def _garbage(p):
     p.write_bytes(bytes(range(256)) * 40)
     return p
