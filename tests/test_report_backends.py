@@ -148,6 +148,24 @@ def test_cross_backend_matrix_cells(backends_site):
     assert n_disagree == 4
 
 
+def test_a_row_disagrees_only_when_another_backend_passes_it(tmp_path):
+    """"Failing on some backend and passing on another": a backend's own passing samples of an op
+    it also fails (and nobody else ran) are no disagreement between backends."""
+    runs = [("cpu", "-", "c1", "2026-11-01T10:00:00+00:00"), ("inductor", "-", "i1", "2026-11-01T11:00:00+00:00")]
+    ops = {"c1": {("sin", "float32"): ["pass", "mismatch"],  # cpu alone ran it: its own mixed verdict
+                  ("cumsum", "float32"): ["pass", "pass"]},
+           "i1": {("cumsum", "float32"): ["error", "pass"],  # fails on inductor, passes on cpu
+                  ("add", "float32"): ["pass"]}}
+    with Store.open(tmp_path / "two.sqlite") as st:
+        st.insert("runs", [{"id": rid, "target": target, "build": build, "torch_version": TV, "host": "h",
+                            "git_sha": "abc", "started_at": started, "finished_at": started, "status": "finished",
+                            "kind": "ops", "config": "{}"} for target, build, rid, started in runs])
+        st.insert("op_results", [r for rid, table in ops.items() for r in _op_rows(rid, table)])
+        render_site(st, tmp_path / "site")
+    html = (tmp_path / "site/backends.html").read_text()
+    assert re.search(r"3 op × dtype rows, 1 of them failing on some backend and passing on another", html), html[:3000]
+
+
 def test_fails_only_on_lists_each_backends_own_failures(backends_site):
     html = read(backends_site, "backends.html")
     sections = dict(re.findall(r'<section class="only" id="[^"]+" data-target="([^"]+)">(.*?)</section>', html, re.S))

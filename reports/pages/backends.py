@@ -79,8 +79,7 @@ def pages(site: Site) -> Iterator[tuple[str, BackendsPage]]:
     disagree = 0
     for (op, dtype), per in sorted(cells.items()):
         row_cells: list[Any] = []
-        fails_on = []
-        passes = False
+        fails_on, passes_on = [], []
         for info in infos:
             cnt = per.get(info.build)
             if not cnt:
@@ -91,8 +90,9 @@ def pages(site: Site) -> Iterator[tuple[str, BackendsPage]]:
             if any(s in FAILING for s in cnt):
                 fails_on.append(info.target)
             if any(s in PASSED for s in cnt):
-                passes = True
-        disagree += bool(fails_on) and passes
+                passes_on.append(info.target)
+        # one backend failing some samples and passing others is no disagreement between backends
+        disagree += any(f != p for f in fails_on for p in passes_on)
         rows.append([op, dtype, *row_cells, fails_on, only_on.get((op, dtype), [])])
 
     table_columns = [{"key": "op", "label": "op", "kind": "text"},
