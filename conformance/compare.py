@@ -55,10 +55,10 @@ class Meta:
     def layout_differs(self, other: Meta) -> str:
         """How this tensor's memory layout differs from ``other``'s ("" when it does not): the
         layout (strided, sparse_coo, sparse_csr, ...), strides of the dimensions longer than 1,
-        and the storage offset."""
+        and the storage offset; none of them for a tensor of no element, which reads no memory."""
         if self.layout != other.layout:
             return f"layout {self.layout} vs {other.layout}"
-        if self.shape != other.shape or not self.stride or not other.stride:
+        if self.shape != other.shape or not self.stride or not other.stride or 0 in self.shape:
             return ""
         parts = []
         if not strides_agree(self, other):
@@ -332,7 +332,10 @@ def _merge(parts: Sequence[Evidence], comparator: str) -> Evidence:
 
 
 def strides_agree(a: Meta, b: Meta) -> bool:
-    if a.shape != b.shape or not a.stride or not b.stride:
+    """Same shape, and the same stride in every dimension longer than 1; a tensor of no element
+    has no meaningful stride (as torch._prims_common.check_significant_strides: Inductor returns
+    (0, 0, 0) where eager returns (64, 16, 1) for an empty [0, 4, 16] result)."""
+    if a.shape != b.shape or not a.stride or not b.stride or 0 in a.shape:
         return a.shape == b.shape
     return all(sa == sb for sa, sb, n in zip(a.stride, b.stride, a.shape, strict=True) if n > 1)
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conformance.comparators import comparator_for, ks_statistic, per_tensor_fn
-from conformance.compare import Meta, arbitrate, compare
+from conformance.compare import Meta, arbitrate, compare, strides_agree
 from conformance.verdict import Status, decide, is_unsupported_dtype
 
 
@@ -195,3 +195,17 @@ def test_a_complex_element_is_one_value_as_assert_close_takes_it():
     nan = torch.tensor([complex(float("nan"), 0)], dtype=torch.complex64)
     assert tensor_evidence(nan, nan.clone(), 1e-5, 0.0).close
     assert not tensor_evidence(nan, torch.tensor([1 + 0j]), 1e-5, 0.0).close
+
+
+def test_an_empty_tensor_has_no_layout_to_differ_in():
+    """Inductor returns an empty unfold result ([0, 4, 16]) with strides (0, 0, 0), eager with
+    (64, 16, 1): a result of no element reads no memory, so neither its strides nor its offset
+    are a finding (torch._prims_common.check_significant_strides skips it too)."""
+    inductors, eagers = torch.empty_strided((0, 4, 16), (0, 0, 0)), torch.empty(0, 4, 16)
+    assert strides_agree(Meta.of(inductors), Meta.of(eagers))
+    assert Meta.of(inductors).layout_differs(Meta.of(eagers)) == ""
+    # a tensor with elements is still compared, and so are the shapes of empty ones
+    transposed = torch.empty(3, 2).t()
+    assert not strides_agree(Meta.of(transposed), Meta.of(torch.empty(2, 3)))
+    assert Meta.of(transposed).layout_differs(Meta.of(torch.empty(2, 3))) == "strides [1, 2] vs [3, 1]"
+    assert not strides_agree(Meta.of(torch.empty(0, 4)), Meta.of(torch.empty(4, 0)))
