@@ -290,7 +290,7 @@ def _meta_prediction(s: Subject) -> list[Meta] | str:
             dev_sample = s.on_device()
             fake = clone_sample(dev_sample, mode.from_tensor)
             with mode:
-                result = invoke(s.fn, s.variant, fake, s.device, s.outcome.cpu)
+                result = invoke(s.fn, s.variant, fake, s.device, s.outcome.cpu, sized_out=s.target.compiler)
         return [Meta.of(x) for x in leaves(result) if isinstance(x, torch.Tensor)]
     except Exception as exc:  # noqa: BLE001
         return err(exc)

@@ -212,7 +212,10 @@ def run_item(target: Target, info: Any, variant: str, sample: Any, *, want_arbit
             # statistics), and the target must start from the sample as generated.
             s_cpu = on_device(sample, "cpu")
             ref = invoke(info.op, "function", s_cpu, "cpu", None) if variant == "out" else None
-            out.cpu = invoke(fn, variant, s_cpu, "cpu", ref)
+            # a compiler target's out= tensors come sized (below): the CPU gets the same kind, so
+            # that the layouts compared are of one call (an empty out= is restrided by the kernel,
+            # a sized one is kept: linalg.inv's result is column-major in one, row-major in the other)
+            out.cpu = invoke(fn, variant, s_cpu, "cpu", ref, sized_out=target.compiler)
             out.cpu_sample = s_cpu
         except Exception as exc:  # noqa: BLE001 - the CPU reference failed: the item is skipped
             out.cpu_error = err(exc)

@@ -129,7 +129,7 @@ ref = None
 if VARIANT == "out" and data["input"] is not None:
     ref_inp, ref_args, ref_kwargs = move([data["input"], data["args"], data["kwargs"]], "cpu")
     ref = fn_functional(ref_inp, *ref_args, **ref_kwargs)
-cpu = call(fn, "cpu", ref)
+cpu = call(fn, "cpu", ref, RECORD["sized_out"])
 print("CPU result:", cpu)
 try:
     dev = to_cpu(call({wrapped}, DEVICE, ref, RECORD["sized_out"]))
@@ -238,7 +238,8 @@ def write_repro(store: Store, result_id: int, out_dir: str | Path) -> Path:
     target.use_own_rng(comparator_for(op) == "random")  # as the sweep ran it
     setup, wrapped = target.repro_setup()
     script = out / f"repro_{int(result_id)}.py"
-    # A compiler target gets out= tensors of the result's shapes, as in the sweep (execute._invoke).
+    # A compiler target gets out= tensors of the result's shapes, on both sides, as in the sweep
+    # (execute.run_item).
     record = {"result": int(result_id), "op": op, "variant": variant, "device": str(target.device),
               "sized_out": bool(target.compiler),
               "inputs": inputs, "atol": _tol(row.get("atol"), where, "atol"), "rtol": _tol(row.get("rtol"), where, "rtol")}

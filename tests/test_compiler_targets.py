@@ -82,9 +82,25 @@ class BrokenBackend(CompilerTarget):
         raise RuntimeError("the backend broke")
 
 
+class ColumnMajorOut(CompilerTarget):
+    """Compiles right, then hands back its out= results in column-major layout."""
+
+    name = "test-column-major-out"
+    backend_name = "aot_eager"
+
+    def wrap(self, fn):
+        compiled = super().wrap(fn)
+
+        def run(*args, **kwargs):
+            got = compiled(*args, **kwargs)
+            return got.mT.contiguous().mT if "out" in kwargs and isinstance(got, torch.Tensor) else got
+
+        return run
+
+
 @pytest.fixture
 def registered(monkeypatch):
-    for cls in (PerturbSin, SilentEager, BrokenBackend):
+    for cls in (PerturbSin, SilentEager, BrokenBackend, ColumnMajorOut):
         monkeypatch.setitem(REGISTRY, cls.name, cls)
 
 
@@ -174,6 +190,20 @@ def test_an_uncompiled_item_says_so_even_when_a_contract_fails(registered):
         (row,) = _sweep(get_target("test-silent-eager"), ["sin"], variants=("function",))
     assert row["contract_failed"] == "metadata"
     assert row["status"] == "error" and row["error"].startswith(NOT_COMPILED), row["error"]
+
+
+def test_out_layouts_are_compared_with_the_cpus_call_on_the_same_out_tensors(registered):
+    """A compiler target's out= tensors come sized (dynamo cannot resize them): an eager kernel
+    keeps a sized out='s layout and restrides an empty one (linalg.inv's result is column-major),
+    so the CPU side gets sized tensors too. aot_eager, which runs the ATen graph as it is, used to
+    fail the metadata contract on linalg.inv and linalg.cholesky_ex out= (so did inductor); a
+    result handed back in another layout than eager's is still caught."""
+    rows = _sweep(get_target("test-perturb-sin"), ["linalg.inv", "linalg.cholesky_ex"], variants=("out",))
+    assert [(r["op"], r["status"], r["contract_failed"]) for r in rows] == [
+        ("linalg.inv", "pass", None), ("linalg.cholesky_ex", "pass", None)], [r["error"] for r in rows]
+    (row,) = _sweep(get_target("test-column-major-out"), ["linalg.inv"], variants=("out",))
+    assert row["status"] == "contract" and row["contract_failed"] == "metadata", row["error"]
+    assert "strides [1, 5] vs [5, 1]" in row["error"], row["error"]
 
 
 def test_a_compile_failure_is_an_error_not_an_eager_run(registered):
