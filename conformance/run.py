@@ -30,7 +30,7 @@ from .targets import Target
 from .verdict import Status
 from .work import Group, ItemKey
 
-__all__ = ["EmptyRun", "Prepared", "RunSpec", "Summary", "Supervisor", "check", "execute_run", "prepare", "rerun_items",
+__all__ = ["CodeChangedWarning", "EmptyRun", "Prepared", "RunSpec", "Summary", "Supervisor", "check", "execute_run", "prepare", "rerun_items",
            "run_canaries", "run_into", "stderr_progress"]
 
 
@@ -50,6 +50,22 @@ def _git_sha() -> str:
         return ref[:12]
     except OSError:
         return ""
+
+
+class CodeChangedWarning(UserWarning):
+    """A run resumed with other harness code than it was started with: the items recorded
+    before keep the old code's verdicts, the rest get the new one's."""
+
+
+def _warn_if_code_changed(run: dict[str, Any]) -> None:
+    import warnings
+
+    started, now = run.get("git_sha") or "", _git_sha()
+    if started and now and started != now:
+        warnings.warn(CodeChangedWarning(
+            f"run {run['id']} was started with harness commit {started} and resumes with {now}: the "
+            "items it recorded before keep that code's verdicts (start a new --run-id for one code's)"),
+            stacklevel=3)
 
 
 def run_canaries(spec: RunSpec, store: Store, run_id: str) -> str | None:
@@ -196,6 +212,7 @@ def execute_run(spec: RunSpec, db_path: str | os.PathLike[str], *, resume: str |
             run = store.get_run(resume)
         if run is None:
             raise SelectionError(f"{db_path}: no run with id {resume!r} to resume")
+        _warn_if_code_changed(run)
     prepared = prepare(spec, resumed=run)
     with Store.open(db_path) as store:
         return run_into(spec, store, resume=resume, progress=progress, prepared=prepared)

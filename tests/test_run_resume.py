@@ -9,10 +9,11 @@ import subprocess
 import sys
 import time
 
+import pytest
 from click.testing import CliRunner
 
 from conformance.cli import main
-from conformance.run import RunSpec, execute_run
+from conformance.run import CodeChangedWarning, RunSpec, _git_sha, execute_run
 from opdb import Store
 
 # Enough work (conv2d has many samples) that the kill always lands mid-run.
@@ -136,3 +137,25 @@ def test_repro_of_backward_and_schema_results(tmp_path):
         out = subprocess.run([sys.executable, str(tmp_path / "repro" / f"repro_{rid}.py")], capture_output=True,
                              text=True, timeout=900)
         assert out.returncode == 1 and "MISMATCH" in out.stdout, out.stdout + out.stderr
+
+
+def test_a_run_resumed_with_other_harness_code_says_so(tmp_path):
+    """Its earlier items keep the old code's verdicts: a resume across commits warns, naming both."""
+    db = tmp_path / "r.sqlite"
+    summary = execute_run(RunSpec(target="cpu", ops=("abs",), dtypes=("float32",), workers=1, max_samples=1), db)
+    def interrupted(sha):
+        with Store.open(db) as st:
+            st.db.execute("update runs set git_sha = ?, status = 'interrupted' where id = ?", [sha, summary.run_id])
+            st.db.execute("update run_shards set status = 'interrupted' where run_id = ?", [summary.run_id])
+            st.db.conn.commit()
+
+    interrupted("c0ffee000000")
+    spec = RunSpec(target="cpu", workers=1)
+    with pytest.warns(CodeChangedWarning, match=f"started with harness commit c0ffee000000 and resumes with {_git_sha()}"):
+        execute_run(spec, db, resume=summary.run_id)
+    interrupted(_git_sha())  # the same code resumes quietly
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CodeChangedWarning)
+        execute_run(spec, db, resume=summary.run_id)
