@@ -65,7 +65,7 @@ def _warn_if_code_changed(run: dict[str, Any]) -> None:
         warnings.warn(CodeChangedWarning(
             f"run {run['id']} was started with harness commit {started} and resumes with {now}: the "
             "items it recorded before keep that code's verdicts (start a new --run-id for one code's)"),
-            stacklevel=3)
+            stacklevel=2)
 
 
 def run_canaries(spec: RunSpec, store: Store, run_id: str) -> str | None:
@@ -212,7 +212,6 @@ def execute_run(spec: RunSpec, db_path: str | os.PathLike[str], *, resume: str |
             run = store.get_run(resume)
         if run is None:
             raise SelectionError(f"{db_path}: no run with id {resume!r} to resume")
-        _warn_if_code_changed(run)
     prepared = prepare(spec, resumed=run)
     with Store.open(db_path) as store:
         return run_into(spec, store, resume=resume, progress=progress, prepared=prepared)
@@ -250,6 +249,7 @@ def run_into(spec: RunSpec, store: Store, *, resume: str | None = None,
         prepared = prepare(spec, resumed=run)
     spec, groups, target = prepared
     if resume:
+        _warn_if_code_changed(store.get_run(resume) or {"id": resume})
         store.resume_run(resume, shard=spec.shard)
         run_id = resume
     else:
