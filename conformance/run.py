@@ -30,8 +30,8 @@ from .targets import Target
 from .verdict import Status
 from .work import Group, ItemKey
 
-__all__ = ["CodeChangedWarning", "EmptyRun", "Prepared", "RunSpec", "Summary", "Supervisor", "check", "execute_run", "prepare", "rerun_items",
-           "run_canaries", "run_into", "stderr_progress"]
+__all__ = ["CodeChangedWarning", "EmptyRun", "Prepared", "RunSpec", "Summary", "Supervisor", "check", "execute_run",
+           "prepare", "rerun_items", "run_canaries", "run_into", "stderr_progress"]
 
 
 def _done_by_group(keys: set[str]) -> dict[str, set[str]]:
