@@ -21,21 +21,24 @@ def _statuses(st: dict[str, int]) -> str:
 @main.command("upstream")
 @db_option()
 @click.option("--run", "run_id", required=True, help="Run id of an op sweep on the upstream project's backend.")
-@click.option("--source", default="newest", show_default=True,
-              help="Which stored upstream list to triage against (a [source.NAME] of upstream_inductor.toml).")
+@click.option("--source", default=None,
+              help="Which stored upstream list to triage against (a [source.NAME] of upstream_inductor.toml or "
+                   "upstream_onnxruntime.toml). Default: the first list about the run's target.")
 @click.option("--dtype", default="float32", show_default=True, help="Dtype of the upstream facts to triage.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the tables.")
 @handles_errors
-def upstream_cmd(db_path: str, run_id: str, source: str, dtype: str, as_json: bool) -> None:
+def upstream_cmd(db_path: str, run_id: str, source: str | None, dtype: str, as_json: bool) -> None:
     """Triage every upstream-known failure (PyTorch's own Inductor CPU expected failures and
-    skips) against a run, and list the run's findings upstream does not know.
+    skips; ONNX Script's for the ONNX exporter in ONNX Runtime) against a run, and list the run's
+    findings upstream does not know.
 
     Each upstream fact is re-found (the run holds a failing status for the op x dtype), stale (a
-    standalone check passes it under this torch: benchmarks/upstream_inductor_check.py), untestable
+    standalone check passes it here: benchmarks/upstream_inductor_check.py or
+    upstream_onnx_check.py), untestable
     (with the reason), not swept, or missed. Recall = re-found / (total - stale - not swept).
     Exit 0 whatever it finds (it is a report, not a gate).
 
-    Example: conformance upstream --db results/opdb.sqlite --run RUN_ID --source newest
+    Example: conformance upstream --db results/opdb.sqlite --run RUN_ID
     """
     from opdb.queries_report import matrix_cells
 
@@ -46,15 +49,17 @@ def upstream_cmd(db_path: str, run_id: str, source: str, dtype: str, as_json: bo
         if run is None:
             raise UsageProblem(f"{db_path}: no run {run_id!r}")
         pairs = upstream.statuses_by_pair(matrix_cells(st, run_id))
+    if source is None:
+        source = upstream.default_source(run.get("target"))
     rows = upstream.triage(pairs, source=source, dtype=dtype, target=run.get("target"))
     found, denominator = upstream.recall(rows)
     unknown = [(op, dt, s) for op, dt, s in upstream.unknown_findings(pairs, source=source) if dt == dtype]
-    src = next(e.source for e in upstream.expectations() if e.source.name == source)
+    src = upstream.sources()[source]
     if as_json:
         click.echo(json.dumps({
             "run": run_id, "target": run.get("target"), "source": str(src), "dtype": dtype,
-            "triage": [{"op": r.op, "expectation": r.expectation, "outcome": r.outcome, "statuses": r.statuses,
-                        "why": r.why} for r in rows],
+            "triage": [{"op": r.op, "expectation": r.expectation, "samples": r.samples, "outcome": r.outcome,
+                        "statuses": r.statuses, "why": r.why} for r in rows],
             "counts": {o: sum(r.outcome == o for r in rows) for o in upstream.OUTCOMES},
             "recall": {"re_found": found, "of": denominator},
             "unknown_to_upstream": [{"op": op, "dtype": dt, "statuses": s} for op, dt, s in unknown]}, indent=1))
@@ -68,7 +73,8 @@ def upstream_cmd(db_path: str, run_id: str, source: str, dtype: str, as_json: bo
         click.echo(f"{outcome} ({len(group)}):")
         for r in group:
             why = f" - {r.why}" if r.why else ""
-            click.echo(f"  {r.op:46s} upstream {r.expectation:5s} harness: {_statuses(r.statuses)}{why}")
+            some = " (some samples)" if r.samples == "some" else ""
+            click.echo(f"  {r.op:46s} upstream {r.expectation:5s}{some} harness: {_statuses(r.statuses)}{why}")
     share = f"{found}/{denominator} = {found / denominator:.0%}" if denominator else "n/a (nothing to re-find)"
     click.echo(f"recall of upstream-known failures among the swept ops: {share} "
                f"(stale {sum(r.outcome == 'stale' for r in rows)}, "

@@ -164,11 +164,16 @@ def model_floors(path: Path = MODEL_TOLERANCES) -> tuple[ModelFloor, ...]:
     return tuple(floors)
 
 
-# -- upstream_inductor.toml, upstream_triage.toml -------------------------------------------------
-# PyTorch's own expected failures and skips for Inductor, and what a standalone check showed
-# about each (the triage against a run is conformance.upstream).
+# -- upstream_inductor.toml, upstream_onnxruntime.toml, upstream_triage.toml ----------------------
+# The upstream projects' own expected failures and skips (PyTorch's for Inductor, ONNX Script's
+# for the ONNX exporter's torch_lib run in ONNX Runtime), and what a standalone check showed about
+# each (the triage against a run is conformance.upstream).
 UPSTREAM_INDUCTOR = DATA / "upstream_inductor.toml"
+UPSTREAM_ONNXRUNTIME = DATA / "upstream_onnxruntime.toml"
+UPSTREAM_FILES = (UPSTREAM_INDUCTOR, UPSTREAM_ONNXRUNTIME)
 UPSTREAM_TRIAGE = DATA / "upstream_triage.toml"
+#: how much of an op x dtype an upstream fact covers: every sample, or some (upstream matches them)
+UPSTREAM_SAMPLES = ("all", "some")
 UPSTREAM_DTYPES = ("bool", "float16", "bfloat16", "float32", "float64", "int32", "int64", "uint8", "complex64",
                    "complex128")
 UPSTREAM_DEVICES = ("cpu", "cuda", "xpu")
@@ -183,6 +188,8 @@ class Source:
     commit: str
     path: str
     note: str = ""
+    # the harness targets whose runs this list is about (empty: any); picks a run's default list
+    targets: tuple[str, ...] = ()
 
     def __str__(self) -> str:
         return f"{self.repo}@{self.commit} {self.path}"
@@ -198,6 +205,7 @@ class Expectation:
     device: str
     source: Source
     reason: str = ""
+    samples: str = "all"  # UPSTREAM_SAMPLES: "some" when upstream expects it of matched samples only
 
 
 @dataclass(frozen=True)
@@ -224,21 +232,40 @@ def _choice(path: Path, key: str, value: object, accepted: tuple[str, ...]) -> s
     return str(value)
 
 
+def _paths(paths: Path | tuple[Path, ...]) -> tuple[Path, ...]:
+    return (paths,) if isinstance(paths, Path) else tuple(paths)
+
+
 @functools.cache
-def upstream_expectations(path: Path = UPSTREAM_INDUCTOR) -> tuple[Expectation, ...]:
-    """Every upstream fact, one per source x op x dtype (a duplicate is an error)."""
+def upstream_expectations(paths: Path | tuple[Path, ...] = UPSTREAM_FILES) -> tuple[Expectation, ...]:
+    """Every upstream fact of every file, one per source x device x op x dtype (a duplicate is an
+    error; a source name is one list across all files)."""
+    out: list[Expectation] = []
+    named: dict[str, Path] = {}
+    for path in _paths(paths):
+        facts = _upstream_file(path)
+        for name in dict.fromkeys(e.source.name for e in facts):
+            if name in named:
+                raise _bad(path, f"source.{name}", name, f"a source name not used by another file ({named[name]})")
+            named[name] = path
+        out.extend(facts)
+    return tuple(out)
+
+
+def _upstream_file(path: Path) -> tuple[Expectation, ...]:
     data = _keys(path, "", read_toml(path), {"source"}, {"xfail", "skip"})
     sources: dict[str, Source] = {}
     if not isinstance(data["source"], dict) or not data["source"]:
         raise _bad(path, "source", data["source"], "tables [source.NAME] with repo, commit and path")
     for name, raw in data["source"].items():
-        e = _keys(path, f"source.{name}", raw, {"repo", "commit", "path"}, {"note"})
+        e = _keys(path, f"source.{name}", raw, {"repo", "commit", "path"}, {"note", "targets"})
         commit = _text(path, f"source.{name}.commit", e["commit"])
         if len(commit) != 40 or any(ch not in "0123456789abcdef" for ch in commit):
             raise _bad(path, f"source.{name}.commit", commit, "a full 40-digit lowercase hex commit")
         sources[name] = Source(name, _text(path, f"source.{name}.repo", e["repo"]), commit,
                                _text(path, f"source.{name}.path", e["path"]),
-                               _text(path, f"source.{name}.note", e["note"]) if "note" in e else "")
+                               _text(path, f"source.{name}.note", e["note"]) if "note" in e else "",
+                               _names(path, f"source.{name}.targets", e["targets"]) if "targets" in e else ())
     out: list[Expectation] = []
     seen: set[tuple[str, str, str, str]] = set()
     for kind in ("xfail", "skip"):
@@ -247,11 +274,12 @@ def upstream_expectations(path: Path = UPSTREAM_INDUCTOR) -> tuple[Expectation, 
             raise _bad(path, kind, tables, f"an array of tables ([[{kind}]])")
         for i, raw in enumerate(tables):
             where = f"{kind}[{i}]"
-            e = _keys(path, where, raw, {"source", "device", "ops", "dtypes"}, {"reason"})
+            e = _keys(path, where, raw, {"source", "device", "ops", "dtypes"}, {"reason", "samples"})
             if e["source"] not in sources:
                 raise _bad(path, f"{where}.source", e["source"], f"a [source.NAME] table: {', '.join(sources)}")
             device = _choice(path, f"{where}.device", e["device"], UPSTREAM_DEVICES)
             reason = _text(path, f"{where}.reason", e["reason"]) if "reason" in e else ""
+            samples = _choice(path, f"{where}.samples", e["samples"], UPSTREAM_SAMPLES) if "samples" in e else "all"
             for dtype in _names(path, f"{where}.dtypes", e["dtypes"]):
                 _choice(path, f"{where}.dtypes", dtype, UPSTREAM_DTYPES)
                 for op in _names(path, f"{where}.ops", e["ops"]):
@@ -260,14 +288,16 @@ def upstream_expectations(path: Path = UPSTREAM_INDUCTOR) -> tuple[Expectation, 
                         raise _bad(path, f"{where}.ops", op, f"an op listed once per source, device and dtype "
                                                             f"({op} {dtype} is listed twice in {e['source']})")
                     seen.add(key)
-                    out.append(Expectation(op, dtype, kind, device, sources[e["source"]], reason))
+                    out.append(Expectation(op, dtype, kind, device, sources[e["source"]], reason, samples))
     return tuple(out)
 
 
 @functools.cache
-def upstream_checks(path: Path = UPSTREAM_TRIAGE, facts: Path = UPSTREAM_INDUCTOR) -> dict[tuple[str, str, str], Checked]:
+def upstream_checks(path: Path = UPSTREAM_TRIAGE, facts: Path | tuple[Path, ...] = UPSTREAM_FILES,
+                    ) -> dict[tuple[str, str, str], Checked]:
     """(source, op, dtype) -> what was shown about that expectation outside the harness."""
     known = {(e.source.name, e.op, e.dtype) for e in upstream_expectations(facts)}
+    files = " or ".join(p.name for p in _paths(facts))
     data = _keys(path, "", read_toml(path), set(), {"check"})
     tables = data.get("check", [])
     if not isinstance(tables, list):
@@ -282,8 +312,8 @@ def upstream_checks(path: Path = UPSTREAM_TRIAGE, facts: Path = UPSTREAM_INDUCTO
         for op in _names(path, f"{where}.ops", e["ops"]):
             key = (e["source"], op, dtype)
             if key not in known:
-                raise _bad(path, f"{where}.ops", op, f"an op {facts.name} lists for source "
-                                                    f"{e['source']!r} in {dtype}")
+                raise _bad(path, f"{where}.ops", op, f"an op {files} lists for source {e['source']!r} "
+                                                    f"in {dtype}")
             if key in out:
                 raise _bad(path, f"{where}.ops", op, "an op checked once per source and dtype")
             out[key] = Checked(e["source"], op, dtype, outcome, _text(path, f"{where}.reason", e["reason"]),

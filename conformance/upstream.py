@@ -1,10 +1,13 @@
 """Upstream projects' own expectations for a backend, and the triage of each against a harness run.
 
 ``data/upstream_inductor.toml`` holds PyTorch's expected failures and skips for Inductor on the
-CPU (from ``test/inductor/test_torchinductor_opinfo.py``), one fact per op x dtype with its
-source (repo@commit path); ``data/upstream_triage.toml`` what a standalone check
-(``benchmarks/upstream_inductor_check.py``) or a reading of the failure showed about each one
-that the harness alone cannot tell (stale under the installed torch, or untestable and why).
+CPU (from ``test/inductor/test_torchinductor_opinfo.py``), ``data/upstream_onnxruntime.toml``
+ONNX Script's for the exporter's torch_lib functions run in ONNX Runtime (from
+``tests/function_libs/torch_lib/ops_test_data.py``), one fact per op x dtype with its source
+(repo@commit path, and the harness targets its list is about); ``data/upstream_triage.toml``
+what a standalone check (``benchmarks/upstream_inductor_check.py``,
+``benchmarks/upstream_onnx_check.py``) or a reading of the failure showed about each one that
+the harness alone cannot tell (stale under the installed versions, or untestable and why).
 :func:`triage` joins both with a run's stored statuses: every upstream-known failure is
 ``stale`` or ``untestable`` (as the triage file says), else ``re-found`` (the run holds a failing
 status for the op x dtype),
@@ -32,7 +35,7 @@ from opdb.status import FAILING
 from . import datafiles
 from .datafiles import DataFileError
 
-EXPECTATIONS = datafiles.UPSTREAM_INDUCTOR
+EXPECTATIONS = datafiles.UPSTREAM_FILES
 OUTCOMES = ("re-found", "stale", "untestable", "not swept", "missed")
 expectations = datafiles.upstream_expectations
 checked = datafiles.upstream_checks
@@ -46,6 +49,7 @@ class TriageRow:
     outcome: str  # one of OUTCOMES
     statuses: dict[str, int]  # the run's statuses of the op x dtype (all variants)
     why: str  # the triage file's reason, or the upstream reason
+    samples: str = "all"  # "some": upstream expects it of the samples it matches only
 
 
 def statuses_by_pair(cells: Iterable[tuple[str, str, str, int]]) -> dict[tuple[str, str], dict[str, int]]:
@@ -69,7 +73,7 @@ def triage(pairs: Mapping[tuple[str, str], Mapping[str, int]], *, source: str = 
     re-finding (the row still shows it). A note scoped to other targets (untestable on
     ``inductor``, where only ``implicit_fallbacks=False`` shows it) does not apply."""
     if source not in {e.source.name for e in expectations()}:
-        raise DataFileError(f"{EXPECTATIONS}: no source {source!r}; expected one of "
+        raise DataFileError(f"{' or '.join(str(p) for p in EXPECTATIONS)}: no source {source!r}; expected one of "
                             f"{', '.join(sorted({e.source.name for e in expectations()}))}")
     notes = checked()
     rows = []
@@ -87,8 +91,23 @@ def triage(pairs: Mapping[tuple[str, str], Mapping[str, int]], *, source: str = 
             outcome = "not swept"
         else:
             outcome = "missed"
-        rows.append(TriageRow(e.op, dtype, e.expectation, outcome, st, why))
+        rows.append(TriageRow(e.op, dtype, e.expectation, outcome, st, why, e.samples))
     return rows
+
+
+def sources() -> dict[str, datafiles.Source]:
+    """Every stored upstream list by name, in file order."""
+    return {e.source.name: e.source for e in expectations()}
+
+
+def default_source(target: str | None) -> str:
+    """The first stored list about ``target``'s runs (``[source.NAME] targets``)."""
+    for name, src in sources().items():
+        if target in src.targets:
+            return name
+    lists = "; ".join(f"{n} ({', '.join(s.targets) or 'any target'})" for n, s in sources().items())
+    raise DataFileError(f"{' or '.join(str(p) for p in EXPECTATIONS)}: no upstream list is about target "
+                        f"{target!r}; the lists are {lists}")
 
 
 def recall(rows: Iterable[TriageRow]) -> tuple[int, int]:

@@ -48,6 +48,9 @@ path = "t.py"
     (FACTS + '[[xfails]]\nsource = "s"\n', ["xfails"]),
     (FACTS.replace("0123456789abcdef0123456789abcdef01234567", "abc123"), ["source.s.commit", "abc123"]),
     (FACTS.replace('path = "t.py"\n', ""), ["source.s.path is missing"]),
+    (FACTS + '[[xfail]]\nsource = "s"\ndevice = "cpu"\nops = ["a"]\ndtypes = ["float32"]\nsamples = "few"\n',
+     ["xfail[0].samples", "'few'"]),
+    (FACTS + 'targets = "inductor"\n', ["source.s.targets", "'inductor'"]),
 ])
 def test_bad_expectations_are_one_error_naming_file_key_and_value(tmp_path, text, names):
     path = tmp_path / "u.toml"
@@ -56,6 +59,26 @@ def test_bad_expectations_are_one_error_naming_file_key_and_value(tmp_path, text
         upstream.expectations(path)
     msg = str(exc.value)
     assert msg.startswith(f"{path}:") and "\n" not in msg and all(n in msg for n in names), msg
+
+
+def test_a_source_name_is_one_list_across_files(tmp_path):
+    a, b = tmp_path / "a.toml", tmp_path / "b.toml"
+    a.write_text(FACTS + '[[xfail]]\nsource = "s"\ndevice = "cpu"\nops = ["a"]\ndtypes = ["float32"]\n')
+    b.write_text(FACTS + '[[skip]]\nsource = "s"\ndevice = "cpu"\nops = ["b"]\ndtypes = ["float32"]\n')
+    with pytest.raises(DataFileError) as exc:
+        upstream.expectations((a, b))
+    assert str(exc.value).startswith(f"{b}: source.s") and str(a) in str(exc.value)
+    one = upstream.expectations((a,))
+    assert [(e.op, e.samples, e.source.targets) for e in one] == [("a", "all", ())]
+
+
+def test_a_runs_default_list_is_the_first_about_its_target():
+    assert upstream.default_source("inductor") == upstream.default_source("inductor-strict") == "newest"
+    assert upstream.default_source("onnxruntime") == "onnxscript"
+    onnx = upstream.sources()["onnxscript"]
+    assert onnx.repo == "microsoft/onnxscript" and onnx.path == "tests/function_libs/torch_lib/ops_test_data.py"
+    with pytest.raises(DataFileError, match=r"no upstream list is about target 'openvino'.*newest \(inductor"):
+        upstream.default_source("openvino")
 
 
 @pytest.mark.parametrize(("text", "names"), [
@@ -144,3 +167,31 @@ def test_upstream_command_lists_refound_and_unknown_findings(tmp_path):
         {"op": "abs", "dtype": "float32", "statuses": {"mismatch": 1}}]
     bad = CliRunner().invoke(main, ["upstream", "--db", str(db), "--run", "nope"])
     assert bad.exit_code == 2 and "no run 'nope'" in bad.output
+
+
+def test_an_onnxruntime_run_is_triaged_against_onnx_scripts_list(tmp_path):
+    """A run of --target onnxruntime gets ONNX Script's list by default; an entry upstream
+    expects of some samples only says so."""
+    path = tmp_path / "o.sqlite"
+    with Store.open(path) as st:
+        run = st.start_run(target="onnxruntime", build="onnxruntime", torch_version="2.13.0", config={},
+                           run_id="o1")
+        rows = [("scatter_add", "mismatch"), ("scatter_add", "pass"), ("special.erfcx", "pass"), ("abs", "error")]
+        st.insert("op_results", [{"run_id": run, "item_key": f"{op}|function|float32|{i}", "op": op,
+                                  "variant": "function", "dtype": "float32", "sample": i, "status": status}
+                                 for i, (op, status) in enumerate(rows)])
+        st.finish_run(run)
+    r = CliRunner().invoke(main, ["upstream", "--db", str(path), "--run", "o1"])
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    assert lines[0].startswith("run o1 (onnxruntime) against microsoft/onnxscript@86e57ef")
+    scatter = next(line for line in lines if line.split()[:1] == ["scatter_add"])
+    assert scatter.split()[1:6] == ["upstream", "xfail", "(some", "samples)", "harness:"]
+    assert lines[-1].split() == ["abs", "1", "error"]
+    out = json.loads(CliRunner().invoke(main, ["upstream", "--db", str(path), "--run", "o1", "--json"]).output)
+    rows = {r["op"]: r for r in out["triage"]}
+    assert rows["scatter_add"]["samples"] == "some" and rows["scatter_add"]["outcome"] == "re-found"
+    assert rows["special.erfcx"]["samples"] == "all"
+    assert rows["special.erfcx"]["outcome"] in ("missed", "stale")  # stale once a standalone check shows it
+    inductor = CliRunner().invoke(main, ["upstream", "--db", str(path), "--run", "o1", "--source", "newest"])
+    assert inductor.exit_code == 0 and "against r266-tech/pytorch" in inductor.output
