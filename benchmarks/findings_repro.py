@@ -2,9 +2,10 @@
 
 Picks up to ``--limit`` failing items of a run (one per op x variant, chosen at random with
 ``--seed`` across the whole run, or the first in op order with ``--first``; failing statuses only,
-canaries left out; ``--not-upstream`` leaves out op x dtype pairs that PyTorch's own Inductor
-expectations already list), writes each one's standalone script with ``conformance repro``
-(torch only: no harness code runs in it), runs it in a fresh interpreter, and prints per
+canaries left out; ``--not-upstream`` leaves out op x dtype pairs that the upstream expectations
+about the run's target already list: PyTorch's for Inductor, ONNX Script's for onnxruntime),
+writes each one's standalone script with ``conformance repro`` (torch and the backend only: no
+harness code runs in it), runs it in a fresh interpreter, and prints per
 finding whether the script reproduces it (exit 1: the difference is real, outside the harness)
 or not (exit 0: a harness false alarm to fix, or a flaky one), with the script's last line.
 Items whose compiler compiled no graph are left out unless ``--with-uncompiled``: they are the
@@ -30,11 +31,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _upstream_pairs() -> set[tuple[str, str]]:
+def _upstream_pairs(target: str | None) -> set[tuple[str, str]]:
+    """The op x dtype pairs the upstream lists about ``target``'s runs name (any list if none is)."""
     sys.path.insert(0, str(ROOT))
     from conformance.upstream import expectations
 
-    return {(e.op, e.dtype) for e in expectations() if e.device == "cpu"}
+    facts = [e for e in expectations() if e.device == "cpu"]
+    mine = [e for e in facts if target in e.source.targets]
+    return {(e.op, e.dtype) for e in (mine or facts)}
 
 
 NOT_COMPILED = "infra: the compiler target compiled no graph"
@@ -48,7 +52,8 @@ def _findings(db: Path, run: str, limit: int, not_upstream: bool, statuses: tupl
     rows = conn.execute(f"select id, op, variant, dtype, sample, status, error from op_results where run_id = ? "
                         f"and variant != 'canary' and status in ({marks}) order by op, variant, sample",
                         [run, *statuses]).fetchall()
-    known = _upstream_pairs() if not_upstream else set()
+    target = conn.execute("select target from runs where id = ?", [run]).fetchone()
+    known = _upstream_pairs(target[0] if target else None) if not_upstream else set()
     out, seen = [], set()
     for r in rows:
         if (r["op"], r["dtype"]) in known or (r["op"], r["variant"]) in seen:
