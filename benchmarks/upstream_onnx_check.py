@@ -9,8 +9,9 @@ the way a user of ``torch.onnx.export`` would, outside the harness: ``torch.expo
 public ``torch.onnx.export(..., dynamo=True)`` and an ONNX Runtime CPU session, and compares with
 eager by ``torch.testing.assert_close`` at PyTorch's default tolerance (upstream's unless an op
 sets its own), values of random ops not compared (upstream checks their shapes only). One line
-per op: ``holds`` (some sample fails: the first reason), ``stale`` (every sample passes), or
-``absent`` (no such OpInfo here).
+per op: ``holds`` (some sample fails: the first reason; for an entry upstream expects of some
+samples only, that sample may not be one upstream's matcher picks), ``stale`` (every sample
+passes), ``unknown`` (the first ``--max-samples`` pass), or ``absent`` (no such OpInfo here).
 
     .venv/bin/python benchmarks/upstream_onnx_check.py --dtype float32
     .venv/bin/python benchmarks/upstream_onnx_check.py --ops nn.functional.pad.reflect --max-samples 4
@@ -116,7 +117,7 @@ def check_sample(fn, sample, opset: int) -> str:  # noqa: ANN001
 
 
 def check_op(name: str, dtype: torch.dtype, max_samples: int | None, opset: int) -> tuple[str, str, int]:
-    """(holds | stale | absent, first failure, samples run)."""
+    """(holds | stale | unknown | absent, first failure, samples run)."""
     from torch.testing._internal.common_methods_invocations import op_db
 
     info = next((i for i in op_db if (f"{i.name}.{i.variant_test_name}" if i.variant_test_name else i.name) == name), None)
@@ -132,7 +133,7 @@ def check_op(name: str, dtype: torch.dtype, max_samples: int | None, opset: int)
     n = 0
     for sample in info.sample_inputs("cpu", dtype, requires_grad=False):
         if max_samples is not None and n >= max_samples:
-            break
+            return "unknown", f"the first {n} samples pass (--max-samples): not shown stale", n
         n += 1
         why = check_sample(fn, sample, opset)
         if why:
