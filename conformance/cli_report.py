@@ -32,11 +32,14 @@ def report_cmd(db_path: str, builds: tuple[str, ...], out_dir: str, jobs: int | 
     from reports import UnknownBuild, publish_site
     from reports.site import check_site_dir
 
+    from .upstream import known_by_target
+
     out = Path(out_dir)
     check_site_dir(out)  # before the database is opened: a refused folder is left as it is
     with Store.open(db_path, create=False) as st:
         try:
-            result = publish_site(st, out, builds=list(builds), db_label=db_path, jobs=jobs or None)
+            result = publish_site(st, out, builds=list(builds), db_label=db_path, jobs=jobs or None,
+                                  upstream=known_by_target())
         except UnknownBuild as exc:
             raise UsageProblem(str(exc)) from None
         except OSError as exc:

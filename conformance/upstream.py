@@ -110,6 +110,19 @@ def default_source(target: str | None) -> str:
                         f"{target!r}; the lists are {lists}")
 
 
+def known_by_target() -> dict[str, dict[tuple[str, str], str]]:
+    """``target -> (op, dtype) -> "xfail (newest)"``: what every stored list about a target says,
+    for the report's cross-backend page (several lists: joined)."""
+    out: dict[str, dict[tuple[str, str], str]] = {}
+    for e in expectations():
+        for target in e.source.targets:
+            cell = out.setdefault(target, {})
+            said = f"{e.expectation} ({e.source.name}{', some samples' if e.samples == 'some' else ''})"
+            key = (e.op, e.dtype)
+            cell[key] = f"{cell[key]}; {said}" if key in cell and said not in cell[key] else cell.get(key, said)
+    return out
+
+
 def recall(rows: Iterable[TriageRow]) -> tuple[int, int]:
     """(re-found, total - stale - not swept): the recall of upstream-known failures among the
     swept ops, untestable ones counted as not re-found."""

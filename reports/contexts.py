@@ -372,6 +372,7 @@ class OnlyRow:
     samples: int  # that backend's samples of the op × dtype
     statuses: list[str]  # their statuses there
     passes_on: list[str]  # the other backends holding samples of the op × dtype
+    upstream: str = ""  # what the backend's upstream project expects of it ("xfail (onnxscript)"), if it lists it
 
 
 @dataclass

@@ -6,7 +6,7 @@ Pages read the database only through :mod:`opdb.queries_report`, via ``scope.sto
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,6 +93,9 @@ class Site:
     generated_at: str
     infos: list[BuildInfo]
     nav_items: list[tuple[str, str]]  # (file, text) of each build's navigation, from the page list
+    # target -> (op, dtype) -> what that target's upstream project expects ("xfail (newest)"): given by
+    # the caller (the harness's upstream lists), shown beside each backend's own findings
+    upstream: Mapping[str, Mapping[tuple[str, str], str]] = field(default_factory=dict)
     _classes: dict[tuple[str, str], dict[str, list[str]]] = field(default_factory=dict)
     _memo: dict[tuple[str, ...], Any] = field(default_factory=dict)
 

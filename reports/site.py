@@ -32,7 +32,7 @@ import multiprocessing
 import os
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -71,8 +71,10 @@ def _now() -> str:
 class SiteRenderer:
     """Iterates :data:`reports.pages.PAGES`: each page module yields (path, context); this writes them."""
 
-    def __init__(self, store: Store, out: Path, *, db_label: str, pages: Sequence[ModuleType] = PAGES) -> None:
+    def __init__(self, store: Store, out: Path, *, db_label: str, pages: Sequence[ModuleType] = PAGES,
+                 upstream: Mapping[str, Mapping[tuple[str, str], str]] | None = None) -> None:
         self.store, self.out, self.db_label, self.page_list = store, out, db_label, tuple(pages)
+        self.upstream = dict(upstream or {})
         self.env = make_environment()
         self.generated_at = _now()
         self.result = SiteResult(out=out, builds=[])
@@ -110,7 +112,7 @@ class SiteRenderer:
         for i in infos:
             i.rendered = not only or i.build in only
         nav = [m.NAV for m in self.page_list if m.PER_BUILD and m.NAV]
-        return Site(self.store, self.db_label, self.generated_at, infos, nav)
+        return Site(self.store, self.db_label, self.generated_at, infos, nav, upstream=self.upstream)
 
     def render_build(self, site: Site, build: str) -> None:
         """Every page of one build."""
@@ -181,15 +183,20 @@ def default_jobs() -> int:
 
 
 def render_site(store: Store, out: str | Path, *, builds: Sequence[str] | None = None,
-                db_label: str | None = None, jobs: int | None = 1) -> SiteResult:
+                db_label: str | None = None, jobs: int | None = 1,
+                upstream: Mapping[str, Mapping[tuple[str, str], str]] | None = None) -> SiteResult:
     """Render the site for ``builds`` (all builds when empty) into ``out``; returns what was written.
+
+    ``upstream`` (target -> (op, dtype) -> what that backend's own project expects of it) marks,
+    on the cross-backend page, which of a backend's findings its upstream already lists.
 
     ``jobs`` > 1 renders builds in that many processes (each opens the database file itself);
     ``None`` picks one per available CPU (at most 4). Raises :class:`UnknownBuild` (a ValueError)
     when a requested build is not in the database.
     """
     label = db_label or (str(store.path) if store.path else ":memory:")
-    return SiteRenderer(store, Path(out), db_label=label).render(builds, jobs=default_jobs() if jobs is None else jobs)
+    return SiteRenderer(store, Path(out), db_label=label, upstream=upstream).render(
+        builds, jobs=default_jobs() if jobs is None else jobs)
 
 
 
@@ -204,7 +211,8 @@ def check_site_dir(out: str | Path) -> None:
 
 
 def publish_site(store: Store, out: str | Path, *, builds: Sequence[str] | None = None,
-                 db_label: str | None = None, jobs: int | None = 1) -> SiteResult:
+                 db_label: str | None = None, jobs: int | None = 1,
+                 upstream: Mapping[str, Mapping[tuple[str, str], str]] | None = None) -> SiteResult:
     """Render the site into a fresh folder next to ``out``, then put it in ``out``'s place.
 
     ``out`` must be missing, empty, or a previous report (it holds :data:`SITE_MARKER`); it is
@@ -217,7 +225,7 @@ def publish_site(store: Store, out: str | Path, *, builds: Sequence[str] | None 
     staging = target.parent / f".{target.name}.rendering-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     try:
-        result = render_site(store, staging, builds=builds, db_label=db_label, jobs=jobs)
+        result = render_site(store, staging, builds=builds, db_label=db_label, jobs=jobs, upstream=upstream)
         check_site_dir(target)  # still ours to replace
         old = target.parent / f".{target.name}.old-{os.getpid()}"
         if target.exists():

@@ -180,6 +180,30 @@ def test_fails_only_on_lists_each_backends_own_failures(backends_site):
     assert 'data-k="failing">3<' in listed  # OpInfo samples: the schema-driven item is not in the matrix
 
 
+def test_a_backends_own_findings_say_whether_its_upstream_lists_them(backends_db, tmp_path):
+    """Given the upstream lists (target -> (op, dtype) -> expectation), each "fails only on"
+    row says what that backend's own project expects of it, and "no" for a finding new to them;
+    a list about another target never marks it."""
+    lists = {"inductor": {("cumsum", "float32"): "xfail (newest)"},
+             "neuron-emu": {("cumsum", "float32"): "skip (elsewhere)"}}
+    with Store.open(backends_db) as st:
+        render_site(st, tmp_path / "site", upstream=lists)
+    html = (tmp_path / "site/backends.html").read_text()
+    sections = dict(re.findall(r'<section class="only" id="[^"]+" data-target="([^"]+)">(.*?)</section>', html, re.S))
+    assert re.findall(r'<td class="upstream">([^<]*)</td>', sections["inductor"]) == ["xfail (newest)"]
+    assert re.findall(r'<td class="upstream">([^<]*)</td>', sections["neuron-emu"]) == ["no"]  # cumsum bfloat16
+
+
+def test_the_shipped_lists_mark_each_target_by_its_own_project():
+    from conformance.upstream import known_by_target
+
+    known = known_by_target()
+    assert set(known) == {"inductor", "inductor-strict", "onnxruntime"}
+    assert known["inductor"][("cholesky", "float32")] == "xfail (newest); xfail (late2023)"
+    assert known["onnxruntime"][("scatter_add", "float32")] == "xfail (onnxscript, some samples)"
+    assert ("scatter_add", "float32") not in known["inductor"]
+
+
 def test_op_page_links_the_same_op_on_other_targets(backends_site):
     html = read(backends_site, "2.33.0/ops/cumsum.html")
     builds = re.search(r'<p class="others" id="other-builds">(.*?)</p>', html, re.S).group(1)

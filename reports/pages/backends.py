@@ -5,7 +5,9 @@ row per OpInfo op × dtype and one cell per backend: its pass and fail counts
 (:func:`opdb.queries_report.matrix_cells`, the numbers of that build's own matrix), coloured by
 the worst status, linking to the op's page in that build. "Fails only on X" lists, per backend,
 the op × dtype groups whose samples fail there and pass on every other backend holding the same
-seeded sample (:func:`opdb.queries_report.fails_only_on`): the findings that are that backend's.
+seeded sample (:func:`opdb.queries_report.fails_only_on`): the findings that are that backend's,
+each marked with what the backend's upstream project expects of it when the caller gave the
+site those lists (``Site.upstream``: listed already, or new to them).
 """
 
 from __future__ import annotations
@@ -113,7 +115,8 @@ def pages(site: Site) -> Iterator[tuple[str, BackendsPage]]:
             shown.append(OnlyRow(
                 op=o.op, dtype=o.dtype, href=href(b.info, o.op) or b.href, items=o.items,
                 samples=sum(per.get(b.info.build, Counter()).values()), statuses=list(o.statuses),
-                passes_on=[i.target for i in infos if i is not b.info and per.get(i.build)]))
+                passes_on=[i.target for i in infos if i is not b.info and per.get(i.build)],
+                upstream=site.upstream.get(b.target, {}).get((o.op, o.dtype), "")))
         sections.append(OnlySection(backend=b, rows=shown, more=max(0, len(mine) - ONLY_ROWS)))
 
     yield BACKENDS_PAGE, BackendsPage(
