@@ -166,6 +166,7 @@ repo = "{a.repo}"
 commit = "{a.commit}"
 path = "tests/function_libs/torch_lib/ops_test_data.py"
 targets = ["onnxruntime"]
+variants = ["function"]  # the op's function, forward only (ONNX Runtime runs no gradients)
 note = "a mid-2024 version (its enabled_if checks reach torch 2.4 and onnxruntime 1.19)"
 """)
     for op in sorted(found):

@@ -48,23 +48,27 @@ def upstream_cmd(db_path: str, run_id: str, source: str | None, dtype: str, as_j
         run = st.get_run(run_id)
         if run is None:
             raise UsageProblem(f"{db_path}: no run {run_id!r}")
+        if source is None:
+            source = upstream.default_source(run.get("target"))
+        src = upstream.sources().get(source)
         pairs = upstream.statuses_by_pair(matrix_cells(st, run_id))
-    if source is None:
-        source = upstream.default_source(run.get("target"))
-    rows = upstream.triage(pairs, source=source, dtype=dtype, target=run.get("target"))
+        # a fact is re-found by the variants upstream's test runs only (its forward call, say: an
+        # inference-only target's refused backward items re-find nothing)
+        tested = upstream.statuses_by_pair(matrix_cells(st, run_id, src.variants)) if src else pairs
+    rows = upstream.triage(tested, source=source, dtype=dtype, target=run.get("target"))
     found, denominator = upstream.recall(rows)
     unknown = [(op, dt, s) for op, dt, s in upstream.unknown_findings(pairs, source=source) if dt == dtype]
-    src = upstream.sources()[source]
     if as_json:
         click.echo(json.dumps({
-            "run": run_id, "target": run.get("target"), "source": str(src), "dtype": dtype,
+            "run": run_id, "target": run.get("target"), "source": str(src), "variants": list(src.variants), "dtype": dtype,
             "triage": [{"op": r.op, "expectation": r.expectation, "samples": r.samples, "outcome": r.outcome,
                         "statuses": r.statuses, "why": r.why} for r in rows],
             "counts": {o: sum(r.outcome == o for r in rows) for o in upstream.OUTCOMES},
             "recall": {"re_found": found, "of": denominator},
             "unknown_to_upstream": [{"op": op, "dtype": dt, "statuses": s} for op, dt, s in unknown]}, indent=1))
         sys.exit(EXIT_OK)
-    click.echo(f"run {run_id} ({run.get('target')}) against {src} [{source}], {dtype}, cpu: "
+    scope = f" (statuses of {', '.join(src.variants)} items)" if src.variants else ""
+    click.echo(f"run {run_id} ({run.get('target')}) against {src} [{source}], {dtype}, cpu{scope}: "
                f"{len(rows)} upstream-known failures")
     for outcome in upstream.OUTCOMES:
         group = [r for r in rows if r.outcome == outcome]

@@ -190,6 +190,8 @@ class Source:
     note: str = ""
     # the harness targets whose runs this list is about (empty: any); picks a run's default list
     targets: tuple[str, ...] = ()
+    # the harness variants upstream's test exercises (empty: all): only their statuses re-find a fact
+    variants: tuple[str, ...] = ()
 
     def __str__(self) -> str:
         return f"{self.repo}@{self.commit} {self.path}"
@@ -258,14 +260,15 @@ def _upstream_file(path: Path) -> tuple[Expectation, ...]:
     if not isinstance(data["source"], dict) or not data["source"]:
         raise _bad(path, "source", data["source"], "tables [source.NAME] with repo, commit and path")
     for name, raw in data["source"].items():
-        e = _keys(path, f"source.{name}", raw, {"repo", "commit", "path"}, {"note", "targets"})
+        e = _keys(path, f"source.{name}", raw, {"repo", "commit", "path"}, {"note", "targets", "variants"})
         commit = _text(path, f"source.{name}.commit", e["commit"])
         if len(commit) != 40 or any(ch not in "0123456789abcdef" for ch in commit):
             raise _bad(path, f"source.{name}.commit", commit, "a full 40-digit lowercase hex commit")
         sources[name] = Source(name, _text(path, f"source.{name}.repo", e["repo"]), commit,
                                _text(path, f"source.{name}.path", e["path"]),
                                _text(path, f"source.{name}.note", e["note"]) if "note" in e else "",
-                               _names(path, f"source.{name}.targets", e["targets"]) if "targets" in e else ())
+                               _names(path, f"source.{name}.targets", e["targets"]) if "targets" in e else (),
+                               _names(path, f"source.{name}.variants", e["variants"]) if "variants" in e else ())
     out: list[Expectation] = []
     seen: set[tuple[str, str, str, str]] = set()
     for kind in ("xfail", "skip"):

@@ -15,7 +15,7 @@ Example::
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -161,13 +161,15 @@ def slowest_ops(store: Store, run_id: str, limit: int = 15) -> list[dict[str, An
         [run_id, limit]))
 
 
-def matrix_cells(store: Store, run_id: str) -> list[tuple[str, str, str, int]]:
+def matrix_cells(store: Store, run_id: str, variants: Sequence[str] = ()) -> list[tuple[str, str, str, int]]:
     """``(op, dtype, status, samples)`` of the OpInfo ops for the op × dtype matrix (schema-driven
-    items and canaries are no OpInfo op's samples: they count on the ATen rows they reach)."""
+    items and canaries are no OpInfo op's samples: they count on the ATen rows they reach); of
+    those ``variants`` only (function, out, backward, ...) when given."""
     marks = ", ".join("?" for _ in NOT_OPINFO)
+    only = f" and variant in ({', '.join('?' for _ in variants)})" if variants else ""
     return [tuple(r) for r in store.db.execute(
         f"select op, dtype, status, count(*) from op_results where run_id = ? and coalesce(variant, '') "
-        f"not in ({marks}) group by op, dtype, status", [run_id, *NOT_OPINFO])]
+        f"not in ({marks}){only} group by op, dtype, status", [run_id, *NOT_OPINFO, *variants])]
 
 
 @dataclass(frozen=True)

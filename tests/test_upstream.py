@@ -57,6 +57,7 @@ path = "t.py"
     (FACTS + '[[xfail]]\nsource = "s"\ndevice = "cpu"\nops = ["a"]\ndtypes = ["float32"]\nsamples = "few"\n',
      ["xfail[0].samples", "'few'"]),
     (FACTS + 'targets = "inductor"\n', ["source.s.targets", "'inductor'"]),
+    (FACTS + 'variants = "function"\n', ["source.s.variants", "'function'"]),
 ])
 def test_bad_expectations_are_one_error_naming_file_key_and_value(tmp_path, text, names):
     path = tmp_path / "u.toml"
@@ -182,22 +183,28 @@ def test_an_onnxruntime_run_is_triaged_against_onnx_scripts_list(tmp_path):
     with Store.open(path) as st:
         run = st.start_run(target="onnxruntime", build="onnxruntime", torch_version="2.13.0", config={},
                            run_id="o1")
-        rows = [("scatter_add", "mismatch"), ("scatter_add", "pass"), ("special.erfcx", "pass"), ("abs", "error")]
-        st.insert("op_results", [{"run_id": run, "item_key": f"{op}|function|float32|{i}", "op": op,
-                                  "variant": "function", "dtype": "float32", "sample": i, "status": status}
-                                 for i, (op, status) in enumerate(rows)])
+        rows = [("scatter_add", "function", "mismatch"), ("scatter_add", "function", "pass"),
+                ("special.erfcx", "function", "pass"), ("abs", "function", "error"),
+                ("special.erfcx", "backward", "unsupported")]  # inference only: no gradients to run
+        st.insert("op_results", [{"run_id": run, "item_key": f"{op}|{variant}|float32|{i}", "op": op,
+                                  "variant": variant, "dtype": "float32", "sample": i, "status": status}
+                                 for i, (op, variant, status) in enumerate(rows)])
         st.finish_run(run)
     r = CliRunner().invoke(main, ["upstream", "--db", str(path), "--run", "o1"])
     assert r.exit_code == 0, r.output
     lines = r.output.splitlines()
     assert lines[0].startswith("run o1 (onnxruntime) against microsoft/onnxscript@86e57ef")
+    assert "(statuses of function items)" in lines[0]
     scatter = next(line for line in lines if line.split()[:1] == ["scatter_add"])
     assert scatter.split()[1:6] == ["upstream", "xfail", "(some", "samples)", "harness:"]
+    assert lines[-2:] == ["harness findings upstream does not list (1):", lines[-1]]
     assert lines[-1].split() == ["abs", "1", "error"]
     out = json.loads(CliRunner().invoke(main, ["upstream", "--db", str(path), "--run", "o1", "--json"]).output)
     rows = {r["op"]: r for r in out["triage"]}
     assert rows["scatter_add"]["samples"] == "some" and rows["scatter_add"]["outcome"] == "re-found"
     assert rows["special.erfcx"]["samples"] == "all"
-    assert rows["special.erfcx"]["outcome"] == "missed"  # it still fails standalone, and the run passed it
+    # it still fails standalone; the run passed its forward sample (a refused backward re-finds nothing)
+    assert rows["special.erfcx"]["outcome"] == "missed" and rows["special.erfcx"]["statuses"] == {"pass": 1}
+    assert out["variants"] == ["function"]
     inductor = CliRunner().invoke(main, ["upstream", "--db", str(path), "--run", "o1", "--source", "newest"])
     assert inductor.exit_code == 0 and "against r266-tech/pytorch" in inductor.output
