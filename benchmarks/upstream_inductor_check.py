@@ -4,7 +4,8 @@ Reruns, outside the harness, what PyTorch's own OpInfo test for Inductor
 (``test/inductor/test_torchinductor_opinfo.py``, ``test_comprehensive``) does for every op the
 stored expectations (``conformance/data/upstream_inductor.toml``) list as an expected failure or
 skip on the CPU for one dtype, and prints one line per op: ``holds`` (some sample still fails,
-with the first reason) or ``stale`` (every sample passes), or ``absent`` (no such OpInfo here).
+with the first reason), ``stale`` (every sample passes), ``unknown`` (the first ``--max-samples``
+pass), or ``absent`` (no such OpInfo here).
 
 What it mirrors from upstream: samples from ``op.sample_inputs`` (``requires_grad`` where the op
 supports autograd in the dtype), ``wrapper_set_seed`` made a no-op, ``torch.compile`` with the
@@ -24,14 +25,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
-import time
 import warnings
 from pathlib import Path
-from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
+import upstream_check_common as common  # noqa: E402
 from torch._subclasses.fake_tensor import (  # noqa: E402
     DataDependentOutputException,
     DynamicOutputShapeException,
@@ -39,8 +39,6 @@ from torch._subclasses.fake_tensor import (  # noqa: E402
 )
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils._pytree import tree_flatten, tree_map  # noqa: E402
-
-from conformance import upstream  # noqa: E402
 
 TOLERANCES = {torch.float32: (1.5e-5, 1.3e-5)}  # (atol, rtol), as upstream's _get_tolerances
 
@@ -117,32 +115,6 @@ def check_sample(fn, sample, dtype: torch.dtype, default_config: bool) -> str:  
     return ""
 
 
-def check_op(name: str, dtype: torch.dtype, default_config: bool, max_samples: int | None) -> tuple[str, str, int]:
-    """(holds | stale | absent, first failure, samples run)."""
-    from torch.testing._internal.common_methods_invocations import op_db
-
-    info = next((i for i in op_db if (f"{i.name}.{i.variant_test_name}" if i.variant_test_name else i.name) == name), None)
-    if info is None:
-        return "absent", f"no OpInfo {name} in this torch", 0
-    if dtype not in info.supported_dtypes("cpu"):
-        return "absent", f"{name} does not support {dtype} on the CPU", 0
-    func = info.get_op()
-
-    def fn(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
-        return func(*args, **kwargs)
-
-    grad = info.supports_autograd and dtype in info.supported_backward_dtypes("cpu")
-    n = 0
-    for sample in info.sample_inputs("cpu", dtype, requires_grad=grad):
-        if max_samples is not None and n >= max_samples:
-            break
-        n += 1
-        why = check_sample(fn, sample, dtype, default_config)
-        if why:
-            return "holds", f"sample {n - 1}: {why}", n
-    return "stale", "", n
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--source", default="newest", help="expectations source (upstream_inductor.toml)")
@@ -153,18 +125,11 @@ def main() -> int:
     a = parser.parse_args()
     warnings.simplefilter("ignore")
     dtype = getattr(torch, a.dtype)
-    import torch.testing._internal.common_methods_invocations as cmi
-
-    ops = sorted({e.op for e in upstream.expectations() if e.source.name == a.source and e.dtype == a.dtype
-                  and e.device == "cpu"})
-    ops = [o for o in ops if not a.ops or o in a.ops]
+    ops = common.listed_ops(a.source, a.dtype, a.ops)
     config = "Inductor defaults" if a.default_config else "implicit_fallbacks=False"
     print(f"# torch {torch.__version__}, {a.dtype}, source {a.source}, {config}: {len(ops)} ops")
-    with mock.patch.object(cmi, "wrapper_set_seed", lambda op, *args, **kwargs: op(*args, **kwargs)):
-        for op in ops:
-            t0 = time.perf_counter()
-            verdict, why, n = check_op(op, dtype, a.default_config, a.max_samples)
-            print(f"{op:50s} {verdict:7s} {n:3d} samples {time.perf_counter() - t0:6.1f} s  {why}", flush=True)
+    common.run(ops, dtype, lambda fn, sample: check_sample(fn, sample, dtype, a.default_config), a.max_samples,
+               grad=True)
     return 0
 
 

@@ -21,17 +21,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 import warnings
 from pathlib import Path
-from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
+import upstream_check_common as common  # noqa: E402
 from torch.utils._pytree import tree_flatten, tree_map  # noqa: E402
-
-from conformance import upstream  # noqa: E402
 
 # torch, onnxscript and onnxruntime only: the same helpers a repro script of the sweep embeds
 from conformance.targets.onnx_runtime import (  # noqa: E402
@@ -116,31 +113,6 @@ def check_sample(fn, sample, opset: int) -> str:  # noqa: ANN001
     return ""
 
 
-def check_op(name: str, dtype: torch.dtype, max_samples: int | None, opset: int) -> tuple[str, str, int]:
-    """(holds | stale | unknown | absent, first failure, samples run)."""
-    from torch.testing._internal.common_methods_invocations import op_db
-
-    info = next((i for i in op_db if (f"{i.name}.{i.variant_test_name}" if i.variant_test_name else i.name) == name), None)
-    if info is None:
-        return "absent", f"no OpInfo {name} in this torch", 0
-    if dtype not in info.supported_dtypes("cpu"):
-        return "absent", f"{name} does not support {dtype} on the CPU", 0
-    func = info.get_op()
-
-    def fn(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
-        return func(*args, **kwargs)
-
-    n = 0
-    for sample in info.sample_inputs("cpu", dtype, requires_grad=False):
-        if max_samples is not None and n >= max_samples:
-            return "unknown", f"the first {n} samples pass (--max-samples): not shown stale", n
-        n += 1
-        why = check_sample(fn, sample, opset)
-        if why:
-            return "holds", f"sample {n - 1}: {why}", n
-    return "stale", "", n
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--source", default="onnxscript", help="expectations source (upstream_onnxruntime.toml)")
@@ -154,21 +126,14 @@ def main() -> int:
     logging.disable(logging.WARNING)  # the exporter logs every step of every export
     import onnxruntime
     import onnxscript
-    import torch.testing._internal.common_methods_invocations as cmi
     from torch.onnx._internal.exporter import _registration
 
     opset = _registration.ONNXRegistry.from_torchlib().opset_version  # the sweep's opset
     dtype = getattr(torch, a.dtype)
-    ops = sorted({e.op for e in upstream.expectations() if e.source.name == a.source and e.dtype == a.dtype
-                  and e.device == "cpu"})
-    ops = [o for o in ops if not a.ops or o in a.ops]
+    ops = common.listed_ops(a.source, a.dtype, a.ops)
     print(f"# torch {torch.__version__}, onnxscript {onnxscript.__version__}, onnxruntime "
           f"{onnxruntime.__version__}, opset {opset}, {a.dtype}, source {a.source}: {len(ops)} ops")
-    with mock.patch.object(cmi, "wrapper_set_seed", lambda op, *args, **kwargs: op(*args, **kwargs)):
-        for op in ops:
-            t0 = time.perf_counter()
-            verdict, why, n = check_op(op, dtype, a.max_samples, opset)
-            print(f"{op:50s} {verdict:7s} {n:3d} samples {time.perf_counter() - t0:6.1f} s  {why}", flush=True)
+    common.run(ops, dtype, lambda fn, sample: check_sample(fn, sample, opset), a.max_samples)
     return 0
 
 
