@@ -52,14 +52,13 @@ def _older_than(installed: str):  # noqa: ANN202
     return older
 
 
-def _namespace() -> dict:
+def _namespace(torch_version: str, ort_version: str) -> dict:
     import types
 
-    import onnxruntime
     import torch
 
-    version_utils = types.SimpleNamespace(torch_older_than=_older_than(torch.__version__),
-                                          onnxruntime_older_than=_older_than(onnxruntime.__version__))
+    version_utils = types.SimpleNamespace(torch_older_than=_older_than(torch_version),
+                                          onnxruntime_older_than=_older_than(ort_version))
     flags = types.SimpleNamespace(EXPERIMENTAL_PREFER_TRACING=False, EXPERIMENTAL_INITIALIZERS_AS_INPUTS=False)
     common = types.SimpleNamespace(IS_WINDOWS=False, IS_MACOS=False)
     cuda = types.SimpleNamespace(is_available=lambda: False)
@@ -85,10 +84,13 @@ def _tested(tree: ast.Module) -> list[ast.expr]:
     raise SystemExit("no TESTED_TORCHLIB_OPS tuple in the file")
 
 
-def facts(source: str, dtype: str = "float32") -> tuple[dict[str, Fact], dict[str, int]]:
+def facts(source: str, torch_version: str, ort_version: str,
+          dtype: str = "float32") -> tuple[dict[str, Fact], dict[str, int]]:
+    """The facts of ``source`` (the test data file's text) with these installed versions deciding
+    each entry's ``enabled_if``, and how many entries each rule left out."""
     import torch
 
-    tree, ns = ast.parse(source), _namespace()
+    tree, ns = ast.parse(source), _namespace(torch_version, ort_version)
     copies = _duplicates(tree)
     found: dict[str, Fact] = {}
     left = {"eager test class only": 0, "cuda only": 0, "enabled_if false here": 0, "other dtypes": 0,
@@ -144,7 +146,7 @@ def main() -> int:
     import torch
 
     with open(a.file, encoding="utf-8") as f:
-        found, left = facts(f.read())
+        found, left = facts(f.read(), torch.__version__, onnxruntime.__version__)
     kept = ", ".join(f"{n} {why}" for why, n in left.items() if n)
     print(f"""# ONNX Script's own expectations for the ONNX exporter's torch_lib functions run in ONNX Runtime
 # (tests/function_libs/torch_lib/ops_test_data.py, TESTED_TORCHLIB_OPS .xfail/.skip), float32, as

@@ -208,3 +208,46 @@ def test_an_onnxruntime_run_is_triaged_against_onnx_scripts_list(tmp_path):
     assert out["variants"] == ["function"]
     inductor = CliRunner().invoke(main, ["upstream", "--db", str(path), "--run", "o1", "--source", "newest"])
     assert inductor.exit_code == 0 and "against r266-tech/pytorch" in inductor.output
+
+
+ONNX_DATA = '''
+TESTED_TORCHLIB_OPS: tuple[TorchLibOpInfo, ...] = (
+    TorchLibOpInfo("abs", core_ops.aten_abs),
+    TorchLibOpInfo("abs", core_ops.aten_abs_complex, complex=True).xfail(reason="complex only"),
+    TorchLibOpInfo("addmm", core_ops.aten_addmm)
+    .xfail(dtypes=(torch.int64,), reason="int Gemm")
+    .xfail("decomposed", matcher=lambda sample: torch.numel(sample.input) == 0, reason="zero sized"),
+    TorchLibOpInfo("all_dim", core_ops.aten_all_dim).skip(
+        matcher=lambda sample: not sample.kwargs, reason="one " "overload"
+    ),
+    TorchLibOpInfo("all", core_ops.aten_all).xfail(reason="rank 0"),
+    TorchLibOpInfo("relu6", nn_ops.aten_relu6).xfail(reason="eager only", test_class_name="TestOutputConsistencyEager"),
+    TorchLibOpInfo("gelu", nn_ops.aten_gelu).xfail(reason="old ort", enabled_if=version_utils.onnxruntime_older_than("1.17"))
+    .skip(reason="new torch", enabled_if=not version_utils.torch_older_than("2.4"), dtypes=(torch.float32,))
+    .xfail(reason="cuda", device_type="cuda"),
+)
+ops_test_common.duplicate_opinfo(OPS_DB, "all", ("all_dim", "all_dims"))
+'''
+
+
+def test_onnx_scripts_test_data_becomes_float32_facts_of_the_export_path():
+    """The converter behind upstream_onnxruntime.toml: the full-graph test's entries whose
+    enabled_if holds here, in float32, named by the OpInfo (a copy upstream made is its original,
+    of some samples), one fact per op with every reason."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from upstream_onnx_facts import facts
+
+    found, left = facts(ONNX_DATA, "2.13.0+cpu", "1.32.0")
+    assert sorted(found) == ["addmm.decomposed", "all", "gelu"]
+    assert found["addmm.decomposed"].some and found["addmm.decomposed"].kinds == {"xfail"}
+    # all: its own entry covers every sample; all_dim's (a copy of all's OpInfo) adds a reason
+    assert not found["all"].some and found["all"].kinds == {"xfail", "skip"}
+    assert found["all"].reasons == ["[upstream all_dim] one overload", "rank 0"]
+    assert found["gelu"].kinds == {"skip"} and found["gelu"].reasons == ["new torch"]
+    assert left == {"eager test class only": 1, "cuda only": 1, "enabled_if false here": 1, "other dtypes": 1,
+                    "complex functions": 1, "prims copies": 0}
+    older, _ = facts(ONNX_DATA, "2.3.0", "1.16.0")  # the versions upstream's entries were written for
+    assert older["gelu"].kinds == {"xfail"} and older["gelu"].reasons == ["old ort"]
