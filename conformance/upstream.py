@@ -119,7 +119,10 @@ def known_by_target() -> dict[str, dict[tuple[str, str], str]]:
             cell = out.setdefault(target, {})
             said = f"{e.expectation} ({e.source.name}{', some samples' if e.samples == 'some' else ''})"
             key = (e.op, e.dtype)
-            cell[key] = f"{cell[key]}; {said}" if key in cell and said not in cell[key] else cell.get(key, said)
+            if key not in cell:
+                cell[key] = said
+            elif said not in cell[key]:
+                cell[key] += f"; {said}"
     return out
 
 
