@@ -103,6 +103,19 @@ def test_in_place_and_out_write_back_and_return_the_callers_tensor():
     assert spectrum.dtype == torch.complex64 and torch.allclose(spectrum, torch.fft.fft(torch.arange(4.0)))
 
 
+def test_a_python_scalar_result_comes_back_as_that_scalar():
+    """ONNX has tensors only: ``Tensor.item()`` is a 0-d tensor in the model. The exported program
+    says it was a SymFloat / SymInt / SymBool, so the result is the float / int / bool eager gives,
+    and the ``item`` OpInfo passes (it was a "Tensor vs float" mismatch)."""
+    _ort()
+    t = get_target("onnxruntime")
+    for x in (torch.tensor(2.5), torch.tensor(3), torch.tensor(True)):
+        got, want = t.wrap(lambda a: a.item())(x), x.item()
+        assert type(got) is type(want) and got == want, (x, got)
+    assert t.wrap(lambda a: (a.sum().item() > 1, a * 2))(torch.ones(3))[0] is True
+    assert all(row["status"] == "pass" for row in _sweep(t, "item", samples=3)), _sweep(t, "item")
+
+
 # Put first on sys.path in a script's interpreter: the harness cannot be imported there.
 NO_HARNESS = """
 import sys

@@ -110,36 +110,50 @@ def _sample_module(fn: Callable[..., Any], args: tuple[Any, ...],
     return _Sample(fn, leaves, spec, where).eval(), tuple(leaves[i] for i in where)
 
 
-def _user_outputs(ep: Any) -> list[tuple[Any, torch.dtype | None]]:
-    """Each user output's spec, with its dtype as the exported program traced it (None: not a
-    tensor); the ONNX model's outputs are these, less the constants, in this order."""
+def _user_outputs(ep: Any) -> list[tuple[Any, torch.dtype | type | None]]:
+    """Each user output's spec, with what the exported program traced it as: a tensor's dtype, the
+    Python type of a scalar (``float``, ``int`` or ``bool`` for a SymFloat, SymInt or SymBool, as
+    ``Tensor.item()`` returns), or None; the ONNX model's outputs are these, less the constants,
+    in this order."""
     from torch.export.graph_signature import OutputKind
+
+    def kind(val: Any) -> torch.dtype | type | None:
+        if isinstance(val, torch.Tensor):
+            return val.dtype
+        for sym, py in ((torch.SymBool, bool), (torch.SymInt, int), (torch.SymFloat, float)):
+            if isinstance(val, (sym, py)):  # bool before int: a bool is an int
+                return py
+        return None
 
     (output,) = [n for n in ep.graph.nodes if n.op == "output"]
     pairs = zip(ep.graph_signature.output_specs, output.args[0], strict=True)
-    return [(spec, getattr(getattr(node, "meta", {}).get("val"), "dtype", None))
+    return [(spec, kind(getattr(node, "meta", {}).get("val")))
             for spec, node in pairs if spec.kind == OutputKind.USER_OUTPUT]
 
 
 def _sample_result(program: Any, tensors: tuple[torch.Tensor, ...], flat: Any) -> Any:
     """The sample's result from what ONNX Runtime returned (``flat``, the model's outputs):
-    constants put back, complex values rebuilt from ONNX's (..., 2) reals, and every input the
-    program mutates (in-place, ``out=``) written back into the caller's tensor; an output that
-    is a mutated input's value is that input, as eager returns ``self`` / ``out``."""
+    constants put back, complex values rebuilt from ONNX's (..., 2) reals, a Python scalar the
+    function returned (``Tensor.item()``: a 0-d tensor in ONNX, which has no other kind of value)
+    made that scalar again, and every input the program mutates (in-place, ``out=``) written back
+    into the caller's tensor; an output that is a mutated input's value is that input, as eager
+    returns ``self`` / ``out``."""
     from torch.export.graph_signature import ConstantArgument
     from torch.utils._pytree import tree_unflatten
 
     ep = program.exported_program
     sig = ep.graph_signature
     outs, names, got = [], [], iter(flat)
-    for spec, dtype in _user_outputs(ep):
+    for spec, kind in _user_outputs(ep):
         if isinstance(spec.arg, ConstantArgument):
             outs.append(spec.arg.value)
             names.append(None)
             continue
         value = next(got)
-        if dtype is not None and dtype.is_complex and not value.is_complex():
+        if isinstance(kind, torch.dtype) and kind.is_complex and not value.is_complex():
             value = torch.view_as_complex(value.contiguous())
+        elif isinstance(kind, type) and isinstance(value, torch.Tensor) and value.numel() == 1:
+            value = kind(value.item())
         outs.append(value)
         names.append(spec.arg.name)
     _, after = tree_unflatten(outs, ep.call_spec.out_spec)
