@@ -6,8 +6,11 @@ canaries left out; ``--not-upstream`` leaves out op x dtype pairs that the upstr
 about the run's target already list: PyTorch's for Inductor, ONNX Script's for onnxruntime),
 writes each one's standalone script with ``conformance repro`` (torch and the backend only: no
 harness code runs in it), runs it in a fresh interpreter, and prints per
-finding whether the script reproduces it (exit 1: the difference is real, outside the harness)
-or not (exit 0: a harness false alarm to fix, or a flaky one), with the script's last line.
+finding whether the script reproduces it (exit 1 with a value difference for a mismatch, or the
+same exception class for an error: the difference is real, outside the harness), fails some
+other way ("other failure": look at it), or not (exit 0: a harness false alarm to fix, or a flaky
+one), with the script's last line. Do not edit the harness while it runs: a script holds the
+source of the target's functions as the files say at that moment.
 Items whose compiler compiled no graph are left out unless ``--with-uncompiled``: they are the
 harness's infrastructure errors, not the backend's findings (their script says it compiled no
 graph, with dynamo's graph-break reasons, as the item's proof does).
@@ -67,6 +70,21 @@ def _findings(db: Path, run: str, limit: int, not_upstream: bool, statuses: tupl
     return out[:limit]
 
 
+def _same_failure(row: dict, said: str) -> str:
+    """"reproduced" when the script fails as the item did: a value difference for a mismatch, the
+    same exception class for an error; "other failure" when it fails some other way (a script that
+    dies of its own NameError reproduces nothing)."""
+    if row["status"] == "mismatch":
+        return "reproduced" if said.startswith("MISMATCH:") else "other failure"
+    if row["status"] != "error":
+        return "reproduced"
+    if not said.startswith("target raised:"):
+        return "other failure"
+    harness = re.match(r"(\w+):", row["error"] or "")
+    script = said.removeprefix("target raised:").split()[:1]
+    return "reproduced" if harness is None or script == [harness.group(1)] else "other failure"
+
+
 def _reproduce(db: Path, row: dict, where: Path) -> tuple[str, str]:
     made = subprocess.run([sys.executable, "-m", "conformance", "repro", str(row["id"]), "--db", str(db),
                            "--out", str(where)], cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -83,7 +101,7 @@ def _reproduce(db: Path, row: dict, where: Path) -> tuple[str, str]:
     last = [ln for ln in text.strip().splitlines() if ln.strip()][-1:] or [""]
     said = next((ln for ln in text.splitlines() if ln.startswith(("MISMATCH:", "target raised:"))), last[0])
     if ran.returncode == 1 and said.startswith(("MISMATCH:", "target raised:")):
-        return "reproduced", said[:160]
+        return _same_failure(row, said), said[:160]
     if ran.returncode == 1:  # only a contract the script checks with harness code failed
         return "contract only", last[0][:160]
     if ran.returncode == 0:

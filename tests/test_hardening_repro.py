@@ -7,6 +7,7 @@ import io
 import pickle
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -259,3 +260,19 @@ def test_the_printed_run_command_works_outside_the_virtual_environment(tmp_path)
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")} | {"PATH": "/usr/bin:/bin"}
     out = subprocess.run(shlex.split(command), capture_output=True, text=True, timeout=300, cwd=elsewhere, env=env)
     assert out.returncode == 0 and "within tolerance" in out.stdout, out.stdout + out.stderr
+
+
+def test_the_hand_check_counts_a_script_that_fails_another_way_apart():
+    """benchmarks/findings_repro.py: a script reproduces an error only with the item's exception
+    class, and a mismatch only with a value difference; a script that dies of its own NameError
+    reproduces nothing."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from findings_repro import _same_failure
+
+    error = {"status": "error", "error": "InvalidArgument: [ONNXRuntimeError] : 2 : Non-zero status"}
+    assert _same_failure(error, "target raised: InvalidArgument [ONNXRuntimeError] : 2") == "reproduced"
+    assert _same_failure(error, "target raised: NameError name '_session_options' is not defined") == "other failure"
+    assert _same_failure(error, "MISMATCH: Tensor-likes are not close!") == "other failure"
+    mismatch = {"status": "mismatch", "error": "output 0: 3 of 4 values outside atol"}
+    assert _same_failure(mismatch, "MISMATCH: Tensor-likes are not close!") == "reproduced"
+    assert _same_failure(mismatch, "target raised: RuntimeError boom") == "other failure"
