@@ -346,3 +346,28 @@ def test_model_groups_on_a_compiler_target_hold_compile_items_only(registered):
     assert rows[0]["status"] == "pass" and rows[0]["shapes"][0]["compiles"] >= 1, rows[0]
     eager = list(run_model_group(get_target("cpu"), group, SweepConfig(), timed_iters=0))
     assert [r["mode"] for r in eager] == ["eager", "compile"]
+
+
+def test_ops_with_data_dependent_outputs_are_compiled_and_their_scripts_compile_them_too(tmp_path):
+    """Dynamo's defaults break the graph at an op whose output shape depends on the data (nonzero)
+    and at Tensor.item(): such an item compiled no graph, so every one was an infrastructure error
+    and the compiler was never tested on the op. With the capture settings (inductor.CAPTURE) they
+    compile; the standalone script sets them too (without them it compiles nothing and exits 1).
+    A break dynamo's counters miss (a guard on a data-dependent value) still gives its reason."""
+    from conformance.repro import write_repro
+    from opdb import Store
+
+    for row in _sweep(get_target("inductor"), ["item"]):
+        assert row["status"] == "pass" and row["proof"]["graphs"] >= 1, row
+    (nll,) = _sweep(get_target("inductor"), ["nn.functional.gaussian_nll_loss"])
+    assert nll["status"] == "error" and nll["proof"]["graphs"] == 0, nll
+    assert any("data-dependent" in r for r in nll["proof"]["break_reasons"]), nll["proof"]
+    db = tmp_path / "r.sqlite"
+    execute_run(RunSpec(target="inductor", ops=("nonzero",), dtypes=("float32",), workers=1, max_samples=1,
+                        variants=("function",)), db)
+    with Store.open(db, create=False) as st:
+        row = next(iter(st.db.query("select id, status, proof from op_results where op = 'nonzero'")))
+        assert row["status"] == "pass" and '"graphs": 0' not in row["proof"], row
+        script = write_repro(st, row["id"], tmp_path / "repro")
+    ran = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert ran.returncode == 0, ran.stdout + ran.stderr

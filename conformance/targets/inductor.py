@@ -9,6 +9,7 @@ eager (an active dispatch mode, a leaked ``no_dispatch``) fails instead of passi
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -27,6 +28,49 @@ def configure_dynamo() -> None:
     # Each item starts from torch._dynamo.reset(), so no limit is reached by a healthy sweep;
     # one that is (a sample that recompiles in a loop) fails rather than drifting to eager.
     cfg.fail_on_recompile_limit_hit = True
+
+
+# Dynamo captures what its defaults break the graph at: ops whose output shape depends on the
+# data (nonzero, unique, masked_select, ...: "Dynamic shape operator") and Tensor.item() ("Data
+# dependent operator", in gaussian_nll_loss, cov, allclose, ...). With the defaults such an op ran
+# eager, compiled no graph, and its every item was an infrastructure error: the compiler was never
+# tested on it. PyTorch's own Inductor OpInfo test lets those samples run eager unchecked
+# (nopython=False, check_has_compiled=False); here the backend gets the graph, with unbacked
+# symbolic sizes, as it does under torch.export or fullgraph=True with these settings.
+CAPTURE = {"capture_dynamic_output_shape_ops": True, "capture_scalar_outputs": True}
+
+
+class _LoggedBreaks(logging.Handler):
+    """The reasons in dynamo's graph-break log. ``counters["graph_break"]`` counts the breaks of
+    dynamo's Unsupported kind only; a guard on a data-dependent value (gaussian_nll_loss's
+    ``if torch.any(var < 0)`` once scalar outputs are captured) also makes the frame run eager,
+    and only the log says why."""
+
+    LOGGER = "torch._dynamo.symbolic_convert.__graph_breaks"  # torch._logging's artifact "graph_breaks"
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.reasons: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        lines = iter(record.getMessage().splitlines())
+        for line in lines:
+            if line.startswith("Graph Break Reason:"):
+                why = next((x.strip() for x in lines if x.strip()), "")  # the first line of the cause
+                self.reasons.append(f"{line.removeprefix('Graph Break Reason:').strip()} {why}".strip())
+                return
+
+    @classmethod
+    def installed(cls) -> _LoggedBreaks:
+        log = logging.getLogger(cls.LOGGER)
+        handler = next((h for h in log.handlers if isinstance(h, cls)), None)
+        if handler is None:
+            handler = cls()
+            log.addHandler(handler)
+            if log.getEffectiveLevel() > logging.DEBUG:  # not asked for (TORCH_LOGS): read, not printed
+                log.setLevel(logging.DEBUG)
+                log.propagate = False
+        return handler
 
 
 def _python_dispatch_excluded() -> bool:
@@ -73,6 +117,7 @@ class CompilerTarget(Target):
         # then on every op of that worker ran eager, silently.
         torch._dynamo.reset()
         counters.clear()
+        _LoggedBreaks.installed().reasons.clear()
         record = Compiled(backend=self.backend_name)
         self._record = record
 
@@ -91,7 +136,7 @@ class CompilerTarget(Target):
 
             check_can_compile()
             try:
-                with _seeded_outside():
+                with _seeded_outside(), torch._dynamo.config.patch(CAPTURE):
                     return compiled(*args, **kwargs)
             except BackendCompilerFailed as exc:  # its first line does not say why
                 inner = exc.inner_exception
@@ -101,13 +146,19 @@ class CompilerTarget(Target):
 
         return run
 
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "dynamo": dict(CAPTURE)}
+
     def compiled(self) -> Compiled | None:
         from torch._dynamo.utils import counters
 
         record = self._record or Compiled(backend=self.backend_name)
         record.frames = int(counters["frames"].get("ok", 0))
-        record.graph_breaks = int(sum(counters["graph_break"].values()))
-        record.break_reasons = sorted({str(k).strip().splitlines()[0][:200] for k in counters["graph_break"]})
+        logged = _LoggedBreaks.installed().reasons
+        record.graph_breaks = max(int(sum(counters["graph_break"].values())), len(logged))
+        counted = {str(k).strip().splitlines()[0][:200] for k in counters["graph_break"]}
+        # a logged break that the counters hold too is the same break, in longer words
+        record.break_reasons = sorted(counted | {r[:200] for r in logged if not any(c in r for c in counted)})
         return record
 
     @contextlib.contextmanager
@@ -127,9 +178,11 @@ class CompilerTarget(Target):
         """The script compiles ``{fn}`` as :meth:`repro_compile` says and calls it as :meth:`wrap`
         does: inside :func:`_seeded_outside`, so that an OpInfo whose op goes through
         ``wrapper_set_seed`` compiles the same graph in the script as in the sweep; a call that
-        compiled no graph raises there, as it fails in the sweep (never an eager pass)."""
+        compiled no graph raises there, as it fails in the sweep (never an eager pass). Dynamo
+        captures what the sweep's does (:data:`CAPTURE`)."""
         setup, call = self.repro_compile()
-        return (setup + "\n\n" + REPRO_COMPILED_CALL).strip(), f"_seeded_outside({call})"
+        capture = "import torch._dynamo\n" + "".join(f"torch._dynamo.config.{k} = {v!r}\n" for k, v in CAPTURE.items())
+        return (capture + setup + "\n\n" + REPRO_COMPILED_CALL).strip(), f"_seeded_outside({call})"
 
     def repro_compile(self) -> tuple[str, str]:
         """Setup source and the ``torch.compile`` call of ``{fn}`` a repro script makes."""
