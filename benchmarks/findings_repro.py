@@ -70,19 +70,30 @@ def _findings(db: Path, run: str, limit: int, not_upstream: bool, statuses: tupl
     return out[:limit]
 
 
-def _same_failure(row: dict, said: str) -> str:
+def _same_failure(row: dict, said: str, text: str = "") -> str:
     """"reproduced" when the script fails as the item did: a value difference for a mismatch, the
     same exception class for an error; "other failure" when it fails some other way (a script that
-    dies of its own NameError reproduces nothing)."""
+    dies of its own NameError reproduces nothing). The sweep words a compiler's failure as
+    ``TargetError: backend ... failed to compile a graph: INNER: ...``; the script raises torch's
+    ``BackendCompilerFailed`` around the same INNER (``text``: what the script printed)."""
     if row["status"] == "mismatch":
         return "reproduced" if said.startswith("MISMATCH:") else "other failure"
     if row["status"] != "error":
         return "reproduced"
     if not said.startswith("target raised:"):
         return "other failure"
-    harness = re.match(r"(\w+):", row["error"] or "")
+    error = row["error"] or ""
+    inner = re.search(r"failed to compile a graph: (\w+):", error)
+    harness = inner or re.match(r"(\w+):", error)
+    if harness is None:
+        return "reproduced"
     script = said.removeprefix("target raised:").split()[:1]
-    return "reproduced" if harness is None or script == [harness.group(1)] else "other failure"
+    if script == [harness.group(1)]:
+        return "reproduced"
+    after = text[text.find(said):]
+    if inner and script == ["BackendCompilerFailed"] and re.search(rf"\b{inner.group(1)}\b", after):
+        return "reproduced"
+    return "other failure"
 
 
 def _reproduce(db: Path, row: dict, where: Path) -> tuple[str, str]:
@@ -101,7 +112,7 @@ def _reproduce(db: Path, row: dict, where: Path) -> tuple[str, str]:
     last = [ln for ln in text.strip().splitlines() if ln.strip()][-1:] or [""]
     said = next((ln for ln in text.splitlines() if ln.startswith(("MISMATCH:", "target raised:"))), last[0])
     if ran.returncode == 1 and said.startswith(("MISMATCH:", "target raised:")):
-        return _same_failure(row, said), said[:160]
+        return _same_failure(row, said, text), said[:160]
     if ran.returncode == 1:  # only a contract the script checks with harness code failed
         return "contract only", last[0][:160]
     if ran.returncode == 0:

@@ -276,3 +276,10 @@ def test_the_hand_check_counts_a_script_that_fails_another_way_apart():
     mismatch = {"status": "mismatch", "error": "output 0: 3 of 4 values outside atol"}
     assert _same_failure(mismatch, "MISMATCH: Tensor-likes are not close!") == "reproduced"
     assert _same_failure(mismatch, "target raised: RuntimeError boom") == "other failure"
+    # the sweep's wording of a compiler failure, and torch's in the script, around the same cause
+    compile_error = {"status": "error", "error": "TargetError: backend 'inductor' failed to compile a graph: "
+                                                "GuardOnDataDependentSymNode: Could not extract"}
+    said = "target raised: BackendCompilerFailed backend='inductor' raised:"
+    text = said + "\nGuardOnDataDependentSymNode: Could not extract specialized integer\n"
+    assert _same_failure(compile_error, said, text) == "reproduced"
+    assert _same_failure(compile_error, said, said + "\nRuntimeError: other\n") == "other failure"
