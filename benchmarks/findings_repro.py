@@ -91,8 +91,12 @@ def _same_failure(row: dict, said: str, text: str = "") -> str:
     if script == [harness.group(1)]:
         return "reproduced"
     after = text[text.find(said):]
-    if inner and script == ["BackendCompilerFailed"] and re.search(rf"\b{inner.group(1)}\b", after):
-        return "reproduced"
+    if inner and script == ["BackendCompilerFailed"]:
+        # the same cause: its class, or its words (a target's own wrapper, e.g. openvino's
+        # "TargetError: OpenVINO failed to convert the graph", is a RuntimeError in the script)
+        words = error[inner.end():].strip()[:60]
+        if re.search(rf"\b{inner.group(1)}\b", after) or (words and words in after):
+            return "reproduced"
     return "other failure"
 
 

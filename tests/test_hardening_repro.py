@@ -283,3 +283,9 @@ def test_the_hand_check_counts_a_script_that_fails_another_way_apart():
     text = said + "\nGuardOnDataDependentSymNode: Could not extract specialized integer\n"
     assert _same_failure(compile_error, said, text) == "reproduced"
     assert _same_failure(compile_error, said, said + "\nRuntimeError: other\n") == "other failure"
+    # a target's own wrapper of the backend's failure: the script raises it as a RuntimeError
+    wrapped = {"status": "error", "error": "TargetError: backend 'openvino' failed to compile a graph: TargetError: "
+                                           "OpenVINO failed to convert the graph (its backend would compile it)"}
+    said = "target raised: BackendCompilerFailed backend='_openvino' raised:"
+    text = said + "\nRuntimeError: OpenVINO failed to convert the graph (its backend would compile it)\n"
+    assert _same_failure(wrapped, said, text) == "reproduced"
