@@ -113,6 +113,17 @@ def test_a_python_scalar_result_comes_back_as_that_scalar():
         got, want = t.wrap(lambda a: a.item())(x), x.item()
         assert type(got) is type(want) and got == want, (x, got)
     assert t.wrap(lambda a: (a.sum().item() > 1, a * 2))(torch.ones(3))[0] is True
+    # only the value's own kind comes back as a scalar: a model that returned a float where the
+    # program traced an int would stay a tensor, and the comparison says so
+    from conformance.targets.onnx_runtime import _sample_module, _sample_result
+
+    module, tensors = _sample_module(lambda a: a.item(), (torch.tensor(3),), {})
+
+    class Program:  # what _sample_result reads of an ONNXProgram
+        exported_program = torch.export.export(module, tensors, strict=False)
+
+    assert type(_sample_result(Program(), tensors, [torch.tensor(3), tensors[0]])) is int
+    assert isinstance(_sample_result(Program(), tensors, [torch.tensor(3.0), tensors[0]]), torch.Tensor)
     assert all(row["status"] == "pass" for row in _sweep(t, "item", samples=3)), _sweep(t, "item")
 
 

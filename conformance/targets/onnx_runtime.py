@@ -152,8 +152,8 @@ def _sample_result(program: Any, tensors: tuple[torch.Tensor, ...], flat: Any) -
         value = next(got)
         if isinstance(kind, torch.dtype) and kind.is_complex and not value.is_complex():
             value = torch.view_as_complex(value.contiguous())
-        elif isinstance(kind, type) and isinstance(value, torch.Tensor) and value.numel() == 1:
-            value = kind(value.item())
+        elif isinstance(kind, type) and value.dim() == 0 and type(value.item()) is kind:
+            value = value.item()  # never a cast: an int the model returns as a float stays a tensor
         outs.append(value)
         names.append(spec.arg.name)
     _, after = tree_unflatten(outs, ep.call_spec.out_spec)
