@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from conformance.gate import run_gate
+from conformance.gate.core import run_gate
 from opdb import Store
 
 

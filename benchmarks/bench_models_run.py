@@ -47,7 +47,7 @@ def _work(args: tuple[str, str | None, list[tuple[str, str]], str]) -> list[dict
     target_name, build, groups, profile = args
     _setup()
     from conformance.models.runner import run_model_group
-    from conformance.sweep import SweepConfig
+    from conformance.sweep.opinfo import SweepConfig
     from conformance.targets import get_target
     from conformance.work import Group
 

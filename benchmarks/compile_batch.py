@@ -1,4 +1,4 @@
-"""Items per second of a compiler target with and without batching (conformance.batching).
+"""Items per second of a compiler target with and without batching (conformance.check.batching).
 
 Each configuration is one ``conformance run`` in its own process and its own database, timed
 from start to end, with the inductor cache either empty (``cold``: what a new machine, a new

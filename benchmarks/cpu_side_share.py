@@ -18,10 +18,10 @@ import warnings
 
 import torch
 
-from conformance import execute
-from conformance import sweep as sweep_mod
+from conformance.check import execute
 from conformance.inputs.opinfo import by_name
-from conformance.sweep import OPINFO, SweepConfig, run_group
+from conformance.sweep import opinfo as sweep_mod
+from conformance.sweep.opinfo import OPINFO, SweepConfig, run_group
 from conformance.targets import get_target
 from conformance.work import Selection
 

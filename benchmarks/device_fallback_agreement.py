@@ -14,7 +14,7 @@ import argparse
 import warnings
 from collections import Counter
 
-from conformance.sweep import SweepConfig, run_group
+from conformance.sweep.opinfo import SweepConfig, run_group
 from conformance.targets import get_target
 from conformance.work import Group
 

@@ -18,7 +18,7 @@ from collections import Counter
 import torch
 
 import neuron_emu.dispatch as dispatch
-from conformance.sweep import OPINFO, SweepConfig, run_group
+from conformance.sweep.opinfo import OPINFO, SweepConfig, run_group
 from conformance.targets import get_target
 from conformance.work import Selection
 

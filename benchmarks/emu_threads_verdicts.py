@@ -23,7 +23,7 @@ def run(args: argparse.Namespace) -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    from conformance.sweep import OPINFO, SweepConfig, run_group
+    from conformance.sweep.opinfo import OPINFO, SweepConfig, run_group
     from conformance.targets import get_target
     from conformance.work import Selection
 

@@ -29,7 +29,7 @@ import threading
 import time
 from pathlib import Path
 
-from conformance.progress import LINE
+from conformance.run.progress import LINE
 
 DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
 
@@ -54,7 +54,7 @@ def simulate(history: dict[str, float], actual: dict[str, float], kinds: dict[st
              workers: int = 2) -> tuple[float, list[float | None]]:
     """Run ``order``'s groups (wall times ``actual``) through the schedule and ETA, priced by
     ``history``; returns the makespan and the ETA / actual-time-left ratio at 10, 25 and 50%."""
-    from conformance.progress import Eta, Pricer
+    from conformance.run.progress import Eta, Pricer
     from conformance.work import Group
 
     groups = [Group(*k.rsplit("|", 1), kinds[k]) for k in order]

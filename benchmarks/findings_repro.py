@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def _upstream_pairs(target: str | None) -> set[tuple[str, str]]:
     """The op x dtype pairs the upstream lists about ``target``'s runs name (any list if none is)."""
     sys.path.insert(0, str(ROOT))
-    from conformance.upstream import expectations
+    from conformance.triage.upstream import expectations
 
     facts = [e for e in expectations() if e.device == "cpu"]
     mine = [e for e in facts if target in e.source.targets]

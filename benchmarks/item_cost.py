@@ -27,9 +27,9 @@ from collections import Counter
 
 import torch
 
-from conformance import contracts, execute
+from conformance.check import contracts, execute
 from conformance.inputs.opinfo import by_name, samples
-from conformance.sweep import OPINFO, SweepConfig, run_group
+from conformance.sweep.opinfo import OPINFO, SweepConfig, run_group
 from conformance.targets import get_target
 from conformance.work import Selection
 

@@ -30,7 +30,7 @@ def main() -> None:
     warnings.simplefilter("ignore")
     from conformance.models.runner import run_model_group
     from conformance.models.selection import model_groups
-    from conformance.sweep import SweepConfig
+    from conformance.sweep.opinfo import SweepConfig
     from conformance.targets import get_target
 
     target = get_target(args.target, args.build)

@@ -43,7 +43,7 @@ CONTEXT_OPS = ("mm", "exp", "matmul", "addmm", "nn.functional.linear", "sin", "a
 
 
 def _run(db: Path, build: str, run_id: str, ops: tuple[str, ...] | None, workers: int) -> float:
-    from conformance.run import RunSpec, execute_run
+    from conformance.run.runner import RunSpec, execute_run
 
     t = time.perf_counter()
     if ops is None:
@@ -56,7 +56,7 @@ def _run(db: Path, build: str, run_id: str, ops: tuple[str, ...] | None, workers
 
 
 def _gate(db: Path, base: str, cand: str):
-    from conformance.gate import run_gate
+    from conformance.gate.core import run_gate
     from opdb import Store
 
     with Store.open(db) as st:

@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from conformance import upstream  # noqa: E402
+from conformance.triage import upstream  # noqa: E402
 
 
 def listed_ops(source: str, dtype: str, only: list[str] | None) -> list[str]:

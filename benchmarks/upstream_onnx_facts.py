@@ -153,7 +153,7 @@ def main() -> int:
 # facts (op, dtype, expectation, samples). Written by benchmarks/upstream_onnx_facts.py (its
 # docstring says which entries become facts) with torch {torch.__version__} and onnxruntime
 # {onnxruntime.__version__} deciding each entry's enabled_if. Entries left out: {kept}.
-# Loaded and validated by conformance.upstream.expectations(); what a standalone check
+# Loaded and validated by conformance.triage.upstream.expectations(); what a standalone check
 # (benchmarks/upstream_onnx_check.py) showed about each is in upstream_triage.toml.
 #
 # How upstream's test differs from the harness's --target onnxruntime: it calls each torch_lib

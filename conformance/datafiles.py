@@ -2,7 +2,7 @@
 
 Every data file goes through a loader that checks each key and value and, on bad input, raises
 one :class:`DataFileError` naming file, key, value and what is accepted (the ledger has its own
-loader in :mod:`conformance.ledger`, the emulator's builds theirs in ``neuron_emu.manifest``).
+loader in :mod:`conformance.check.ledger`, the emulator's builds theirs in ``neuron_emu.manifest``).
 
 Example::
 
@@ -167,7 +167,7 @@ def model_floors(path: Path = MODEL_TOLERANCES) -> tuple[ModelFloor, ...]:
 # -- upstream_inductor.toml, upstream_onnxruntime.toml, upstream_triage.toml ----------------------
 # The upstream projects' own expected failures and skips (PyTorch's for Inductor, ONNX Script's
 # for the ONNX exporter's torch_lib run in ONNX Runtime), and what a standalone check showed about
-# each (the triage against a run is conformance.upstream).
+# each (the triage against a run is conformance.triage.upstream).
 UPSTREAM_INDUCTOR = DATA / "upstream_inductor.toml"
 UPSTREAM_ONNXRUNTIME = DATA / "upstream_onnxruntime.toml"
 UPSTREAM_FILES = (UPSTREAM_INDUCTOR, UPSTREAM_ONNXRUNTIME)

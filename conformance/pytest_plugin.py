@@ -75,7 +75,7 @@ class _Session:
     """Per-process state: target, sample cache, and the opdb writer."""
 
     def __init__(self, config: pytest.Config, run_id: str, shard: str) -> None:
-        from conformance.sweep import SweepConfig
+        from conformance.sweep.opinfo import SweepConfig
 
         self.pytest_config = config
         self.target_name = config.getoption("--conformance-target")
@@ -113,8 +113,8 @@ class _Session:
 
     def collect(self, session: pytest.Session) -> list[pytest.Item]:
         from conformance.inputs.opinfo import by_name
-        from conformance.kinds import select_groups
-        from conformance.sweep import plan, sparse_plan
+        from conformance.run.kinds import select_groups
+        from conformance.sweep.opinfo import plan, sparse_plan
 
         dtypes = self.pytest_config.getoption("--conformance-dtypes")
         groups = select_groups(self.pytest_config.getoption("--conformance-ops") or None,
@@ -173,9 +173,9 @@ class ConformanceItem(pytest.Item):
         self.add_marker(pytest.mark.xdist_group(f"{op}|{dtype}"))
 
     def runtest(self) -> None:
+        from conformance.check.verdict import Status
         from conformance.inputs.opinfo import SPARSE_VARIANTS, by_name
-        from conformance.sweep import evaluate, harness_error
-        from conformance.verdict import Status
+        from conformance.sweep.opinfo import evaluate, harness_error
         from conformance.work import Group
 
         s: _Session = self.config._conformance

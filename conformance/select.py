@@ -1,6 +1,6 @@
 """Selection vocabulary shared by the work kinds: dtype names, OpInfo globs, shards.
 
-The groups a run covers come from the work kinds (:func:`conformance.kinds.select_groups`);
+The groups a run covers come from the work kinds (:func:`conformance.run.kinds.select_groups`);
 this module holds what they share to read a selection, and the shard split.
 
 Example::
@@ -16,7 +16,8 @@ from collections.abc import Sequence
 
 import torch
 
-from .inputs.opinfo import SPARSE_VARIANTS, by_name
+from conformance.inputs.opinfo import SPARSE_VARIANTS, by_name
+
 from .work import Group
 
 DEFAULT_DTYPES = ("float32", "bfloat16", "float16", "int32", "int64", "bool", "float64", "complex64")

@@ -5,8 +5,8 @@ its schema, one model graph x dtype); an *item* is one result row inside it, nam
 :class:`ItemKey` that is stable across runs and processes (resume, merge and the gate rely on it).
 A :class:`WorkKind` says which table its rows go to, which item variants it produces, how a run's
 selection expands into its groups and how a worker runs one group. The kinds live next to their
-code (:mod:`conformance.sweep`, :mod:`conformance.search`, :mod:`conformance.models.runner`); the
-list of them is :data:`conformance.kinds.KINDS`.
+code (:mod:`conformance.sweep`, :mod:`conformance.sweep.schema`, :mod:`conformance.models.runner`); the
+list of them is :data:`conformance.run.kinds.KINDS`.
 
 This module is a leaf: it imports nothing of the harness, so every layer may use it.
 
@@ -91,7 +91,7 @@ class Skip:
     ``replay``: what earlier runs stored for this group, to replay before searching (the schema
     search's corpus entry, a ``schema_corpus`` row); None: nothing stored, or the corpus is off.
     ``batch``: False once a compiled batch of this group's samples killed or hung a worker
-    (:mod:`conformance.batching`): its items then compile one at a time.
+    (:mod:`conformance.check.batching`): its items then compile one at a time.
     """
 
     done: frozenset[str] = frozenset()
@@ -133,7 +133,7 @@ Row = dict[str, Any]
 
 class WorkKind(Protocol):
     """One kind of work. To add one: implement this next to its code, add it to
-    :data:`conformance.kinds.KINDS`; the run, resume, re-runs and the gate then handle it."""
+    :data:`conformance.run.kinds.KINDS`; the run, resume, re-runs and the gate then handle it."""
 
     name: str  # Group.kind
     table: str  # the opdb table its rows go to

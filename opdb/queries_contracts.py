@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from .queries_counts import NOT_OPINFO
 from .store import Store
 
-#: Every contract, in the order reports show them (``conformance.contracts.CONTRACTS``; opdb imports
+#: Every contract, in the order reports show them (``conformance.check.contracts.CONTRACTS``; opdb imports
 #: nothing of the harness, so a test holds the two equal). A stored name not in it is shown after.
 CONTRACTS = ("metadata", "aliasing", "noncontiguous", "variants", "out", "errors", "determinism")
-#: The outcomes a contract check stores, worst first (``conformance.contracts.Check.outcome``).
+#: The outcomes a contract check stores, worst first (``conformance.check.contracts.Check.outcome``).
 OUTCOMES = ("fail", "pass", "n/a")
 
 

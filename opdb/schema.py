@@ -105,7 +105,7 @@ OP_RESULTS = {
     "contracts": str,
     "contract_failed": str,  # the failed contracts' names, comma-separated (NULL: none failed)
     # JSON (schema v6): the error fingerprint of the item's floating outputs against the float64
-    # arbiter (conformance/fingerprint.py): "ref", "n", "bias", "rms", "p99", "max" (in eps of the
+    # arbiter (conformance/check/fingerprint.py): "ref", "n", "bias", "rms", "p99", "max" (in eps of the
     # output dtype), "nonfinite", "probes" (base64 float32 signed errors at fixed positions)
     "fingerprint": str,
     # JSON (schema v9): the element that failed worst, {"output": leaf, "index": [...], "target": x,
@@ -136,7 +136,7 @@ MODEL_RESULTS = {
     "p99_ms": float,
     "shapes": str,  # JSON per-shape latency / recompile record
     # JSON (schema v6): the error fingerprint of the first forward's output and the first step's
-    # gradients against the CPU's (conformance/fingerprint.py), as op_results.fingerprint
+    # gradients against the CPU's (conformance/check/fingerprint.py), as op_results.fingerprint
     "fingerprint": str,
     # (schema v6) the target's run-to-run noise: max |second forward - first| / max |first| on the
     # same weights and inputs

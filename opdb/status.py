@@ -1,7 +1,7 @@
 """The status vocabulary: every status an item can have, and what each one means.
 
 Statuses are stored data, so their vocabulary lives at the bottom floor, here, and everything
-above imports it: the harness decides a status (``conformance.verdict.decide``), the gate ranks
+above imports it: the harness decides a status (``conformance.check.verdict.decide``), the gate ranks
 them, the ledger accepts some, the report counts, orders and colours them (its CSS rules are
 generated from :data:`INFO`). Adding a status is one entry in :class:`Status` and one in
 :data:`INFO` (plus the rule in ``decide`` that chooses it).

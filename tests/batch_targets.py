@@ -1,6 +1,6 @@
 """Compiler targets for runs through the workers, registered by ``--import batch_targets``
 (tests/test_compile_batch.py): ``aot_eager`` as it is, and one whose backend kills its process
-when it compiles a batch of samples (conformance.batching): the supervisor must blame no item
+when it compiles a batch of samples (conformance.check.batching): the supervisor must blame no item
 and run the group on, unbatched."""
 
 from __future__ import annotations

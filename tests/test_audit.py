@@ -8,7 +8,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-import conformance.cli_audit  # noqa: F401  (attaches `audit` to the CLI)
+import conformance.cli.audit  # noqa: F401  (attaches `audit` to the CLI)
 from conformance.cli import main
 from opdb import Store
 

@@ -17,13 +17,13 @@ import sys
 import pytest
 import torch
 
-from conformance.execute import err
-from conformance.run import RunSpec, execute_run
+from conformance.check.execute import err
+from conformance.check.verdict import NOT_COMPILED, REFUSED_PREFIX, Status, decide
+from conformance.run.runner import RunSpec, execute_run
 from conformance.select import Group
-from conformance.sweep import SweepConfig, run_group
+from conformance.sweep.opinfo import SweepConfig, run_group
 from conformance.targets import REGISTRY, get_target
 from conformance.targets.base import TargetUnsupported
-from conformance.verdict import NOT_COMPILED, REFUSED_PREFIX, Status, decide
 
 
 def _ort() -> None:
@@ -153,7 +153,7 @@ def test_an_onnxruntime_items_script_runs_without_the_harness_and_reaches_the_sw
     """The script exports and runs the sample as the sweep did (the target's own functions, as
     source) with torch, onnxscript and onnxruntime only: the harness cannot even be imported."""
     _ort()
-    from conformance.repro import write_repro
+    from conformance.triage.repro import write_repro
     from opdb import Store
 
     db = tmp_path / "ort.sqlite"
@@ -171,7 +171,7 @@ def test_an_onnxruntime_items_script_runs_without_the_harness_and_reaches_the_sw
             assert row["status"] == status, (op, variant, index, row)
             script = write_repro(st, row["id"], tmp_path / "repro")
             # its value part imports no harness; a failed contract is checked as the sweep checks it
-            # (conformance.repro: that part needs the harness), so only such a script may import it
+            # (conformance.triage.repro: that part needs the harness), so only such a script may import it
             values = script.read_text().split('"""', 2)[2].split("# -- the contracts the stored item failed")[0]
             assert "conformance" not in values, ("the script imports the harness", row)
             runs.append((op, row, subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
@@ -234,7 +234,7 @@ def test_an_openvino_item_through_the_workers_stores_its_proof(tmp_path):
     assert neg[1]["openvino_ops"] == ["aten::neg.default"]
     # the item's standalone script compiles it with OpenVINO's backend, with the sweep's options
     # (a dict: its braces once broke the script's template), and reproduces the pass
-    from conformance.repro import write_repro
+    from conformance.triage.repro import write_repro
     from opdb import Store
 
     with Store.open(db, create=False) as st:
@@ -294,7 +294,7 @@ def test_a_graph_openvino_fails_to_convert_fails_its_repro_script_too(tmp_path):
     """The sweep calls a graph OpenVINO cannot convert an error (its backend would compile it with
     inductor); the item's standalone script must not pass it off as OpenVINO's result either."""
     _openvino()
-    from conformance.repro import write_repro
+    from conformance.triage.repro import write_repro
     from opdb import Store
 
     db = tmp_path / "ov.sqlite"
@@ -331,7 +331,7 @@ def test_a_compiled_items_script_reaches_the_sweeps_verdict(tmp_path, op, varian
     """The script compiles and calls the item as the sweep did, so it ends as the item did (0 for
     a pass, 1 for a failure, a signal for a crash), whatever OpenVINO makes of the graph."""
     _openvino()
-    from conformance.repro import write_repro
+    from conformance.triage.repro import write_repro
     from opdb import Store
 
     db = tmp_path / "ov.sqlite"
@@ -408,7 +408,7 @@ def test_an_openvino_batch_with_a_sample_left_to_pytorch_is_bisected_to_it(monke
 
 
 def test_onnxruntime_batches_give_the_verdicts_of_one_model_per_sample():
-    """One exported model per batch of samples (conformance.batching): the same statuses as one
+    """One exported model per batch of samples (conformance.check.batching): the same statuses as one
     model per item, an export the exporter refuses (linalg.eig) bisected to unsupported items."""
     _ort()
     target = get_target("onnxruntime")

@@ -7,7 +7,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from conformance import catalog
+from conformance.catalog import overloads as catalog
 from conformance.cli import main
 
 

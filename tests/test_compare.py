@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conformance.comparators import comparator_for, ks_statistic, per_tensor_fn
-from conformance.compare import Meta, arbitrate, compare, strides_agree
-from conformance.verdict import Status, decide, is_unsupported_dtype
+from conformance.check.comparators import comparator_for, ks_statistic, per_tensor_fn
+from conformance.check.compare import Meta, arbitrate, compare, strides_agree
+from conformance.check.verdict import Status, decide, is_unsupported_dtype
 
 
 def test_close_and_errors():
@@ -159,7 +159,7 @@ def test_worst_element_prefers_a_nan_and_the_farthest_output():
 def test_bitwise_equal_counts_nans_and_signed_zeros_and_views_alike():
     """Same bits are equal in one pass (any strides, any float width); values that differ only in
     a NaN's payload or a zero's sign are equal too; any other bit is not."""
-    from conformance.compare import bitwise_equal
+    from conformance.check.compare import bitwise_equal
 
     x = torch.randn(6, 4, generator=torch.Generator().manual_seed(0))
     for dt in (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.float8_e4m3fn):
@@ -178,7 +178,7 @@ def test_a_complex_element_is_one_value_as_assert_close_takes_it():
     standalone repro's assert_close applies), not each part on its own: a small part's error
     within the element's tolerance passes (ONNX Runtime's fft.fft was a false mismatch), and two
     parts each within tolerance whose modulus is not fail."""
-    from conformance.compare import tensor_evidence
+    from conformance.check.compare import tensor_evidence
 
     c = torch.tensor([1 + 1j, 0.001 + 5j], dtype=torch.complex64)
     small_part = c.clone()

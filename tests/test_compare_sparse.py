@@ -10,8 +10,8 @@ import warnings
 import pytest
 import torch
 
-from conformance.compare import Meta, arbitrate, bitwise_equal, compare
-from conformance.sweep import SweepConfig, run_group
+from conformance.check.compare import Meta, arbitrate, bitwise_equal, compare
+from conformance.sweep.opinfo import SweepConfig, run_group
 from conformance.targets.cpu import CpuTarget
 from conformance.work import Group
 

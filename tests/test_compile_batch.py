@@ -1,4 +1,4 @@
-"""Compiler targets compile the samples of an op x dtype as one graph (conformance.batching):
+"""Compiler targets compile the samples of an op x dtype as one graph (conformance.check.batching):
 the verdicts are those of the items compiled alone, a batch that fails is bisected down to its
 failing sample, a result that fails in a batch is decided by the sample alone, and a batch that
 kills its worker blames no item. Mostly on ``aot_eager`` (no C++ build), float32, few samples."""
@@ -12,11 +12,11 @@ import pytest
 import torch
 from torch.testing._internal.opinfo.core import SampleInput
 
-from conformance.batching import Batch, OpBatches
+from conformance.check.batching import Batch, OpBatches
 from conformance.inputs.opinfo import by_name
-from conformance.run import RunSpec, execute_run
+from conformance.run.runner import RunSpec, execute_run
 from conformance.select import Group
-from conformance.sweep import SweepConfig, run_group
+from conformance.sweep.opinfo import SweepConfig, run_group
 from conformance.targets import REGISTRY, get_target
 from conformance.targets.base import Compiled
 from conformance.targets.inductor import CompilerTarget
@@ -198,10 +198,10 @@ def test_a_run_through_the_workers_counts_a_batch_graph_once(tmp_path):
 
 
 def test_compile_batch_is_checked_and_defaults_to_the_targets_own():
-    from conformance.batching import DEFAULT_SIZE
+    from conformance.check.batching import DEFAULT_SIZE
     from conformance.cli import main
     from conformance.select import SelectionError
-    from conformance.sweep import batch_size
+    from conformance.sweep.opinfo import batch_size
     from conformance.targets.openvino_compile import OpenVinoTarget
 
     with pytest.raises(SelectionError, match="--compile-batch 0"):

@@ -12,13 +12,13 @@ import sys
 import pytest
 import torch
 
-from conformance.run import RunSpec, execute_run
+from conformance.check.verdict import NOT_COMPILED, Status, decide
+from conformance.run.runner import RunSpec, execute_run
 from conformance.select import Group
-from conformance.sweep import SweepConfig, run_group
+from conformance.sweep.opinfo import SweepConfig, run_group
 from conformance.targets import REGISTRY, get_target
 from conformance.targets.base import Compiled
 from conformance.targets.inductor import CompilerTarget, aten_ops
-from conformance.verdict import NOT_COMPILED, Status, decide
 from opdb import schema
 
 SIN = torch.ops.aten.sin.default
@@ -183,7 +183,7 @@ def test_an_uncompiled_item_says_so_even_when_a_contract_fails(registered):
     out=, and the metadata contract's failure had become the item's message)."""
     (row,) = _sweep(get_target("test-silent-eager"), ["sin"], variants=("function",))
     assert row["status"] == "error" and row["error"].startswith(NOT_COMPILED)
-    from conformance import contracts
+    from conformance.check import contracts
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setitem(contracts._CHECKS, "metadata", lambda s: contracts._fail("strides differ"))
@@ -272,7 +272,7 @@ def test_inductor_workers_compile_and_the_proof_is_stored(tmp_path):
         shown = {json.loads(r[5])[SAMPLE_COLUMNS.index("proof")] for r in op_sample_stream(st, summary.run_id)}
     assert shown == {"inductor: 1 graphs on cpu"}
     # the item's standalone script compiles it too, and says it passes
-    from conformance.repro import write_repro
+    from conformance.triage.repro import write_repro
 
     with Store.open(db, create=False) as st:
         rid = next(iter(st.db.query("select id from op_results where op = 'neg' and variant = 'function'")))["id"]
@@ -285,7 +285,7 @@ def test_a_refused_layouts_script_says_the_compiler_compiled_nothing(tmp_path):
     """Dynamo refuses a sparse input and runs the call eager: the sweep's verdict is
     unsupported_layout, and the item's standalone script must not pass the eager result off as
     the compiler's (it printed the CPU's own values and exited 0)."""
-    from conformance.repro import write_repro
+    from conformance.triage.repro import write_repro
     from opdb import Store
 
     db = tmp_path / "r.sqlite"
@@ -354,7 +354,7 @@ def test_ops_with_data_dependent_outputs_are_compiled_and_their_scripts_compile_
     and the compiler was never tested on the op. With the capture settings (inductor.CAPTURE) they
     compile; the standalone script sets them too (without them it compiles nothing and exits 1).
     A break dynamo's counters miss (a guard on a data-dependent value) still gives its reason."""
-    from conformance.repro import write_repro
+    from conformance.triage.repro import write_repro
     from opdb import Store
 
     for row in _sweep(get_target("inductor"), ["item"]):

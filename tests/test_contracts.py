@@ -1,4 +1,4 @@
-"""Contract checks (conformance.contracts): every contract passes on the CPU control target, and
+"""Contract checks (conformance.check.contracts): every contract passes on the CPU control target, and
 each fails on a target that breaks exactly that contract while its values stay right."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
-from conformance.contracts import CONTRACTS, Check, parse_contracts, summary
-from conformance.sweep import SweepConfig, run_group
+from conformance.check.contracts import CONTRACTS, Check, parse_contracts, summary
+from conformance.sweep.opinfo import SweepConfig, run_group
 from conformance.targets.cpu import CpuTarget
 from conformance.work import Group
 

@@ -7,11 +7,11 @@ import textwrap
 import torch
 from click.testing import CliRunner
 
-from conformance import catalog
+from conformance.catalog import overloads as catalog
+from conformance.catalog.coverage import STATES, classify_unreached, compute
 from conformance.cli import main
-from conformance.coverage import STATES, classify_unreached, compute
 from conformance.inputs.opinfo import by_name, samples
-from conformance.sweep import SweepConfig, evaluate
+from conformance.sweep.opinfo import SweepConfig, evaluate
 from conformance.targets import get_target
 
 

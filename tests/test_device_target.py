@@ -17,8 +17,8 @@ from click.testing import CliRunner
 
 import neuron_emu
 from conformance.cli import main
-from conformance.run import RunSpec, execute_run
-from conformance.sweep import SweepConfig, run_group
+from conformance.run.runner import RunSpec, execute_run
+from conformance.sweep.opinfo import SweepConfig, run_group
 from conformance.targets import OpTrace, TargetError, get_target
 from conformance.targets.device import HostWork
 from conformance.work import Group

@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from conformance.cli import main
-from conformance.gate import run_gate, sign_test_p
-from conformance.run import RunSpec, execute_run
+from conformance.gate.core import run_gate, sign_test_p
+from conformance.run.runner import RunSpec, execute_run
 from opdb import Store
 
 OPS = ("mul", "sub", "neg", "exp", "tanh", "sigmoid", "cos", "sqrt", "floor")

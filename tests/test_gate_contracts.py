@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from conformance.gate import run_gate
-from conformance.run import RunSpec, execute_run
+from conformance.gate.core import run_gate
+from conformance.run.runner import RunSpec, execute_run
 from opdb import Store
 
 SEEDED = Path(__file__).parent / "data" / "contract_defects.toml"

@@ -10,11 +10,11 @@ import json
 from click.testing import CliRunner
 from test_hardening_gate import CANARIES, CONFIG
 
-import conformance.cli_report  # noqa: F401  (attaches `report` to the group)
+import conformance.cli.report  # noqa: F401  (attaches `report` to the group)
 from conformance.cli import main
-from conformance.first_bad import annotate
-from conformance.gate import compare_runs, run_gate
-from conformance.gate_render import markdown, summary_lines
+from conformance.gate.core import compare_runs, run_gate
+from conformance.gate.first_bad import annotate
+from conformance.gate.render import markdown, summary_lines
 from opdb import Store
 from reports import render_site
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 import xml.etree.ElementTree as ET
 
-from conformance.gate import Confirmation, Finding, GateResult
-from conformance.gate_render import CONSOLE_GROUPS, MD_GROUPS, Links, junit, markdown, summary_lines
+from conformance.gate.core import Confirmation, Finding, GateResult
+from conformance.gate.render import CONSOLE_GROUPS, MD_GROUPS, Links, junit, markdown, summary_lines
 
 
 def _items(name: str, n: int, before: str, after: str, dtype: str = "float32", **evidence) -> list[Finding]:
@@ -132,7 +132,7 @@ def _contract_db(tmp_path):
 
 
 def test_contract_regressions_name_their_contracts_in_every_rendering(tmp_path):
-    from conformance.gate import run_gate
+    from conformance.gate.core import run_gate
 
     st, base, cand = _contract_db(tmp_path)
     reruns = []
@@ -172,7 +172,7 @@ def test_contract_regressions_name_their_contracts_in_every_rendering(tmp_path):
 
 
 def test_evidence_shows_the_baseline_error_and_a_models_normwise_error():
-    from conformance.gate import _evidence
+    from conformance.gate.core import _evidence
 
     ev = _evidence({"status": "pass", "max_rel_err": 0.001}, {"status": "mismatch", "max_rel_err": 0.5, "max_abs_err": 2.0})
     assert ev == {"max_rel_err": 0.5, "max_abs_err": 2.0, "baseline_max_rel_err": 0.001}

@@ -12,8 +12,8 @@ import sqlite_utils
 from click.testing import CliRunner
 
 from conformance.cli import main
-from conformance.gate import Finding, GateResult
-from conformance.gate_render import markdown
+from conformance.gate.core import Finding, GateResult
+from conformance.gate.render import markdown
 from opdb import Store, schema
 
 

@@ -12,9 +12,9 @@ import pytest
 from click.testing import CliRunner
 
 from conformance.cli import main
-from conformance.gate import run_gate
-from conformance.gate_render import summary_lines
-from conformance.run import RunSpec, execute_run
+from conformance.gate.core import run_gate
+from conformance.gate.render import summary_lines
+from conformance.run.runner import RunSpec, execute_run
 from opdb import Store
 
 CONFIG = {"ops": ["exp", "sin"], "dtypes": ["float32"], "variants": ["function"], "seed": 0, "max_samples": None,
@@ -212,7 +212,7 @@ def test_mismatch_is_confirmed_k_times_and_a_flaky_op_is_one_flaky_group(db, tmp
     assert {k: r["verdict"] for k, r in flakes.items()} == {
         "exp|function|float32|0": "confirmed", "exp|function|float32|1": "confirmed",
         "sin|function|float32|0": "flaky", "sin|function|float32|1": "flaky"}
-    from conformance.gate_render import junit
+    from conformance.gate.render import junit
     xml = junit(result)
     assert xml.count("<skipped") == 1 and 'skipped="1"' in xml
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
+from conformance.check.ledger import Ledger, LedgerError
 from conformance.cli import main
-from conformance.ledger import Ledger, LedgerError
 
 
 @pytest.mark.parametrize("text, key, value", [

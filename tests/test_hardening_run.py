@@ -10,10 +10,10 @@ import textwrap
 import pytest
 from click.testing import CliRunner
 
+from conformance.check.verdict import FAILING, Status
 from conformance.cli import main
-from conformance.run import RunSpec, execute_run
+from conformance.run.runner import RunSpec, execute_run
 from conformance.select import RUNNABLE_DTYPES, SelectionError
-from conformance.verdict import FAILING, Status
 from opdb import Store
 
 TINY = ["--target", "cpu", "--ops", "abs", "--dtypes", "float32", "--variants", "function", "--quiet"]

@@ -14,7 +14,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from conformance.progress import LINE
+from conformance.run.progress import LINE
 from opdb import Store
 
 MANIFEST = """
@@ -122,7 +122,7 @@ def test_worker_output_goes_to_its_item_not_to_the_console(tmp_path):
 
 CHILD = """
 import ctypes, os, sys, warnings
-from conformance.isolation import Capture
+from conformance.run.isolation import Capture
 cap = Capture(sys.argv[1])
 print("python print")
 os.write(2, b"fd two\\n")
@@ -152,7 +152,7 @@ def test_capture_takes_python_fd_and_libc_writes_and_warnings_per_item(tmp_path)
 
 
 def test_long_output_keeps_its_head_and_tail_and_the_file_is_emptied(tmp_path):
-    from conformance.isolation import OUTPUT_MAX, read_output
+    from conformance.run.isolation import OUTPUT_MAX, read_output
 
     path = tmp_path / "cap.out"
     path.write_text("first line\n" + "x" * (10 * OUTPUT_MAX) + "\nlast line")

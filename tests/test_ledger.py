@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
+from conformance.check.ledger import Ledger, LedgerError
 from conformance.cli import main
-from conformance.ledger import Ledger, LedgerError
 
 
 def test_shipped_ledger_is_valid():
@@ -66,7 +66,7 @@ def test_cli_rejects_a_malformed_ledger_before_writing(tmp_path):
     assert CliRunner().invoke(main, ["ledger", "check"]).exit_code == 0
 
 
-# -- reviewing the ledger against stored runs (conformance/ledger_review.py) -----------------------
+# -- reviewing the ledger against stored runs (conformance/triage/ledger_review.py) -----------------------
 REVIEW_LEDGER = """
 [[xfail]]
 op = "sort"
@@ -122,7 +122,7 @@ def _review_db(path):
 
 
 def test_stale_entries_are_expired_or_unneeded_in_every_recent_run(tmp_path):
-    from conformance.ledger_review import entry_staleness, stale_entries
+    from conformance.triage.ledger_review import entry_staleness, stale_entries
     from opdb import Store
     from opdb.queries import item_outcomes
 
@@ -152,7 +152,7 @@ def test_ledger_stale_command_prints_each_entry_and_a_count(tmp_path):
 
 
 def test_propose_overrides_only_for_plain_numeric_drift(tmp_path):
-    from conformance.ledger_review import propose_overrides
+    from conformance.triage.ledger_review import propose_overrides
     from opdb import Store
 
     db = _review_db(tmp_path / "o.sqlite")

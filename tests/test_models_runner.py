@@ -12,14 +12,14 @@ import pytest
 import torch
 
 import neuron_emu  # noqa: F401  register the device before autograd first runs (the engine sizes per-device queues once)
-from conformance.kinds import select_groups
 from conformance.models import registry
 from conformance.models.family import Family
 from conformance.models.localize import localize
 from conformance.models.runner import run_model_group
 from conformance.models.selection import model_groups, model_key
+from conformance.run.kinds import select_groups
 from conformance.select import SelectionError
-from conformance.sweep import SweepConfig
+from conformance.sweep.opinfo import SweepConfig
 from conformance.targets import get_target
 from conformance.work import Group
 from opdb import Store

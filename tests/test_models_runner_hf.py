@@ -9,7 +9,7 @@ from conformance.models import hf
 from conformance.models.runner import run_model_group
 from conformance.models.selection import model_groups
 from conformance.select import SelectionError
-from conformance.sweep import SweepConfig
+from conformance.sweep.opinfo import SweepConfig
 from conformance.targets import get_target
 from conformance.work import Group
 

@@ -61,9 +61,9 @@ def _interrupt_in(build: str):
 
 
 def test_an_interrupted_nightly_stops_at_its_build_and_resumes_from_there(tmp_path):
-    from conformance.nightly import NightlySpec, run_nightly
+    from conformance.gate.nightly import NightlySpec, run_nightly
+    from conformance.run.spec import RunSpec
     from conformance.select import SelectionError
-    from conformance.spec import RunSpec
 
     db, said = tmp_path / "n.sqlite", []
     run = RunSpec(ops=("abs",), dtypes=("float32",), schema=False, workers=1)
@@ -98,10 +98,10 @@ def test_an_interrupted_nightly_stops_at_its_build_and_resumes_from_there(tmp_pa
 def test_the_nightly_command_exits_130_when_interrupted(tmp_path, monkeypatch):
     from click.testing import CliRunner
 
-    import conformance.run
+    import conformance.run.runner
     from conformance.cli import main
 
-    monkeypatch.setattr(conformance.run, "stderr_progress", lambda: _interrupt_in("2.33.0"))
+    monkeypatch.setattr(conformance.run.runner, "stderr_progress", lambda: _interrupt_in("2.33.0"))
     r = CliRunner().invoke(main, ["nightly", *ARGS, "--db", str(tmp_path / "n.sqlite"), "--site", str(tmp_path / "s")])
     assert r.exit_code == 130, r.output
     assert "nightly interrupted in the sweep of 2.33.0" in r.output and "--resume " in r.output

@@ -12,9 +12,9 @@ import math
 import pytest
 import torch
 
-from conformance.fingerprint import MIN_PAIRS, P_MAX, fingerprint, probes, shift
-from conformance.gate import Finding, _fold_flaky, model_numerics, run_gate
-from conformance.run import RunSpec, execute_run
+from conformance.check.fingerprint import MIN_PAIRS, P_MAX, fingerprint, probes, shift
+from conformance.gate.core import Finding, _fold_flaky, model_numerics, run_gate
+from conformance.run.runner import RunSpec, execute_run
 from opdb import Store
 
 CLEAN = '[build]\nname = "numerics-clean"\ninherits = "2.33.0"\n'

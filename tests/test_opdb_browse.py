@@ -26,7 +26,7 @@ QUERIES = {q.name: q for q in load_queries()}
 @pytest.fixture(scope="module")
 def db(tmp_path_factory) -> Path:
     """The report's database, and the real gate's decision for 2.31.0 -> 2.33.0 stored in it."""
-    from conformance.gate import run_gate
+    from conformance.gate.core import run_gate
 
     path = make_report_db(tmp_path_factory.mktemp("browse") / "opdb.sqlite")
     with Store.open(path) as st:

@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 from jinja2 import meta
 
-import conformance.cli_report  # noqa: F401  (attaches `report` to the group)
+import conformance.cli.report  # noqa: F401  (attaches `report` to the group)
 import reports.html as rhtml
 import reports.pages.diff as diff_page
 import reports.pages.family as family_page
@@ -376,7 +376,7 @@ def test_contract_outcomes_aggregate_per_op_and_dtype(report_db, tmp_path):
 
 
 def test_contract_names_match_the_harness():
-    from conformance.contracts import CONTRACTS
+    from conformance.check.contracts import CONTRACTS
     from opdb.queries_contracts import CONTRACTS as STORED
 
     assert STORED == CONTRACTS
@@ -498,7 +498,7 @@ def test_diff_without_gate_decisions_says_so_and_how_to_get_them(site_dir, repor
 @pytest.fixture(scope="module")
 def gated_db(report_db, tmp_path_factory) -> Path:
     """The report DB after the real gate judged 2.31.0 -> 2.33.0 (no re-runs)."""
-    from conformance.gate import run_gate
+    from conformance.gate.core import run_gate
 
     db = tmp_path_factory.mktemp("gated") / "rep.sqlite"
     shutil.copyfile(report_db, db)

@@ -195,7 +195,7 @@ def test_a_backends_own_findings_say_whether_its_upstream_lists_them(backends_db
 
 
 def test_the_shipped_lists_mark_each_target_by_its_own_project():
-    from conformance.upstream import known_by_target
+    from conformance.triage.upstream import known_by_target
 
     known = known_by_target()
     assert set(known) == {"inductor", "inductor-strict", "onnxruntime"}

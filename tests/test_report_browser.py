@@ -49,7 +49,7 @@ WIDE = "nn.functional.a_rather_long_operator_name"
 def gated_site(tmp_path_factory):
     """The report fixture plus an op swept in all 11 dtypes (half its samples fall back to the CPU)
     and the real gate's decisions for 2.31.0 -> 2.33.0."""
-    from conformance.gate import run_gate
+    from conformance.gate.core import run_gate
 
     db = make_report_db(tmp_path_factory.mktemp("gdb") / "rep.sqlite")
     with Store.open(db) as st:

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from test_report import MODEL_A, MODEL_B, RUN_A, RUN_B, RUN_C, _op_rows, data_block, make_report_db
 
-from conformance.coverage import reachable_share
-from conformance.gate import run_gate
-from conformance.gate_render import summary_lines
-from conformance.run import Summary, _whole_run
+from conformance.catalog.coverage import reachable_share
+from conformance.gate.core import run_gate
+from conformance.gate.render import summary_lines
+from conformance.run.runner import Summary, _whole_run
 from opdb import Store
 from opdb import queries_report as q
 from opdb.queries import status_counts

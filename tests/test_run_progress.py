@@ -11,8 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from conformance.progress import LINE, PRIOR_S, Console, Eta, Pricer, Snapshot, duration
-from conformance.run import RunSpec, Supervisor
+from conformance.run.progress import LINE, PRIOR_S, Console, Eta, Pricer, Snapshot, duration
+from conformance.run.runner import RunSpec, Supervisor
 from conformance.work import Group
 
 
@@ -162,7 +162,7 @@ def test_snapshot_line_names_each_kind_of_work():
 def test_a_run_stores_its_group_times_and_the_next_run_is_priced_by_them(tmp_path):
     import torch
 
-    from conformance.run import execute_run
+    from conformance.run.runner import execute_run
     from opdb import Store
     from opdb.queries import group_seconds
 

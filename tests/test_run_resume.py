@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from conformance.cli import main
-from conformance.run import CodeChangedWarning, RunSpec, _git_sha, execute_run
+from conformance.run.runner import CodeChangedWarning, RunSpec, _git_sha, execute_run
 from opdb import Store
 
 # Enough work (conv2d has many samples) that the kill always lands mid-run.
@@ -116,8 +116,8 @@ def test_repro_of_backward_and_schema_results(tmp_path):
         kind = "wrong_result"
         magnitude = 0.5
     """))
-    from conformance.search import run_schema_group
-    from conformance.sweep import SweepConfig
+    from conformance.sweep.opinfo import SweepConfig
+    from conformance.sweep.schema import run_schema_group
     from conformance.targets import get_target
     from conformance.work import Group
 

@@ -11,10 +11,10 @@ import textwrap
 import pytest
 import torch
 
-from conformance import search
 from conformance.inputs import corpus
-from conformance.run import RunSpec, execute_run
-from conformance.sweep import SweepConfig
+from conformance.run.runner import RunSpec, execute_run
+from conformance.sweep import schema as search
+from conformance.sweep.opinfo import SweepConfig
 from conformance.targets import get_target
 from conformance.work import Group, Skip
 from opdb import Store

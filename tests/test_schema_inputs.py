@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 
 from conformance.inputs.hints import Hints, hints_from_errors
 from conformance.inputs.schema import DEVICE, Call, TensorSpec, call_strategy
-from conformance.search import cpu_preflight, run_schema_group
-from conformance.sweep import SweepConfig
+from conformance.sweep.opinfo import SweepConfig
+from conformance.sweep.schema import cpu_preflight, run_schema_group
 from conformance.targets import get_target
 from conformance.work import Group, Skip
 from opdb.blobs import load_inputs
@@ -186,7 +186,7 @@ def test_cpu_preflight_turns_a_crash_into_a_rejection():
 def test_crash_safe_search_survives_a_crashing_reference(monkeypatch):
     """After a crash the supervisor re-sends the group with a crash-safe skip: each input's CPU
     run is pre-flighted in a forked child, crashing inputs are rejected, the search goes on."""
-    import conformance.search as search
+    import conformance.sweep.schema as search
 
     real = search._Info
 
@@ -205,7 +205,7 @@ def test_crash_safe_search_survives_a_crashing_reference(monkeypatch):
 
 
 def test_aten_globs_select_schema_driven_overloads():
-    from conformance.kinds import select_groups
+    from conformance.run.kinds import select_groups
     from conformance.select import SelectionError
 
     groups = select_groups(["aten::_amp_update_scale*"])
@@ -239,7 +239,7 @@ class _CrashingTarget:
 def test_target_preflight_owns_only_the_targets_crash():
     from torch.testing._internal.opinfo.core import SampleInput
 
-    from conformance.search import _Info, target_preflight
+    from conformance.sweep.schema import _Info, target_preflight
 
     info, target = _Info("aten::abs.default"), _CrashingTarget()
     assert target_preflight(target, info, SampleInput(torch.ones(2))) is None

@@ -10,7 +10,8 @@ import pytest
 
 import reports.html as html
 import reports.scope as scope
-from conformance import gate, ledger, verdict
+from conformance.check import ledger, verdict
+from conformance.gate import core as gate
 from opdb import status as st
 from opdb.status import FAILING, INFO, PASSED, STATUSES, Status
 

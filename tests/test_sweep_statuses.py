@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from conformance.run import RunSpec, execute_run
+from conformance.run.runner import RunSpec, execute_run
 from opdb import Store
 
 MANIFEST = """

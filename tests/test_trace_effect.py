@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conformance.inputs.opinfo import by_name, samples
-from conformance.sweep import SweepConfig, evaluate
+from conformance.sweep.opinfo import SweepConfig, evaluate
 from conformance.targets.base import Dispatched
 from conformance.targets.cpu import CpuTarget
 
@@ -73,7 +73,7 @@ def test_a_flaky_device_failure_is_not_retried_into_a_pass():
 
 
 def test_a_passing_item_is_not_run_again(monkeypatch):
-    import conformance.sweep as sweep
+    import conformance.sweep.opinfo as sweep
 
     calls = []
     real = sweep.run_item

@@ -8,9 +8,9 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from conformance import upstream
 from conformance.cli import main
 from conformance.datafiles import DataFileError
+from conformance.triage import upstream
 from opdb import Store
 
 NEWEST_F32 = {"_upsample_bilinear2d_aa", "cholesky", "linalg.ldl_factor", "multinomial", "nonzero_static", "normal",

@@ -54,10 +54,87 @@ def test_only_targets_import_device_packages():
     assert not bad, f"only conformance/targets/ may import {sorted(DEVICE_PACKAGES)}: {bad}"
 
 
+def _is_command_line(path: Path) -> bool:
+    """``conformance/cli/`` (the harness's commands) and ``opdb/cli.py`` (the store's)."""
+    parts = path.relative_to(ROOT).parts
+    return parts[:2] == ("conformance", "cli") or path.stem == "cli"
+
+
 def test_click_only_in_command_line_modules():
     bad = [_rel(p) for pkg in ("conformance", "opdb", "reports") for p in _modules(pkg)
-           if "click" in _imports(p) and not p.stem.startswith("cli")]
-    assert not bad, f"the library must not use click (only cli*.py): {bad}"
+           if "click" in _imports(p) and not _is_command_line(p)]
+    assert not bad, f"the library must not use click (only conformance/cli/ and opdb/cli.py): {bad}"
+
+
+def test_nothing_but_the_command_line_imports_it():
+    """Commands are the top floor: the library never calls back into them."""
+    graph = _harness_graph()
+    bad = {m: sorted(d for d in deps if d.startswith("conformance.cli")) for m, deps in graph.items()
+           if not m.startswith("conformance.cli") and m != "conformance.__main__"
+           and any(d.startswith("conformance.cli") for d in deps)}
+    assert not bad, f"only the command line imports conformance.cli: {bad}"
+
+
+# The floors of the harness, bottom to top: a module imports only from its own floor or below
+# (and never in a circle: test_no_import_cycles_in_the_harness). The key is a folder of
+# conformance/ or a top-level module; a top-level module not named here is shared vocabulary
+# (work units, selection, value structure, data files) on the ground floor.
+FLOORS = {
+    "_lazy": 0, "work": 0, "structure": 0, "datafiles": 0,
+    "targets": 1,  # the devices and compilers under test
+    "inputs": 2, "catalog": 2, "select": 2,  # enumerate and generate (OpInfos are read through inputs)
+    "check": 3,  # one item on target and CPU, its evidence, contracts and status
+    "sweep": 4, "models": 4,  # the work kinds
+    "run": 5,  # spec, executors, the runner: hands work kinds' groups to workers, records rows
+    "audit": 6, "triage": 6,  # a user's model; upstream, repros, ledger review
+    "gate": 7,  # the gate over stored runs, first bad build, the nightly's stages
+    "cli": 8, "pytest_plugin": 8, "__main__": 8,  # the commands
+}
+# Modules that hold data the floors below need, placed by what they import rather than by folder:
+# the model definitions (families, layers, registries) are an input source like inputs/; the
+# ledger names models when it validates an override.
+FLOOR_OF_MODULE = {
+    "models.family": 2, "models.families": 2, "models.layers": 2, "models.registry": 2,
+    "models.tracing": 2, "models.hf": 2,
+}
+
+
+def _floor(module: str) -> int:
+    rest = module.removeprefix("conformance.")
+    for prefix, floor in FLOOR_OF_MODULE.items():
+        if rest == prefix or rest.startswith(prefix + "."):
+            return floor
+    return FLOORS[rest.split(".")[0]]
+
+
+def test_every_folder_has_a_floor():
+    missing = sorted({m.split(".")[1] for m in _harness_graph() if m.count(".")} - set(FLOORS))
+    assert not missing, f"add these to FLOORS (tests/test_walls.py) and ARCHITECTURE.md: {missing}"
+
+
+def test_imports_go_down_the_floors():
+    """The folders read as the pipeline: checks below the work kinds, the run above them, the gate
+    above the run, the commands on top. A module reaching up a floor is a layering problem."""
+    graph = _harness_graph()
+    bad = sorted(f"{m} (floor {_floor(m)}) -> {d} (floor {_floor(d)})"
+                 for m, deps in graph.items() if m != "conformance" for d in deps if _floor(d) > _floor(m))
+    assert not bad, "imports up the floors:\n" + "\n".join(bad)
+
+
+def test_the_floor_check_sees_upward_imports():
+    assert _floor("conformance.gate.nightly") > _floor("conformance.run.runner") > _floor("conformance.check.execute")
+    assert _floor("conformance.models.runner") == 4 and _floor("conformance.models.families.gpt") == 2
+    assert "conformance.check.verdict" in _harness_graph()["conformance.run.runner"]
+
+
+MAX_LINES = 550
+
+
+def test_no_module_is_over_550_lines():
+    """A module past 550 lines holds more than one job: split it along its seams."""
+    bad = {_rel(p): n for pkg in PACKAGES for p in _modules(pkg)
+           if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
+    assert not bad, f"modules over {MAX_LINES} lines: {bad}"
 
 
 _SQL_CALLS = {"query", "execute", "executescript", "executemany", "table", "conn", "attach", "vacuum"}
@@ -82,9 +159,9 @@ def test_sql_only_in_opdb():
 
 def test_the_walls_test_sees_imports():
     # guard against a checker that passes because it sees nothing
-    assert "opdb" in _imports(ROOT / "conformance" / "gate.py")
+    assert "opdb" in _imports(ROOT / "conformance" / "gate" / "core.py")
     assert "neuron_emu" in _imports(ROOT / "conformance" / "targets" / "neuron_emu.py")
-    assert "click" in _imports(ROOT / "conformance" / "cli.py")
+    assert "click" in _imports(ROOT / "conformance" / "cli" / "__init__.py")
 
 
 def _module_name(path: Path) -> str:
@@ -146,8 +223,8 @@ def _cycles(graph: dict[str, set[str]]) -> list[set[str]]:
 
 # Registration is the one circle allowed: a package module imports its members so that they
 # register themselves (click commands in cli_*.py, devices in targets/*.py via load_builtin).
-_REGISTRATION = ({"conformance.cli", "conformance.cli_audit", "conformance.cli_gate", "conformance.cli_report",
-                  "conformance.cli_sweep", "conformance.cli_upstream"},
+_REGISTRATION = ({"conformance.cli", "conformance.cli.audit", "conformance.cli.gate", "conformance.cli.report",
+                  "conformance.cli.sweep", "conformance.cli.upstream"},
                  {"conformance.targets.base", "conformance.targets.cpu", "conformance.targets.cuda",
                   "conformance.targets.inductor", "conformance.targets.neuron_emu", "conformance.targets.onnx_runtime",
                   "conformance.targets.openvino_compile"})
@@ -168,8 +245,8 @@ def test_no_import_cycles_in_the_harness():
 def test_the_cycle_check_sees_cycles():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [{"a", "b", "c"}]
     graph = _harness_graph()
-    assert "conformance.work" in graph["conformance.kinds"]  # resolves `from .work import ...`
-    assert "conformance.cli_sweep" in graph["conformance.cli"]  # and lazy imports
+    assert "conformance.work" in graph["conformance.run.kinds"]  # resolves `from .work import ...`
+    assert "conformance.cli.sweep" in graph["conformance.cli"]  # and lazy imports
     assert not graph["conformance.work"], "conformance/work.py is a leaf: it imports nothing of the harness"
 
 

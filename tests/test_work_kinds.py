@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from conformance.kinds import KINDS, kind, kind_of_item, select_groups
+from conformance.run.kinds import KINDS, kind, kind_of_item, select_groups
+from conformance.run.spec import RunSpec
 from conformance.select import VARIANTS, SelectionError
-from conformance.spec import RunSpec
 from conformance.targets import BuildRef, get_target
 from conformance.work import Group, ItemKey, Skip
 

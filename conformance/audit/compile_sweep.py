@@ -16,8 +16,8 @@ from .trace import cpu_run, error_text, to_cpu
 
 def compile_sweep(model: nn.Module, sets: list[tuple], labels: list[str], target: Any, tol: float,
                    config: AuditConfig, res: AuditResult) -> None:
-    from ..models.localize import rel_l2
-    from ..models.runner import CountingBackend, percentile
+    from conformance.models.localize import rel_l2
+    from conformance.models.runner import CountingBackend, percentile
 
     backend = target.compile_backend()
     res.compile = {"backend": backend if isinstance(backend, str) else getattr(backend, "__name__", "callable"),

@@ -28,8 +28,8 @@ def audit(model: nn.Module, inputs: tuple, target: Any, config: AuditConfig | No
 
 
 def _audit(model: nn.Module, inputs: tuple, target: Any, config: AuditConfig) -> AuditResult:
-    from ..ledger import Ledger
-    from ..models.runner import model_tolerance
+    from conformance.check.ledger import Ledger
+    from conformance.models.runner import model_tolerance
 
     timings: dict[str, float] = {}
     t_all = t0 = time.perf_counter()
@@ -184,7 +184,7 @@ def run_audit(model_ref: str, *, inputs_ref: str | None = None, input_shapes: tu
               shapes: tuple[str, ...] = (), target_name: str = "neuron-emu", build: str | None = None,
               train: bool = False, db_path: str | None = None, seed: int = 0,
               timed_iters: int = 5) -> AuditResult:
-    from ..targets import get_target
+    from conformance.targets import get_target
 
     shape_specs = parse_shape_set(";".join(input_shapes)) if input_shapes else None
     extra = [parse_shape_set(s) for s in shapes]

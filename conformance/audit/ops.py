@@ -13,7 +13,8 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_map
 
-from ..compare import leaves
+from conformance.check.compare import leaves
+
 from .results import PLUMBING, AuditResult, OpRow, Risk
 from .trace import INT32_MAX, INT32_MIN, Record, Recorder, devices_to, error_text, to_cpu
 
@@ -38,8 +39,8 @@ def export_histogram(model: nn.Module, inputs: tuple,
                       res: AuditResult) -> tuple[dict[str, int] | None, dict[str, list[Record]]]:
     """The core-ATen histogram of the ``torch.export`` graph and its calls' inputs (recorded by
     running the exported graph on the CPU); (None, {}) when export cannot capture the model."""
-    from ..models.tracing import histogram
-    from ..structure import FlatModule
+    from conformance.models.tracing import histogram
+    from conformance.structure import FlatModule
 
     flat = FlatModule(copy.deepcopy(model), tuple(inputs))  # caches and ModelOutputs in or out: tensors only
     try:
@@ -121,7 +122,7 @@ def sweep_status(db_path: str | None, target: Any, names: list[str], res: AuditR
 
 
 def isolated_check(row: OpRow, records: list[Record], target: Any, tol: float) -> None:
-    from ..models.localize import rel_l2
+    from conformance.models.localize import rel_l2
 
     if row.name in PLUMBING:
         row.status, row.source, row.detail = "skip", "", "device plumbing (copies, allocation)"

@@ -10,7 +10,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..structure import label, named_leaves, tensor_leaves
+from conformance.structure import label, named_leaves, tensor_leaves
+
 from .results import AuditInputError, AuditResult, OutputParity
 from .trace import error_text, main_dtype
 
@@ -18,8 +19,8 @@ TRAIN_STEPS = 3
 
 
 def forward_parity(cpu_out: Any, tgt_out: Any, tol: Any, res: AuditResult) -> bool:
-    from ..compare import compare
-    from ..models.localize import rel_l2
+    from conformance.check.compare import compare
+    from conformance.models.localize import rel_l2
 
     c_l, t_l = named_leaves(cpu_out), named_leaves(tgt_out)
     c_paths, t_paths = [p for p, _ in c_l], [p for p, _ in t_l]
@@ -62,7 +63,7 @@ def training_loss(out: Any) -> torch.Tensor:
 
 
 def train_parity(model: nn.Module, inputs: tuple, target: Any, tol: Any, seed: int, res: AuditResult) -> bool:
-    from ..models.runner import grad_evidence, loss_close, train_side
+    from conformance.models.runner import grad_evidence, loss_close, train_side
 
     spec = SimpleNamespace(loss=training_loss)
     cpu_m = copy.deepcopy(model).train()
@@ -90,7 +91,7 @@ def train_parity(model: nn.Module, inputs: tuple, target: Any, tol: Any, seed: i
 
 def first_divergent(model: nn.Module, inputs: tuple, target: Any, tol: float, backward: bool, seed: int,
                      res: AuditResult) -> None:
-    from ..models.localize import localize
+    from conformance.models.localize import localize
 
     dtype = getattr(torch, main_dtype(model))
     try:

@@ -11,8 +11,9 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
-from ..compare import leaves
-from ..structure import map_leaves, map_tensors
+from conformance.check.compare import leaves
+from conformance.structure import map_leaves, map_tensors
+
 from .results import AuditInputError
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1

@@ -4,7 +4,7 @@ of Hypothesis' example database and of fuzzing corpora.
 
 An :class:`Entry` holds inputs only, never verdicts: the first inputs the CPU rejected (the
 ``errors`` contract is checked on them), every input the search's generation accepted, and the
-minimal failing inputs searches on any target shrank to. :mod:`conformance.search` replays them
+minimal failing inputs searches on any target shrank to. :mod:`conformance.sweep.schema` replays them
 on the target and the CPU and decides again; it searches instead when the entry is missing, its
 fingerprint differs, or the replay cannot stand for a search (see ``replay`` there).
 
@@ -98,7 +98,7 @@ def fingerprint(overload: str, search: dict[str, Any] | None = None) -> tuple[st
     budgets, which change what it generates)."""
     import hypothesis
 
-    from ..catalog import packet_of
+    from conformance.catalog.overloads import packet_of
 
     base, name = overload.split(".", 1)[0], overload.rsplit(".", 1)[1]
     qualified = base if name == "default" else overload  # the dispatcher's own spelling

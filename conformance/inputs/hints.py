@@ -1,6 +1,6 @@
 """Hints from the CPU reference's own error messages: what it asked for (tensor ranks, dtypes,
 per-argument dtypes/shapes/ranks) when it rejected a generated call. A schema search that found
-no valid input is steered by them (:mod:`conformance.search`). Learned from the reference
+no valid input is steered by them (:mod:`conformance.sweep.schema`). Learned from the reference
 kernel only, never from the target.
 """
 

@@ -1,5 +1,5 @@
 """Schema-driven inputs: Hypothesis strategies built from an ATen operator's schema, for the
-overloads that no OpInfo sample reaches (the search that runs them is :mod:`conformance.search`).
+overloads that no OpInfo sample reaches (the search that runs them is :mod:`conformance.sweep.schema`).
 
 A strategy draws each argument through a drawer chosen by the argument's type and name; drawers
 read the call's shared context (common shape, dtype, list length) and, in a steered search, the

@@ -39,8 +39,9 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-from ..compare import leaves
-from ..structure import flatten, map_tensors, named_leaves, tensor_leaves, unflatten
+from conformance.check.compare import leaves
+from conformance.structure import flatten, map_tensors, named_leaves, tensor_leaves, unflatten
+
 from .tracing import node_target
 
 

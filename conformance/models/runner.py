@@ -49,13 +49,14 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_map
 
-from .. import datafiles
-from ..compare import Evidence, compare, leaves
-from ..fingerprint import fingerprint
-from ..structure import label, map_tensors, named_leaves
-from ..targets.base import TargetError
-from ..verdict import NOT_COMPILED, Status, decide, decide_unrun
-from ..work import NOTHING, Group, ItemKey, Selection
+from conformance import datafiles
+from conformance.check.compare import Evidence, compare, leaves
+from conformance.check.fingerprint import fingerprint
+from conformance.check.verdict import NOT_COMPILED, Status, decide, decide_unrun
+from conformance.structure import label, map_tensors, named_leaves
+from conformance.targets.base import TargetError
+from conformance.work import NOTHING, Group, ItemKey, Selection
+
 from .localize import rel_l2
 from .selection import model_groups, model_key, resolve_spec
 

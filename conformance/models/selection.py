@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..select import SelectionError, parse_dtypes
-from ..work import Group, ItemKey
+from conformance.select import SelectionError, parse_dtypes
+from conformance.work import Group, ItemKey
 
 MODEL_DTYPES = ("float32", "bfloat16")
 

@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..structure import map_tensors
+from conformance.structure import map_tensors
 
 
 class TargetError(ValueError):
@@ -30,7 +30,7 @@ class TargetError(ValueError):
 
 class TargetUnsupported(Exception):  # noqa: N818 - the status it leads to is ``unsupported``
     """The target refuses an item before running it: an exporter cannot convert the sample (its
-    reason is the message). :func:`conformance.verdict.decide` makes it ``unsupported``, apart
+    reason is the message). :func:`conformance.check.verdict.decide` makes it ``unsupported``, apart
     from a runtime ``error`` and a wrong result (``mismatch``)."""
 
 
@@ -140,11 +140,11 @@ class Target:
     # active dispatch mode ``torch.compile`` silently runs eager.
     compiler: ClassVar[bool] = False
     # The contract checks run unless ``--contracts`` names others (None: every contract on an
-    # eager target, ``conformance.contracts.COMPILER_DEFAULT`` on a compiler target). A target
+    # eager target, ``conformance.check.contracts.COMPILER_DEFAULT`` on a compiler target). A target
     # whose results cannot carry a contract leaves it out (an ONNX value has no strides).
     default_contracts: ClassVar[tuple[str, ...] | None] = None
     # A compiler target whose one compiled graph can run many samples of an op x dtype, each
-    # item taking its own result from it (:mod:`conformance.batching`); its evidence must let
+    # item taking its own result from it (:mod:`conformance.check.batching`); its evidence must let
     # :meth:`batch_problem` tell that every sample was compiled.
     batchable: ClassVar[bool] = False
     # Samples per batch unless ``--compile-batch`` says otherwise (1: batch only when asked, on a

@@ -211,7 +211,7 @@ class OnnxRuntimeTarget(Target):
     compiler = True
     # a model item exports the model and compares its inference forward (conformance.models.runner)
     exports = True
-    # one exported model for many samples (conformance.batching): an export the dynamo exporter
+    # one exported model for many samples (conformance.check.batching): an export the dynamo exporter
     # refuses for one sample is bisected down to it; that sample is unsupported on its own
     batchable = True
     # "metadata" (the CPU's strides) is left out: ONNX values have none, and the strides of the

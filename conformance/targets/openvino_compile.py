@@ -95,7 +95,7 @@ class OpenVinoTarget(CompilerTarget):
     name = "openvino"
     description = "torch.compile(backend='openvino') on OpenVINO's CPU device vs eager CPU"
     backend_name = "openvino"
-    # Batched (conformance.batching), but OpenVINO hands work to PyTorch per partition of a
+    # Batched (conformance.check.batching), but OpenVINO hands work to PyTorch per partition of a
     # graph: a batch in which any op ran in PyTorch (a fallback kernel, a subgraph that failed)
     # cannot tell whose sample it was, so it is not kept (batch_problem) and bisection finds the
     # samples that fall back; they run alone and report their own fallback. Not by default: its

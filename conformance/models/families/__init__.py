@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from ..family import Family
+from conformance.models.family import Family
+
 from . import (
     audio,
     diffusion,

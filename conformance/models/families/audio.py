@@ -13,8 +13,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..family import Family, Params, ce_loss, pick, randn
-from ..layers import Attention, FeedForward, TransformerLayer, sinusoidal
+from conformance.models.family import Family, Params, ce_loss, pick, randn
+from conformance.models.layers import Attention, FeedForward, TransformerLayer, sinusoidal
 
 TOKENS = 32
 GRID = {

@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..family import Family, Params, pick, randint, randn
-from ..layers import attend, sinusoidal
+from conformance.models.family import Family, Params, pick, randint, randn
+from conformance.models.layers import attend, sinusoidal
 
 LATENT_CH, TIMESTEPS = 4, 1000
 GRID = {

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..family import Family, Params, pick, randint, randn
+from conformance.models.family import Family, Params, pick, randint, randn
 
 DENSE, BATCH, MIN_ROWS = 13, 4, 40
 GRID = {

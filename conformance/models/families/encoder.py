@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..family import Family, Params, ce_loss, pick, randint
-from ..layers import TransformerLayer
+from conformance.models.family import Family, Params, ce_loss, pick, randint
+from conformance.models.layers import TransformerLayer
 
 VOCAB = 32
 GRID = {

@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..family import Family, Params, ce_loss, pick, randint, randn
-from ..layers import make_act
+from conformance.models.family import Family, Params, ce_loss, pick, randint, randn
+from conformance.models.layers import make_act
 
 IN_FEATURES, CLASSES, GRAPHS, EDGES_PER_NODE = 8, 4, 2, 3
 GRID = {

@@ -15,8 +15,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..family import Family, Params, pick, randint, randn, sumsq_loss
-from ..layers import FeedForward, apply_rope, attend, make_norm, rope_tables
+from conformance.models.family import Family, Params, pick, randint, randn, sumsq_loss
+from conformance.models.layers import FeedForward, apply_rope, attend, make_norm, rope_tables
 
 VOCAB, HEAD_DIM = 32, 8
 GRID = {
@@ -118,7 +118,7 @@ def inputs(p: Params, variant: int, gen: torch.Generator) -> tuple:
 
 
 def loss(output: object, p: Params, gen: torch.Generator) -> torch.Tensor:
-    from ..family import ce_loss
+    from conformance.models.family import ce_loss
 
     return ce_loss(output, p, gen) if p["mode"] == "prefill" else sumsq_loss(output, p, gen)
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..family import Family, Params, ce_loss, pick, randn
-from ..layers import make_act, make_norm
+from conformance.models.family import Family, Params, ce_loss, pick, randn
+from conformance.models.layers import make_act, make_norm
 
 IN_FEATURES, CLASSES = 12, 10
 GRID = {

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..family import Family, Params, pick, randn
+from conformance.models.family import Family, Params, pick, randn
 
 CAPACITY_FACTOR = 1.25
 GRID = {

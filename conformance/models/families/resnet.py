@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..family import Family, Params, ce_loss, pick, randn
-from ..layers import make_act, make_norm2d
+from conformance.models.family import Family, Params, ce_loss, pick, randn
+from conformance.models.layers import make_act, make_norm2d
 
 CLASSES = 10
 GRID = {

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..family import Family, Params, ce_loss, pick, randn
+from conformance.models.family import Family, Params, ce_loss, pick, randn
 
 IN_FEATURES, CLASSES = 8, 5
 FUSED = {"lstm": nn.LSTM, "gru": nn.GRU, "rnn": nn.RNN}

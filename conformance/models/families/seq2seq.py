@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..family import Family, Params, ce_loss, pick, randint
-from ..layers import TransformerLayer
+from conformance.models.family import Family, Params, ce_loss, pick, randint
+from conformance.models.layers import TransformerLayer
 
 VOCAB, MAX_LEN = 48, 16
 GRID = {

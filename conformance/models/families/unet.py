@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..family import Family, Params, pick, randn
-from ..layers import make_norm2d
+from conformance.models.family import Family, Params, pick, randn
+from conformance.models.layers import make_norm2d
 
 IN_CH, OUT_CH = 3, 2
 GRID = {

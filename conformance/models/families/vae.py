@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..family import Family, Params, pick, randn
-from ..layers import make_act
+from conformance.models.family import Family, Params, pick, randn
+from conformance.models.layers import make_act
 
 GRID = {
     "arch": ["mlp", "conv"],

@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..family import Family, Params, ce_loss, pick, randn
-from ..layers import TransformerLayer
+from conformance.models.family import Family, Params, ce_loss, pick, randn
+from conformance.models.layers import TransformerLayer
 
 CLASSES = 10
 GRID = {

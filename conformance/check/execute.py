@@ -1,0 +1,446 @@
+"""Execute: one work item (OpInfo x variant x dtype x sample) on the CPU reference and on the
+target, with a float64 arbiter computed on demand. Returns plain records; deciding is
+:mod:`conformance.check.compare` and :mod:`conformance.check.verdict`'s job.
+
+Example::
+
+    >>> import torch
+    >>> from conformance.check.execute import run_item
+    >>> from conformance.inputs.opinfo import by_name, samples
+    >>> from conformance.targets import get_target
+    >>> info = by_name()["abs"]
+    >>> s = next(samples(info, torch.float32))
+    >>> out = run_item(get_target("cpu"), info, "function", s)
+    >>> out.cpu_error is None and out.target_error is None
+    True
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
+from torch.utils._pytree import tree_map
+
+from conformance.inputs.opinfo import variant_fn
+from conformance.targets import Target
+from conformance.targets.base import Dispatched, OpTrace
+
+from .compare import Meta, bitwise_equal, leaves
+
+_FLOAT_LOW = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@dataclass
+class Outcome:
+    cpu: Any = None
+    cpu_error: str | None = None
+    target: Any = None  # copied back to the CPU
+    target_error: str | None = None
+    device_meta: list[Meta] = field(default_factory=list)
+    native: tuple[str, ...] = ()
+    fallback: tuple[str, ...] = ()
+    reached: tuple[str, ...] = ()
+    duration_s: float = 0.0
+    arbiter: Callable[[], Any] | None = None
+    arbiter_result: Any = None  # what the sweep got from ``arbiter`` (shared with the sample's other variants)
+    # Proof the target ran the item: "device" (of the outputs) and, on a compiler target,
+    # what its backend compiled (Compiled.evidence()); stored as op_results.proof.
+    proof: dict[str, Any] = field(default_factory=dict)
+    # What the contract checks (:mod:`conformance.check.contracts`) look at: the result as it is on
+    # the device, and each side's sample after the call (mutated in place where the op mutates).
+    device_result: Any = None
+    device_sample: Any = None
+    cpu_sample: Any = None
+
+    @property
+    def graphs(self) -> int | None:
+        """Graphs the compiler target compiled for this item (None: not a compiler target)."""
+        return self.proof.get("graphs")
+
+
+_PHASE_HOOK: Callable[[str], None] | None = None
+
+
+def set_phase_hook(hook: Callable[[str], None] | None) -> None:
+    """Called with "cpu" / "target" as an item moves between sides, so a supervisor can tell a
+    crash of the CPU reference (the sample is invalid: skip) from a crash on the target."""
+    global _PHASE_HOOK
+    _PHASE_HOOK = hook
+
+
+def phase(name: str) -> None:
+    if _PHASE_HOOK is not None:
+        _PHASE_HOOK(name)
+
+
+def err(exc: BaseException) -> str:
+    msg = str(exc).strip().splitlines()
+    head = msg[0] if msg else ""
+    return f"{type(exc).__name__}: {head}"[:2000]
+
+
+def _whole_storage(t: torch.Tensor) -> torch.Tensor:
+    """A 1-D tensor over all of ``t``'s storage."""
+    return t.new_empty(0).set_(t.untyped_storage(), 0, (t.untyped_storage().nbytes() // t.element_size(),), (1,))
+
+
+def on_device(sample: Any, device: str | torch.device) -> Any:
+    """``sample`` with every tensor copied to ``device`` in the layout it has: strides, storage
+    offset and the rest of its storage (``as_strided`` reads it), memory overlap (an expanded
+    tensor stays expanded) and storage shared between
+    arguments (``cat([x, y], out=x)`` stays aliased), which ``Tensor.to`` keeps only for one dense
+    tensor at a time. The target must see the input the CPU saw: an op may reject an overlapping
+    or aliased ``out=``."""
+    strided = [x for x in leaves((sample.input, sample.args, sample.kwargs))
+               if isinstance(x, torch.Tensor) and x.layout == torch.strided and x.numel() > 0]
+    uses: dict[int, int] = {}
+    for x in strided:
+        uses[x.untyped_storage().data_ptr()] = uses.get(x.untyped_storage().data_ptr(), 0) + 1
+    copies: dict[int, torch.Tensor] = {}
+
+    def one(t: torch.Tensor) -> torch.Tensor:
+        if t.layout != torch.strided or t.numel() == 0:
+            return t.to(device, copy=True)
+        ptr = t.untyped_storage().data_ptr()
+        whole = t.storage_offset() == 0 and t.untyped_storage().nbytes() == t.numel() * t.element_size()
+        if uses.get(ptr, 0) < 2 and whole and (t.is_contiguous() or is_non_overlapping_and_dense(t)):
+            return t.to(device, copy=True)
+        if ptr not in copies:
+            copies[ptr] = _whole_storage(t).to(device, copy=True)
+        return copies[ptr].as_strided(t.shape, t.stride(), t.storage_offset())
+
+    return clone_sample(sample, one, device)
+
+
+def clone_sample(sample: Any, fn: Callable[[torch.Tensor], torch.Tensor], device: str | torch.device | None = None) -> Any:
+    """Copy a sample's tensors through ``fn``; schema-generated ``device`` arguments become
+    ``device`` (the CPU for the reference run, the target's device for the target run). A tensor
+    passed twice (``cat([x, y], out=x)``) is copied once, so the copies alias as the originals do."""
+    from conformance.inputs.schema import DeviceArg
+
+    done: dict[int, torch.Tensor] = {}
+
+    def one(t: Any) -> Any:
+        if isinstance(t, torch.Tensor):
+            if id(t) not in done:
+                done[id(t)] = fn(t.detach())
+            return done[id(t)]
+        if isinstance(t, DeviceArg):
+            return torch.device(device or "cpu")
+        return t
+
+    if device is None and not _has_device_arg(sample):
+        return sample.transform(one)
+    mapped = _map_sample(sample, one)
+    # Factory samples name the device they were generated for ("cpu"): the target run must
+    # create its tensors on the target, or it would silently be a CPU-vs-CPU comparison.
+    if device is not None and _is_cpu(mapped.kwargs.get("device")):
+        mapped.kwargs["device"] = torch.device(device)
+    return mapped
+
+
+def _is_cpu(value: Any) -> bool:
+    return (isinstance(value, str) and value == "cpu") or (isinstance(value, torch.device) and value.type == "cpu")
+
+
+def _has_device_arg(sample: Any) -> bool:
+    from conformance.inputs.schema import DeviceArg
+
+    return any(isinstance(v, DeviceArg) for v in list(sample.args) + list(sample.kwargs.values()))
+
+
+def _map_sample(sample: Any, one: Callable[[Any], Any]) -> Any:
+    def walk(v: Any) -> Any:
+        if isinstance(v, (list, tuple)):
+            return type(v)(walk(x) for x in v)
+        return one(v)
+
+    return type(sample)(walk(sample.input), args=tuple(walk(a) for a in sample.args),
+                        kwargs={k: walk(v) for k, v in sample.kwargs.items()})
+
+
+def out_like(value: Any, device: str | torch.device, sized: bool = False) -> Any:
+    """Empty ``out=`` tensors for the result ``value`` (the kernel resizes them), or with its
+    shapes when ``sized``."""
+    def one(v: torch.Tensor) -> torch.Tensor:
+        return torch.empty(v.shape if sized else 0, dtype=v.dtype, device=device)
+
+    if isinstance(value, torch.Tensor):
+        return one(value)
+    if isinstance(value, (tuple, list)) and all(isinstance(v, torch.Tensor) for v in value):
+        return tuple(one(v) for v in value)
+    raise TypeError(f"cannot build out= tensors for {type(value).__name__}")
+
+
+def invoke(fn: Callable[..., Any], variant: str, s: Any, device: str | torch.device, cpu_result: Any,
+            sized_out: bool = False) -> Any:
+    """Call ``fn`` on sample ``s``. ``sized_out``: ``out=`` tensors come with the result's shapes,
+    for a compiler (dynamo breaks the graph on an ``out=`` it must resize, and runs it eager)."""
+    if variant == "out":
+        out = out_like(cpu_result, device, sized_out)
+        ret = fn(s.input, *s.args, **s.kwargs, out=out)
+        return out if ret is None else ret
+    return fn(s.input, *s.args, **s.kwargs)
+
+
+def to_cpu(value: Any) -> Any:
+    return tree_map(lambda x: x.detach().to("cpu", copy=True) if isinstance(x, torch.Tensor) else x, value)
+
+
+def run_item(target: Target, info: Any, variant: str, sample: Any, *, want_arbiter: bool = True,
+             traced: bool = True, computed: Any = None) -> Outcome:
+    """Run one sample of one OpInfo variant on the CPU and on ``target``. ``traced=False`` runs
+    the target's call outside its op trace (no overloads are named): for checking whether the
+    trace itself changed the result (:func:`conformance.sweep.evaluate` does). ``computed``: on
+    a compiler target, the sample's result from a compiled batch
+    (:class:`conformance.check.batching.Computed`), taken instead of compiling the item on its own."""
+    fn = variant_fn(info, variant)
+    if fn is None:
+        return Outcome(cpu_error=f"OpInfo {info.name} has no {variant} variant")
+    out = Outcome()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        phase("cpu")
+        try:
+            # A copy: the call may change its inputs (in-place variants, batch norm's running
+            # statistics), and the target must start from the sample as generated.
+            s_cpu = on_device(sample, "cpu")
+            ref = invoke(info.op, "function", s_cpu, "cpu", None) if variant == "out" else None
+            # a compiler target's out= tensors come sized (below): the CPU gets the same kind, so
+            # that the layouts compared are of one call (an empty out= is restrided by the kernel,
+            # a sized one is kept: linalg.inv's result is column-major in one, row-major in the other)
+            out.cpu = invoke(fn, variant, s_cpu, "cpu", ref, sized_out=target.compiler)
+            out.cpu_sample = s_cpu
+        except Exception as exc:  # noqa: BLE001 - the CPU reference failed: the item is skipped
+            out.cpu_error = err(exc)
+            return out
+        dev = target.device
+        phase("target")
+        trace = None
+        try:
+            if computed is not None and target.compiler:  # the sample's share of a compiled batch
+                s_dev, result = computed.sample, computed.result
+                out.duration_s, out.proof = computed.duration_s, dict(computed.proof)
+                with target.standing_for(computed.record):
+                    trace = _eager_trace(target, lambda: invoke(fn, variant, on_device(sample, dev), dev, out.cpu))
+            elif target.compiler:  # compiled with no dispatch mode active; ops traced on an eager run
+                s_dev = on_device(sample, dev)
+                wrapped = target.wrap(fn)
+                t0 = time.perf_counter()
+                result = invoke(wrapped, variant, s_dev, dev, out.cpu, sized_out=True)
+                target.synchronize()
+                out.duration_s = time.perf_counter() - t0
+                out.proof = proof(target, result)
+                trace = _eager_trace(target, lambda: invoke(
+                    fn, variant, on_device(sample, dev), dev, out.cpu, sized_out=True))
+            else:
+                s_dev = on_device(sample, dev)
+                wrapped = target.wrap(fn)
+                with target.trace() if traced else contextlib.nullcontext() as trace:
+                    t0 = time.perf_counter()
+                    result = invoke(wrapped, variant, s_dev, dev, out.cpu)
+                    target.synchronize()
+                    out.duration_s = time.perf_counter() - t0
+                out.proof = proof(target, result)
+            out.device_meta = [Meta.of(x) for x in leaves(result) if isinstance(x, torch.Tensor)]
+            out.device_result, out.device_sample = result, s_dev
+            out.target = to_cpu(result)
+            out.native, out.fallback, out.reached = _trace_of(trace)
+        except Exception as exc:  # noqa: BLE001 - any target failure is evidence
+            out.target_error = err(exc)
+            out.proof = out.proof or proof(target, None)
+            out.native, out.fallback, out.reached = _trace_of(trace)
+            return out
+    if want_arbiter and sample_dtype(sample) in _FLOAT_LOW:
+        out.arbiter = lambda: _arbiter(fn, variant, info, sample)
+    return out
+
+
+def trace_changes_cpu(info: Any, variant: str, sample: Any, tries: int = 3) -> bool:
+    """Whether running this item under a dispatch mode that only forwards every call changes its
+    result on the CPU (bit for bit, NaN equal to NaN), in any of ``tries`` traced calls.
+
+    PyTorch itself runs some ops differently under any ``TorchDispatchMode`` (torch 2.13:
+    ``linalg.matrix_rank(..., out=)`` with tensor tolerances leaves ``out`` unwritten), and an
+    eager target's op trace is one. Asked of the CPU, not of the target, so that a target whose
+    results vary from call to call is never taken for a trace effect."""
+    fn = variant_fn(info, variant)
+    if fn is None:
+        return False
+
+    def call() -> Any:
+        s = on_device(sample, "cpu")
+        ref = invoke(info.op, "function", s, "cpu", None) if variant == "out" else None
+        return to_cpu(invoke(fn, variant, s, "cpu", ref))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            plain = call()
+            for _ in range(tries):
+                with Dispatched(OpTrace()):
+                    traced = call()
+                if not bitwise_equal(plain, traced):
+                    return True
+        except Exception:  # noqa: BLE001 - a reference that fails here says nothing about the trace
+            return False
+    return False
+
+
+def _eager_trace(target: Target, call: Callable[[], Any]) -> Any:
+    """The overloads an eager run of the item reaches on ``target`` (how a compiler target's
+    item names its ops). It only names ops: a failure here is not the compiled result's."""
+    trace = None
+    try:
+        with target.trace() as trace:
+            call()
+    except Exception:  # noqa: BLE001 - the ops reached until the failure are still named
+        pass
+    return trace
+
+
+def proof(target: Target, result: Any) -> dict[str, Any]:
+    """Evidence that ``target`` ran the item: the devices of its outputs and, for a compiler
+    target, what its backend compiled."""
+    devices = sorted({str(x.device) for x in leaves(result) if isinstance(x, torch.Tensor)})
+    compiled = target.compiled()
+    return {"device": devices, **(compiled.evidence() if compiled is not None else {})}
+
+
+def _trace_of(trace: Any) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    if trace is None:
+        return (), (), ()
+    return tuple(sorted(trace.native)), tuple(sorted(trace.fallback)), tuple(sorted(trace.reached))
+
+
+def sample_dtype(sample: Any) -> torch.dtype | None:
+    for x in leaves((sample.input, sample.args, sample.kwargs)):
+        if isinstance(x, torch.Tensor):
+            return x.dtype
+    return None
+
+
+def _arbiter(fn: Callable[..., Any], variant: str, info: Any, sample: Any) -> Any:
+    """The same sample computed in float64 on the CPU (None when the op cannot)."""
+    def up(t: torch.Tensor) -> torch.Tensor:
+        return t.to(torch.float64, copy=True) if t.dtype in _FLOAT_LOW else t.clone()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            s64 = clone_sample(sample, up)
+            ref = None
+            if variant == "out":
+                ref = invoke(info.op, "function", clone_sample(s64, torch.clone), "cpu", None)
+            return invoke(fn, variant, s64, "cpu", ref)
+        except Exception:  # noqa: BLE001 - no arbiter for this sample
+            return None
+
+
+def signature(sample: Any) -> str:
+    """A compact shape/dtype/stride signature of a sample, e.g. ``f32[3,4]{4,1}, f32[4]; alpha=2``."""
+    parts = []
+    for x in leaves((sample.input, sample.args)):
+        parts.append(_sig(x))
+    kw = ", ".join(f"{k}={_sig(v)}" for k, v in sample.kwargs.items())
+    return ", ".join(parts) + (f"; {kw}" if kw else "")
+
+
+_SHORT = {torch.float32: "f32", torch.float64: "f64", torch.bfloat16: "bf16", torch.float16: "f16",
+          torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8", torch.uint8: "u8",
+          torch.bool: "b8", torch.complex64: "c64", torch.complex128: "c128"}
+
+
+def _sig(x: Any) -> str:
+    if isinstance(x, torch.Tensor):
+        shape = ",".join(map(str, x.shape))
+        s = f"{_SHORT.get(x.dtype, str(x.dtype))}[{shape}]"
+        if x.layout == torch.strided and not x.is_contiguous() and x.dim() > 1:
+            s += "{" + ",".join(map(str, x.stride())) + "}"
+        return s
+    if isinstance(x, (list, tuple)):
+        return "(" + ",".join(_sig(v) for v in x) + ")"
+    r = repr(x)
+    return r if len(r) < 40 else r[:37] + "..."
+
+
+def grad_inputs(sample: Any) -> list[torch.Tensor]:
+    return [x for x in leaves((sample.input, sample.args, sample.kwargs))
+            if isinstance(x, torch.Tensor) and x.requires_grad]
+
+
+def leafify(sample: Any, device: str | torch.device) -> Any:
+    return sample.transform(lambda t: t.detach().to(device, copy=True).requires_grad_(t.requires_grad)
+                            if isinstance(t, torch.Tensor) else t)
+
+
+def backward_grads(fn: Callable[..., Any], sample: Any, upstream: list[torch.Tensor] | None, device: str | torch.device
+              ) -> tuple[list[Any], list[torch.Tensor]]:
+    out = fn(sample.input, *sample.args, **sample.kwargs)
+    outs = [o for o in leaves(out) if isinstance(o, torch.Tensor) and o.requires_grad]
+    if not outs:
+        raise ValueError("no differentiable output")
+    if upstream is None:
+        gen = torch.Generator().manual_seed(len(outs))
+        upstream = [torch.randn(o.shape, generator=gen, dtype=torch.float32).to(o.dtype) for o in outs]
+    grads = torch.autograd.grad(outs, grad_inputs(sample), [g.to(device) for g in upstream], allow_unused=True)
+    return list(grads), upstream
+
+
+def run_backward(target: Target, info: Any, sample: Any, *, computed: Any = None) -> Outcome:
+    """Forward + backward of one sample (generated with requires_grad) on the CPU and on the
+    target, with the same upstream gradient; the results compared are the input gradients.
+    ``computed``: the target's gradients from a compiled batch (see :func:`run_item`)."""
+    out = Outcome()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        phase("cpu")
+        try:
+            grads, upstream = backward_grads(info.op, leafify(sample, "cpu"), None, "cpu")
+            out.cpu = grads
+        except Exception as exc:  # noqa: BLE001 - no CPU reference gradient: the item is skipped
+            out.cpu_error = err(exc)
+            return out
+        dev = target.device
+        trace = None
+        phase("target")
+        try:
+            if computed is not None and target.compiler:  # the sample's share of a compiled batch
+                s_dev, grads_dev = computed.sample, computed.result
+                out.duration_s, out.proof = computed.duration_s, dict(computed.proof)
+                with target.standing_for(computed.record):
+                    trace = _eager_trace(target, lambda: backward_grads(info.op, leafify(sample, dev), upstream, dev))
+            elif target.compiler:  # see run_item: compiled untraced, ops traced on an eager run
+                s_dev = leafify(sample, dev)
+                wrapped = target.wrap(info.op)
+                t0 = time.perf_counter()
+                grads_dev, _ = backward_grads(wrapped, s_dev, upstream, dev)
+                target.synchronize()
+                out.duration_s = time.perf_counter() - t0
+                out.proof = proof(target, grads_dev)
+                trace = _eager_trace(target, lambda: backward_grads(info.op, leafify(sample, dev), upstream, dev))
+            else:
+                s_dev = leafify(sample, dev)
+                wrapped = target.wrap(info.op)
+                with target.trace() as trace:
+                    t0 = time.perf_counter()
+                    grads_dev, _ = backward_grads(wrapped, s_dev, upstream, dev)
+                    target.synchronize()
+                    out.duration_s = time.perf_counter() - t0
+                out.proof = proof(target, grads_dev)
+            out.device_meta = [Meta.of(g) for g in grads_dev if isinstance(g, torch.Tensor)]
+            out.device_result = grads_dev
+            out.target = to_cpu(grads_dev)
+            out.native, out.fallback, out.reached = _trace_of(trace)
+        except Exception as exc:  # noqa: BLE001
+            out.target_error = err(exc)
+            out.proof = out.proof or proof(target, None)
+            out.native, out.fallback, out.reached = _trace_of(trace)
+    return out

@@ -1,0 +1,290 @@
+"""Tolerances and expected failures, loaded from validated TOML (``conformance/data/ledger.toml``).
+
+Every entry carries its reason (and optionally an issue link and an expiry date), so a report
+can show why a tolerance was widened or a failure is expected.
+
+Example::
+
+    >>> from conformance.check.ledger import Ledger
+    >>> led = Ledger.from_toml('''
+    ... [[override]]
+    ... op = "cumsum"
+    ... dtype = "bfloat16"
+    ... rtol = 0.05
+    ... atol = 0.01
+    ... reason = "accumulates in bf16"
+    ... ''', source="inline.toml")
+    >>> tol = led.tolerance("cumsum", "function", "bfloat16", "neuron-emu")
+    >>> tol.rtol, tol.source
+    (0.05, 'inline.toml:override[0] (accumulates in bf16)')
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import difflib
+import fnmatch
+import functools
+import math
+import tomllib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from conformance.inputs.opinfo import SPARSE_VARIANTS
+from opdb.status import EXPECTABLE
+
+DEFAULT_LEDGER = Path(__file__).parent / "data" / "ledger.toml"
+DTYPES = ("float64", "float32", "bfloat16", "float16", "complex64", "complex128", "int64", "int32",
+          "int16", "int8", "uint8", "bool")
+VARIANTS = ("function", "inplace", "out", "backward", *SPARSE_VARIANTS, "schema", "canary", "model", "*")
+STATUSES = EXPECTABLE  # the failing statuses an xfail entry may accept
+
+# torch.testing.assert_close defaults, the baseline every override starts from.
+_TORCH_DEFAULTS = {
+    "float16": (1e-3, 1e-5), "bfloat16": (1.6e-2, 1e-5), "float32": (1.3e-6, 1e-5),
+    "float64": (1e-7, 1e-7), "complex64": (1.3e-6, 1e-5), "complex128": (1e-7, 1e-7),
+}
+
+
+class LedgerError(ValueError):
+    """A malformed ledger entry; the message names file, key and value."""
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    atol: float
+    rtol: float
+    source: str
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One ledger entry: a tolerance (default/override) or an expected failure."""
+
+    kind: str  # default | override | xfail
+    index: int
+    source: str
+    op: str = "*"
+    dtype: str = "*"
+    target: str = "*"
+    variant: str = "*"
+    atol: float | None = None
+    rtol: float | None = None
+    statuses: tuple[str, ...] = STATUSES
+    reason: str = ""
+    issue: str = ""
+    expires: dt.date | None = None
+
+    def matches(self, op: str, variant: str, dtype: str, target: str) -> bool:
+        return (fnmatch.fnmatchcase(op, self.op) and fnmatch.fnmatchcase(dtype, self.dtype)
+                and fnmatch.fnmatchcase(target, self.target) and fnmatch.fnmatchcase(variant, self.variant))
+
+    @property
+    def where(self) -> str:
+        return f"{self.source}:{self.kind}[{self.index}]"
+
+    def expired(self, today: dt.date | None = None) -> bool:
+        return self.expires is not None and self.expires < (today or dt.date.today())
+
+
+_FIELDS = {
+    "default": {"dtype", "target", "atol", "rtol", "reason", "issue", "expires"},
+    "override": {"op", "dtype", "target", "variant", "atol", "rtol", "reason", "issue", "expires"},
+    "xfail": {"op", "dtype", "target", "variant", "status", "reason", "issue", "expires"},
+}
+
+
+def _bad(source: str, key: str, value: Any, accepted: str) -> LedgerError:
+    return LedgerError(f"{source}: {key} = {value!r} is not valid; expected {accepted}")
+
+
+def _entry(kind: str, index: int, raw: Any, source: str) -> Entry:
+    where = f"{kind}[{index}]"
+    if not isinstance(raw, dict):
+        raise _bad(source, where, raw, "a table")
+    unknown = set(raw) - _FIELDS[kind]
+    if unknown:
+        key = sorted(unknown)[0]
+        raise _bad(source, f"{where}.{key}", raw[key], f"one of the keys {sorted(_FIELDS[kind])}")
+    reason = raw.get("reason")
+    if kind != "default" and (not isinstance(reason, str) or not reason.strip()):
+        raise _bad(source, f"{where}.reason", reason, "a non-empty string saying why")
+    values: dict[str, Any] = {}
+    for key in ("op", "target", "issue"):
+        if key in raw:
+            if not isinstance(raw[key], str) or not raw[key]:
+                raise _bad(source, f"{where}.{key}", raw[key], "a non-empty string")
+            values[key] = raw[key]
+    if "dtype" in raw:
+        d = raw["dtype"]
+        if not isinstance(d, str) or not any(fnmatch.fnmatchcase(x, d) for x in DTYPES):
+            raise _bad(source, f"{where}.dtype", d, f"a dtype name or glob over {', '.join(DTYPES)}")
+        values["dtype"] = d
+    if "variant" in raw:
+        if raw["variant"] not in VARIANTS:
+            raise _bad(source, f"{where}.variant", raw["variant"], f"one of {', '.join(VARIANTS)}")
+        values["variant"] = raw["variant"]
+    for key in ("atol", "rtol"):
+        if key in raw:
+            v = raw[key]
+            # inf or nan would turn every mismatch into a pass (nan compares false both ways)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise _bad(source, f"{where}.{key}", v, "a finite number >= 0")
+            values[key] = float(v)
+    if kind in ("default", "override") and "atol" not in values and "rtol" not in values:
+        raise _bad(source, f"{where}", raw, "at least one of atol, rtol")
+    if "status" in raw:
+        st = raw["status"]
+        st = [st] if isinstance(st, str) else st
+        if not isinstance(st, list) or not st or any(s not in STATUSES for s in st):
+            raise _bad(source, f"{where}.status", raw["status"], f"one or more of {', '.join(STATUSES)}")
+        values["statuses"] = tuple(st)
+    if "expires" in raw:
+        e = raw["expires"]
+        if isinstance(e, str):
+            try:
+                e = dt.date.fromisoformat(e)
+            except ValueError:
+                raise _bad(source, f"{where}.expires", raw["expires"], "a date like 2027-01-31") from None
+        if not isinstance(e, dt.date):
+            raise _bad(source, f"{where}.expires", e, "a date like 2027-01-31")
+        values["expires"] = e
+    return Entry(kind=kind, index=index, source=source, reason=(reason or "").strip(), **values)
+
+
+# -- op names: an entry for an op that does not exist is a typo that silently matches nothing ------
+# Which names an item's ``op`` holds depends on its variant: OpInfo names (function, inplace, out,
+# backward and the canaries), ATen overloads for schema-driven items, model ids for model graphs.
+_NAMESPACES: dict[str, tuple[str, ...]] = {
+    "function": ("opinfo",), "inplace": ("opinfo",), "out": ("opinfo",), "backward": ("opinfo",),
+    "canary": ("opinfo",), "schema": ("aten",), "model": ("model",), "*": ("opinfo", "aten", "model"),
+}
+_WHAT = {"opinfo": "an OpInfo name (e.g. 'cumsum', 'nn.functional.gelu')",
+         "aten": "an ATen overload (e.g. 'aten::add.Tensor')",
+         "model": "a model id (e.g. 'mlp.*', 'hf.gpt2')"}
+
+
+@functools.cache
+def _opinfo_names() -> tuple[str, ...]:
+    from conformance.inputs.opinfo import by_name
+
+    return tuple(sorted(by_name()))
+
+
+@functools.cache
+def _aten_names() -> tuple[str, ...]:
+    from conformance.catalog.overloads import aten_names
+
+    return tuple(aten_names())
+
+
+@functools.cache
+def _model_ids() -> tuple[str, ...]:
+    # The HF architectures come from the harness's own table, so the answer does not depend on
+    # whether transformers is installed here.
+    from conformance.models.hf import ARCHS
+    from conformance.models.registry import enumerate_graphs
+
+    return tuple(g.model_id for g in enumerate_graphs()) + tuple(f"hf.{t}" for t in ARCHS)
+
+
+NAMES: dict[str, Callable[[], Sequence[str]]] = {"opinfo": _opinfo_names, "aten": _aten_names, "model": _model_ids}
+
+
+def _check_op(e: Entry) -> None:
+    """Refuse an override or xfail whose op (glob) names no op its variant's items can carry."""
+    if e.op == "*":
+        return
+    spaces = _NAMESPACES[e.variant]
+    names = [n for space in spaces for n in NAMES[space]()]
+    if any(ch in e.op for ch in "*?["):
+        if any(fnmatch.fnmatchcase(n, e.op) for n in names):
+            return
+    elif e.op in set(names):
+        return
+    close = difflib.get_close_matches(e.op, names, n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    accepted = " or ".join(_WHAT[s] for s in spaces)
+    raise _bad(e.source, f"{e.kind}[{e.index}].op", e.op,
+               f"{accepted} that exists{' for variant ' + repr(e.variant) if e.variant != '*' else ''}, "
+               f"or a glob matching one{hint}")
+
+
+@dataclass(frozen=True)
+class Ledger:
+    defaults: tuple[Entry, ...] = ()
+    overrides: tuple[Entry, ...] = ()
+    xfails: tuple[Entry, ...] = ()
+
+    @classmethod
+    def from_toml(cls, text: str, *, source: str) -> Ledger:
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise LedgerError(f"{source}: not valid TOML ({exc})") from None
+        unknown = set(data) - set(_FIELDS)
+        if unknown:
+            key = sorted(unknown)[0]
+            raise _bad(source, key, data[key], "tables named default, override or xfail")
+        parts: dict[str, tuple[Entry, ...]] = {}
+        for kind in _FIELDS:
+            raw = data.get(kind, [])
+            if not isinstance(raw, list):
+                raise _bad(source, kind, raw, f"an array of tables ([[{kind}]])")
+            parts[kind] = tuple(_entry(kind, i, r, source) for i, r in enumerate(raw))
+        for e in parts["override"] + parts["xfail"]:
+            _check_op(e)
+        return cls(defaults=parts["default"], overrides=parts["override"], xfails=parts["xfail"])
+
+    @classmethod
+    def load(cls, path: str | Path | None = None) -> Ledger:
+        p = Path(path) if path else DEFAULT_LEDGER
+        try:
+            text = p.read_text()
+        except OSError as exc:
+            raise LedgerError(f"{p}: cannot read ledger ({exc.strerror})") from None
+        return cls.from_toml(text, source=p.name if p == DEFAULT_LEDGER else str(p))
+
+    def tolerance(self, op: str, variant: str, dtype: str, target: str) -> Tolerance:
+        key = (op, variant, dtype, target)
+        cache = self.__dict__.setdefault("_cache", {})
+        if key not in cache:
+            cache[key] = self._tolerance(op, variant, dtype, target)
+        return cache[key]
+
+    def _tolerance(self, op: str, variant: str, dtype: str, target: str) -> Tolerance:
+        """The tolerance for one item: the last matching override, else the last matching
+        default, else torch.testing's default for the dtype (exact for non-float dtypes)."""
+        for group in (self.overrides, self.defaults):
+            for e in reversed(group):
+                if e.matches(op, variant, dtype, target) and not e.expired():
+                    base = torch_default(dtype)
+                    atol = e.atol if e.atol is not None else base.atol
+                    rtol = e.rtol if e.rtol is not None else base.rtol
+                    return Tolerance(atol, rtol, f"{e.where} ({e.reason})" if e.reason else e.where)
+        return torch_default(dtype)
+
+    def expected_failure(self, op: str, variant: str, dtype: str, target: str) -> Entry | None:
+        for e in reversed(self.xfails):
+            if e.matches(op, variant, dtype, target) and not e.expired():
+                return e
+        return None
+
+    def entries(self) -> tuple[Entry, ...]:
+        return self.defaults + self.overrides + self.xfails
+
+
+def torch_default(dtype: str) -> Tolerance:
+    """The tolerance every override starts from: torch.testing.assert_close's default, exact for ints."""
+    if dtype in _TORCH_DEFAULTS:
+        rtol, atol = _TORCH_DEFAULTS[dtype]
+        return Tolerance(atol, rtol, f"torch.testing default for {dtype}")
+    return Tolerance(0.0, 0.0, f"exact ({dtype})")
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")

@@ -1,0 +1,187 @@
+"""CLI commands of the op sweep: ``run``, ``repro``, ``ledger``."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from typing import Any
+
+import click
+
+from opdb import Store
+
+from . import (
+    EXIT_FAILURES,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    TARGETS,
+    UsageProblem,
+    check_build,
+    db_option,
+    handles_errors,
+    main,
+)
+
+# conformance.select.VARIANTS, spelt out so that the CLI's help needs no torch import (a test
+# keeps the two equal)
+CLI_VARIANTS = "function,inplace,out,backward,sparse_coo,sparse_csr,sparse_csc,sparse_bsr,sparse_bsc"
+
+
+@main.command("run")
+@click.option("--target", default="neuron-emu", show_default=True,
+              help=f"{TARGETS} (any device type torch knows, see --import)")
+@click.option("--import", "imports", multiple=True, metavar="MODULE",
+              help="Import this module first, in the supervisor and every worker (repeatable), "
+                   "e.g. --target device:neuron --import neuron_emu.")
+@click.option("--build", default=None, help="SDK build name or manifest .toml (neuron-emu).")
+@click.option("--ops", "ops", multiple=True, metavar="GLOB",
+              help="OpInfo name globs, or aten:: overload globs for schema-driven inputs (repeatable).")
+@click.option("--dtypes", "dtypes", multiple=True, metavar="LIST", help="Comma-separated dtype names (float32, bfloat16, int64, ...; aliases such as 'float' are refused).")
+@click.option("--thorough", is_flag=True, help="reference_inputs instead of sample_inputs.")
+@click.option("--variants", default=CLI_VARIANTS, show_default=True,
+              help="Comma-separated OpInfo variants to run (sparse_*: the OpInfo's own samples in that layout).")
+@click.option("--contracts", "contracts", multiple=True, metavar="LIST",
+              help="Contract checks besides values: metadata, aliasing, noncontiguous, variants, out, errors, "
+                   "determinism; 'all', 'none' or 'default' (all on an eager target; metadata, variants, "
+                   "determinism on a compiler target).")
+@click.option("--schema/--no-schema", "schema", default=None,
+              help="Schema-driven inputs for overloads no OpInfo reaches (default: on for a full sweep).")
+@click.option("--corpus/--no-corpus", "corpus", default=True, show_default=True,
+              help="Replay the schema search's stored inputs per overload (opdb schema_corpus) and search only "
+                   "where none are stored or the overload's schema, CPU kernels or torch changed; "
+                   "--no-corpus searches every overload and stores nothing.")
+@click.option("--models", "models", multiple=True, metavar="FAMILY|all|hf",
+              help="Run model graphs of these families (alone: models only).")
+@click.option("--model-limit", type=int, default=None, help="At most this many graphs per family.")
+@click.option("--model-modes", default="eager,compile", show_default=True,
+              help="Model items per graph: eager (parity, grads, training), compile (+ shape sweep, latency).")
+@click.option("-n", "--workers", default=2, show_default=True, type=click.IntRange(1, 64),
+              help="Worker processes running items in parallel (each isolated: a crash or hang loses one item).")
+@click.option("--shard", default="1/1", show_default=True, metavar="K/N",
+              help="Run every N-th group starting at the K-th (1 <= K <= N; an empty shard is refused).")
+@click.option("--resume", "resume", default=None, metavar="RUN_ID", help="Continue an interrupted run.")
+@click.option("--run-id", default=None, help="Label the run (shards of one run share an id and its spec; a recorded shard is refused).")
+@click.option("--timeout", "timeout_s", default=60.0, show_default=True, help="Seconds per item (finite, above 0).")
+@click.option("--max-samples", type=int, default=None, help="At most this many samples per op x dtype (1 or more).")
+@click.option("--compile-batch", "compile_batch", type=int, default=None,
+              help="Compiler targets (inductor, ...): compile up to this many samples of an op x dtype as one graph, "
+                   "bisecting a batch that fails; 1: one graph per item. Verdicts are the same either way. "
+                   "Default: the target's (16 on inductor, inductor-strict and onnxruntime; 1 on openvino, "
+                   "where batches measured no faster).")
+@click.option("--ledger", default=None, type=click.Path(dir_okay=False), help="Tolerance/xfail ledger TOML.")
+@click.option("--seed", type=int, default=None,
+              help="Seed of the generated inputs (default: the fixed seed every run shares, so runs compare).")
+@click.option("--exit-zero", is_flag=True, help="Exit 0 when the run completes, whatever it found.")
+@click.option("--quiet", is_flag=True, help="No progress line.")
+@db_option(default="results/opdb.sqlite")
+@handles_errors
+def run_cmd(variants: str, schema: bool | None, model_modes: str, resume: str | None, exit_zero: bool, quiet: bool,
+            db_path: str, **spec_fields: Any) -> None:
+    """Sweep every OpInfo x dtype x variant x sample on a target against the CPU.
+
+    The summary and the exit code are about the whole run (a resumed run's earlier sessions
+    included); a run that records no item exits 2. What workers print is stored with the item
+    it belongs to (result column ``output``), not shown here.
+
+    Example: conformance run --target neuron-emu --build 2.33.0 --ops "nn.functional.*" -n 2
+    """
+    check_build(spec_fields["target"], spec_fields["build"])  # before the imports below load torch
+    from conformance.run.runner import RunSpec, execute_run, stderr_progress
+
+    # the options named like a RunSpec field go to it as they are (a new run option is a field
+    # and an option of the same name); these are derived from several options or parsed
+    ops, models = spec_fields["ops"], spec_fields["models"]
+    opinfo = bool(ops) or not models
+    if schema is None:
+        schema = opinfo and not ops  # the full default sweep covers every overload it can
+    spec_fields["contracts"] = spec_fields["contracts"] or ("default",)
+    spec = RunSpec(**spec_fields, opinfo=opinfo, schema=schema, variants=_variants(variants),
+                   model_modes=_modes(model_modes))
+    summary = execute_run(spec, db_path, resume=resume, progress=None if quiet else stderr_progress())
+    click.echo(summary.render())
+    if summary.infra:
+        sys.exit(EXIT_USAGE)
+    if summary.interrupted:
+        click.echo(f"interrupted; continue with: conformance run --resume {summary.run_id} --db {db_path}")
+        sys.exit(EXIT_INTERRUPTED)
+    sys.exit(EXIT_OK if exit_zero or not summary.failures else EXIT_FAILURES)
+
+
+def _variants(text: str) -> tuple[str, ...]:
+    from conformance.select import VARIANTS
+
+    chosen = tuple(v.strip() for v in text.split(",") if v.strip())
+    bad = [v for v in chosen if v not in VARIANTS]
+    if bad or not chosen:
+        raise UsageProblem(f"--variants {text!r}: unknown variant {bad[0] if bad else ''!r}; "
+                           f"expected some of {', '.join(VARIANTS)}")
+    return chosen
+
+
+def _modes(text: str) -> tuple[str, ...]:
+    chosen = tuple(m.strip() for m in text.split(",") if m.strip())
+    if not chosen or any(m not in ("eager", "compile") for m in chosen):
+        raise UsageProblem(f"--model-modes {text!r}: expected eager, compile or both")
+    return chosen
+
+
+@main.command("repro")
+@click.argument("result_id", type=int)
+@click.option("--out", "out_dir", default="repro", show_default=True, type=click.Path(file_okay=False),
+              help="Folder to write the script and its saved inputs into (created if missing).")
+@db_option(default="results/opdb.sqlite")
+@handles_errors
+def repro_cmd(result_id: int, out_dir: str, db_path: str) -> None:
+    """Write a standalone script (inputs saved next to it) that reproduces one result.
+
+    Example: conformance repro 1234 --db results/opdb.sqlite  (prints the command that runs the script)
+    """
+    from conformance.triage.repro import write_repro
+
+    with Store.open(db_path, create=False) as st:
+        script = write_repro(st, result_id, out_dir)
+    # the interpreter running this command has torch and the target's package; a bare `python`
+    # (the system's, outside the virtual environment) has neither
+    click.echo(f"wrote {script} (run: {shlex.join([sys.executable, str(script)])})")
+
+
+@main.group("ledger")
+def ledger_group() -> None:
+    """Tolerance ledger and expected failures.
+
+    Example: conformance ledger check conformance/data/ledger.toml
+    """
+
+
+@ledger_group.command("check")
+@click.argument("path", required=False, type=click.Path(dir_okay=False))
+@handles_errors
+def ledger_check(path: str | None) -> None:
+    """Validate a ledger file (default: the shipped one).
+
+    Example: conformance ledger check my-ledger.toml
+    """
+    from conformance.check.ledger import Ledger
+
+    led = Ledger.load(path)
+    click.echo(f"ok: {len(led.defaults)} defaults, {len(led.overrides)} overrides, {len(led.xfails)} expected failures")
+
+
+@ledger_group.command("propose")
+@click.option("--run", "run_id", required=True, metavar="RUN_ID", help="The stored run whose mismatches to read.")
+@click.option("--max-rel", default=0.1, show_default=True, help="Propose nothing for errors above this.")
+@db_option(default="results/opdb.sqlite")
+@handles_errors
+def ledger_propose(run_id: str, max_rel: float, db_path: str) -> None:
+    """Suggest tolerance overrides (TOML on stdout) from a run's stored mismatch evidence.
+
+    Example: conformance ledger propose --run 20261130T120000-neuron-emu-2.33.0-ab12cd >> my-ledger.toml
+    """
+    from conformance.triage.ledger_review import propose_overrides
+
+    with Store.open(db_path, create=False) as st:
+        proposal = propose_overrides(st, run_id, max_rel=max_rel)
+    for block in proposal.overrides:
+        click.echo(block)
+    click.echo(proposal.summary())

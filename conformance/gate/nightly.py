@@ -1,0 +1,243 @@
+"""The nightly pipeline: for each build (oldest first) run the op sweep, the schema-driven
+coverage pass and the model corpus into one opdb; compute coverage; render the site; gate each
+build against the previous one.
+
+Each stage is a plain function over one open store, run in order (like nox's workflow); the
+nightly opens the store once. Shards of a nightly run in separate processes into separate
+databases; after the merge, ``--finish`` runs the stages after the sweeps on the merged one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from conformance.run.runner import Summary, check, config_difference, run_into, stored_summary
+from conformance.run.spec import RunSpec
+from conformance.run.supervisor import start_worker_server
+from conformance.select import SelectionError
+from conformance.targets import BuildRef
+from opdb import Store
+
+Echo = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class NightlySpec:
+    """A nightly: the run spec every build's sweep starts from, plus what only a nightly has."""
+
+    run: RunSpec = RunSpec(models=("all",), schema=True)  # its build and run id are set per build
+    builds: tuple[BuildRef, ...] = ()  # default: every build the target ships, oldest first
+    # the builds' run ids are ``{prefix}-{build}``: shards of one nightly share them, and a nightly
+    # is resumed by its prefix (run_nightly picks one when none is given)
+    run_id_prefix: str | None = None
+    site: str | None = "results/site"
+    gate: bool = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "builds", tuple(BuildRef.parse(b) for b in self.builds))
+
+    def run_for(self, build: BuildRef) -> RunSpec:
+        run_id = f"{self.run_id_prefix}-{build}".replace("/", "_") if self.run_id_prefix else None
+        return self.run.replace(build=build, run_id=run_id)
+
+
+@dataclass
+class NightlyResult:
+    runs: dict[str, str] = field(default_factory=dict)  # build -> run id
+    summaries: dict[str, Summary] = field(default_factory=dict)
+    gate_exit: int = 0
+    site: Path | None = None
+    coverage: dict[str, str] = field(default_factory=dict)  # run id -> "exercised/reachable (pct)"
+    gates: list[str] = field(default_factory=list)  # one line per gate pair
+    prefix: str | None = None  # the nightly's run id prefix: what ``--resume`` takes
+    interrupted: str | None = None  # the build whose sweep was interrupted: the nightly stopped there
+
+    def summary_lines(self) -> list[str]:
+        """The nightly's last words: one line per build, per gate pair, and where the report is."""
+        lines = ["== nightly summary =="]
+        for build, run_id in self.runs.items():
+            s = self.summaries.get(build)
+            counts = f"{s.items:,} items, {s.failures:,} failing, {s.counts.get('pass_fallback', 0):,} pass on the " \
+                     f"CPU fallback, " + (f"{s.wall_s / 60:.1f} min" if s.session_items or not s.items
+                                         else "swept by an earlier session") if s is not None else "merged"
+            if s is not None and s.infra:
+                counts = f"INFRA: {s.infra}"
+            cov = self.coverage.get(run_id)
+            lines.append(f"  {build:<10} {counts}" + (f"; coverage {cov}" if cov else "") + f"  [{run_id}]")
+        lines += [f"  {g}" for g in self.gates]
+        if self.site is not None:
+            lines.append(f"  report: {self.site / 'index.html'}")
+        return lines
+
+
+def default_builds(target: str) -> tuple[BuildRef, ...]:
+    from conformance.targets import REGISTRY, get_target
+
+    get_target("cpu")  # loads the registry
+    cls = REGISTRY.get(target)
+    builds = cls.available_builds() if cls is not None else ()
+    return tuple(BuildRef(b) for b in builds) or (BuildRef(),)
+
+
+def run_nightly(spec: NightlySpec, db_path: str | os.PathLike[str], progress: Callable[[str], None] | None = None,
+                echo: Echo = print, *, resume: str | None = None) -> NightlyResult:
+    """Sweep every build, then the stages after the sweeps. Interrupted (Ctrl-C, SIGTERM) in a
+    build's sweep, the nightly stops there (``result.interrupted``): no later build is swept and no
+    coverage, gate or report is made of unfinished runs. ``resume``: the prefix of a nightly in
+    this database; its finished builds are kept, its interrupted one resumes, the rest run."""
+    result = NightlyResult()
+    start_worker_server()  # its imports (torch, the OpInfo db, the device) overlap with the check's
+    check(spec.run)  # a bad selection is refused before the database is created
+    if resume:
+        spec = dataclasses.replace(spec, run_id_prefix=resume)
+    elif spec.run_id_prefix is None:
+        from opdb.store import new_run_id
+
+        spec = dataclasses.replace(spec, run_id_prefix=new_run_id(spec.run.target, "nightly"))
+    result.prefix = spec.run_id_prefix
+    if resume and not Path(db_path).exists():
+        raise SelectionError(f"{db_path}: no such database, so no nightly {resume!r} to resume")
+    with Store.open(db_path) as store:
+        if resume:
+            _check_resumable(store, spec)
+        # named first: after a kill -9 this line is what --resume takes
+        echo(f"== nightly {result.prefix}" + (" (resumed) ==" if resume else " =="))
+        sweep_stage(spec, store, result, progress, echo, resume=bool(resume))
+        if result.interrupted is not None:
+            echo(f"nightly interrupted in the sweep of {result.interrupted}: nothing after it ran; continue it with "
+                 f"`conformance nightly --resume {result.prefix} --db {db_path}` and the same options")
+            return result
+        if spec.run.shard != "1/1":
+            echo(f"shard {spec.run.shard} done; merge the shard databases (conformance merge OUT IN...), then run "
+                 f"`conformance nightly --finish` on the merged one")
+            return result
+        finish_stages(store, spec, result, echo, run_ids=list(result.runs.values()), db_label=str(db_path))
+    return result
+
+
+def _check_resumable(store: Store, spec: NightlySpec) -> None:
+    """A nightly to resume: some build's run under its prefix, each started with this spec."""
+    builds = spec.builds or default_builds(spec.run.target)
+    found = [(b, run) for b in builds if (run := store.get_run(spec.run_for(b).run_id or "")) is not None]
+    if not found:
+        raise SelectionError(f"{store.path}: no nightly {spec.run_id_prefix!r} to resume (no run "
+                             f"{spec.run_for(builds[0]).run_id!r}); the prefix is printed when a nightly is interrupted")
+    for build, run in found:
+        differ = config_difference(RunSpec.from_run(run, workers=spec.run.workers).to_config(),
+                                   spec.run_for(build).replace(build=build.resolved()).to_config())
+        if differ is not None:
+            key, theirs, mine = differ
+            raise SelectionError(f"nightly {spec.run_id_prefix}: build {build} was started with {key}={theirs!r}, "
+                                 f"this command has {key}={mine!r}; resume it with the options it was started with")
+
+
+def finish_stages(store: Store, spec: NightlySpec, result: NightlyResult, echo: Echo = print,
+                  run_ids: Sequence[str] | None = None, db_label: str | None = None) -> None:
+    """The stages after the sweeps: coverage, gate, report (of the given runs; after a merge, of
+    the latest run of each build)."""
+    ids = list(run_ids) if run_ids is not None else _runs_to_finish(store, spec)
+    if run_ids is None:  # after a merge: the runs finished here are the merged ones
+        result.runs = {store.get_run(i)["build"]: i for i in ids}
+    echo("== coverage ==")
+    result.coverage = coverage_stage(store, ids, echo)
+    if spec.gate and len(ids) > 1:
+        echo("== gate: each build against the previous one ==")
+        result.gate_exit = gate_stage(store, ids, echo, verdicts=result.gates)
+    if spec.site:
+        echo("== report ==")
+        result.site = report_stage(store, Path(spec.site), db_label or str(store.path), echo)
+    for line in result.summary_lines():
+        echo(line)
+
+
+# -- the stages ----------------------------------------------------------------------------
+def sweep_stage(spec: NightlySpec, store: Store, result: NightlyResult, progress: Callable[[str], None] | None,
+                echo: Echo, *, resume: bool = False) -> None:
+    builds = spec.builds or default_builds(spec.run.target)
+    parts = [name for name, on in (("OpInfo sweep", spec.run.opinfo), ("schema search", spec.run.schema),
+                                   ("models", bool(spec.run.models))) if on]
+    for i, build in enumerate(builds, start=1):
+        run = spec.run_for(build)
+        stored = store.shard_status(run.run_id, run.shard) if resume and run.run_id else None
+        if stored == "finished":
+            echo(f"== sweep {i}/{len(builds)}: {spec.run.target} {build}: finished by an earlier session ==")
+            summary = stored_summary(store, run.run_id, run.shard)
+        else:
+            echo(f"== sweep {i}/{len(builds)}: {spec.run.target} {build} ({', '.join(parts)})"
+                 + (" resumed ==" if stored else " =="))
+            summary = run_into(run, store, progress=progress, resume=run.run_id if stored else None)
+            echo(summary.render(top=3))
+        result.runs[str(build)] = summary.run_id
+        result.summaries[str(build)] = summary
+        if summary.interrupted:
+            result.interrupted = str(build)
+            return
+
+
+def coverage_stage(store: Store, run_ids: Sequence[str], echo: Echo) -> dict[str, str]:
+    """Coverage of each run; returns run id -> its exercised share."""
+    import torch
+
+    from conformance.catalog import coverage
+    from conformance.catalog import overloads as catalog
+
+    if not store.count("ops", torch_version=torch.__version__):
+        store.store_catalog([o.row(torch.__version__) for o in catalog.overloads(with_opinfos=True)])
+    shares = {}
+    for rid in run_ids:
+        counts = coverage.compute(store, rid)
+        shares[rid] = coverage.reachable_share(counts)
+        echo(f"coverage of {rid}: backend-reachable overloads exercised {shares[rid]}; "
+             + ", ".join(f"{k}={v}" for k, v in sorted(counts.items())))
+    return shares
+
+
+def gate_stage(store: Store, run_ids: Sequence[str], echo: Echo, verdicts: list[str] | None = None) -> int:
+    """Gate each run against the previous one; returns the worst exit code (``verdicts`` gets
+    one line per pair)."""
+    from .core import GateError, run_gate
+    from .render import gate_links, summary_lines
+
+    worst = 0
+    for base, cand in zip(run_ids, run_ids[1:], strict=False):
+        try:
+            result = run_gate(store, base, cand)
+        except GateError as exc:
+            echo(f"gate {base} -> {cand}: INFRA: {exc}")
+            if verdicts is not None:
+                verdicts.append(f"gate {base} -> {cand}: INFRA")
+            worst = 2
+            continue
+        lines = summary_lines(result, gate_links(store, result, str(store.path)))
+        for line in lines:
+            echo(line)
+        if verdicts is not None:
+            verdicts.append(lines[0] + "; " + ", ".join(
+                f"{c} {len(result.of(c))}" for c in ("regression", "worsened", "drift", "flaky") if result.of(c)))
+        worst = max(worst, 1 if result.verdict == "fail" else 0)
+    return worst
+
+
+def report_stage(store: Store, site: Path, db_label: str, echo: Echo) -> Path:
+    from conformance.triage.upstream import known_by_target
+    from reports import render_site
+
+    out = render_site(store, site, builds=[], db_label=db_label, upstream=known_by_target())
+    echo(f"report: {out.pages} pages for {len(out.builds)} build(s): {site / 'index.html'}")
+    return site
+
+
+def _runs_to_finish(store: Store, spec: NightlySpec) -> list[str]:
+    """After a merge: the latest finished run of each build, in build order."""
+    from opdb.queries import latest_run
+
+    ids = []
+    for build in spec.builds or default_builds(spec.run.target):
+        run = latest_run(store, target=spec.run.target, build=str(build))
+        if run is not None:
+            ids.append(run["id"])
+    return ids

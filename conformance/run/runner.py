@@ -1,0 +1,303 @@
+"""A run: select work -> execute in isolated worker processes (:mod:`conformance.run.supervisor`)
+-> record into opdb.
+
+A run interrupted at any point (even kill -9) resumes with ``--resume RUN_ID``: recorded item
+keys are skipped, nothing is run twice. Shards of one run share its id and its spec.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+
+from conformance import datafiles
+from conformance.check.verdict import Status
+from conformance.select import SelectionError, parse_shard, shard_of
+from conformance.targets import Target
+from conformance.work import Group, ItemKey
+from opdb import Store
+from opdb.queries import group_seconds
+
+from .kinds import TABLES, groups_of, kind_of_item
+from .progress import Console
+from .spec import RunSpec
+from .supervisor import Summary, Supervisor, start_worker_server
+
+__all__ = ["CodeChangedWarning", "EmptyRun", "Prepared", "RunSpec", "Summary", "Supervisor", "check", "execute_run",
+           "prepare", "rerun_items", "run_canaries", "run_into", "stderr_progress"]
+
+
+def _done_by_group(keys: set[str]) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = collections.defaultdict(set)
+    for k in keys:
+        out[ItemKey.parse(k).group_key].add(k)
+    return out
+
+
+def _git_sha() -> str:
+    head = Path(__file__).resolve().parent.parent / ".git" / "HEAD"
+    try:
+        ref = head.read_text().strip()
+        if ref.startswith("ref: "):
+            return (head.parent / ref[5:]).read_text().strip()[:12]
+        return ref[:12]
+    except OSError:
+        return ""
+
+
+class CodeChangedWarning(UserWarning):
+    """A run resumed with other harness code than it was started with: the items recorded
+    before keep the old code's verdicts, the rest get the new one's."""
+
+
+def _warn_if_code_changed(run: dict[str, Any]) -> None:
+    import warnings
+
+    started, now = run.get("git_sha") or "", _git_sha()
+    if started and now and started != now:
+        warnings.warn(CodeChangedWarning(
+            f"run {run['id']} was started with harness commit {started} and resumes with {now}: the "
+            "items it recorded before keep that code's verdicts (start a new --run-id for one code's)"),
+            stacklevel=2)
+
+
+def run_canaries(spec: RunSpec, store: Store, run_id: str) -> str | None:
+    """Run the canary items; store them (variant ``canary``); return why they failed, or None."""
+    data = datafiles.canaries()
+    # Values only: a broken install shows in values and errors; a contract failure of a canary op
+    # is the build's finding, reported by the run's own items of that op.
+    cspec = spec.replace(variants=("function",), max_samples=data.samples, workers=1, contracts=("none",))
+    groups = [Group(op, data.dtype) for op in data.ops]
+    rows: list[dict[str, Any]] = []
+    sup = Supervisor(cspec, None, run_id, groups, {}, None, sink=lambda row, table: rows.append(row))
+    sup.run()
+    bad = []
+    for r in rows:
+        r["item_key"] = str(ItemKey.parse(r["item_key"]).with_variant("canary"))
+        r["variant"] = "canary"
+        if not Status(r["status"]).passed:
+            bad.append(f"{r['op']} sample {r['sample']}: {r['status']} ({(r.get('error') or '')[:120]})")
+    store.insert("op_results", rows)
+    if not rows:
+        return "no canary produced a result"
+    return "; ".join(bad) or None
+
+
+def rerun_items(spec: RunSpec, run_id: str, keys: Sequence[str], attempts: int) -> dict[str, list[str]]:
+    """Re-run chosen items ``attempts`` times each (same seeds, isolated workers); returns the
+    statuses per item key. Nothing is written."""
+    by_group: dict[str, set[str]] = collections.defaultdict(set)
+    of_group: dict[str, Group] = {}
+    for text in keys:
+        key = ItemKey.parse(text)
+        by_group[key.group_key].add(text)
+        of_group[key.group_key] = Group(key.name, key.dtype, kind_of_item(key).name)
+    groups = [of_group[g] for g in sorted(by_group)]
+    only = {g: frozenset(v) for g, v in by_group.items()}
+    out: dict[str, list[str]] = collections.defaultdict(list)
+    for _ in range(attempts):
+        sup = Supervisor(spec, None, run_id, groups, {}, None, only=only,
+                         sink=lambda row, table: out[row["item_key"]].append(row["status"]))
+        sup.run()
+    return dict(out)
+
+
+def _selection_text(spec: RunSpec) -> str:
+    parts = [f"--ops {','.join(spec.ops)}" if spec.ops else "every op",
+             f"--dtypes {','.join(spec.dtypes)}" if spec.dtypes else "default dtypes"]
+    if spec.models:
+        parts.append(f"--models {','.join(spec.models)}")
+    return ", ".join(parts)
+
+
+def _select(spec: RunSpec) -> list[Group]:
+    """The run's groups; a selection or shard that holds none is refused, naming why."""
+    every = groups_of(spec.selection)
+    if not every:
+        raise SelectionError(f"{_selection_text(spec)}: the selection holds no (op, dtype) pair the CPU supports")
+    k, n = parse_shard(spec.shard)
+    groups = shard_of(every, (k, n))
+    if not groups:
+        raise SelectionError(f"--shard {spec.shard}: shard {k} of {n} is empty (the selection has only "
+                             f"{len(every)} group{'s' if len(every) != 1 else ''}; use N <= {len(every)})")
+    return groups
+
+
+# Config keys that may differ between shards of one run (everything else defines the run).
+_PER_SHARD = ("shard",)
+
+
+def config_difference(stored: dict[str, Any], mine: dict[str, Any]) -> tuple[str, Any, Any] | None:
+    """The first key (sorted) whose value differs between a stored run config and another one,
+    as (key, stored value, other value); keys that may differ between shards are not compared."""
+    for key in sorted(set(stored) | set(mine)):
+        if key not in _PER_SHARD and stored.get(key) != mine.get(key):
+            return key, stored.get(key), mine.get(key)
+    return None
+
+
+def _check_run_id(store: Store, spec: RunSpec, config: dict[str, Any], where: str) -> None:
+    """A reused --run-id joins the run only as another shard of the same spec: another selection,
+    seed or build would mix two runs under one id, and a shard already recorded would be silently
+    skipped (that is what --resume is for)."""
+    assert spec.run_id is not None
+    existing = store.get_run(spec.run_id)
+    if existing is None:
+        return
+    differ = config_difference(json.loads(existing.get("config") or "{}"), json.loads(json.dumps(config, sort_keys=True)))
+    if differ is not None:
+        key, theirs, mine = differ
+        raise SelectionError(f"--run-id {spec.run_id}: {where} holds that run with {key}={theirs!r}, this "
+                             f"run has {key}={mine!r}; use a new --run-id (or --resume {spec.run_id})")
+    from opdb.queries import results_by_key
+
+    recorded = sum(1 for table in TABLES
+                   for r in results_by_key(store, spec.run_id, table, ("shard",)).values()
+                   if r["shard"] == spec.shard)
+    if recorded or existing.get("status") == "finished":
+        raise SelectionError(f"--run-id {spec.run_id}: {where} already holds shard {spec.shard} of that run "
+                             f"({recorded} results, status {existing.get('status')}); continue it with "
+                             f"--resume {spec.run_id} or use a new --run-id")
+
+
+def stored_summary(store: Store, run_id: str, shard: str = "1/1") -> Summary:
+    """The summary of a run (shard) swept by an earlier session, from what the store holds."""
+    summary = Summary(run_id)
+    _whole_run(store, run_id, shard, summary)
+    return summary
+
+
+def _whole_run(store: Store, run_id: str, shard: str, summary: Summary) -> None:
+    """Counts and items of everything the run (this shard) holds, earlier sessions included:
+    a resumed run's exit code and summary are about the whole run, not the part run now."""
+    from opdb.queries import results_by_key
+
+    counts: collections.Counter[str] = collections.Counter()
+    for table, cols in (("op_results", ("status", "shard", "variant")), ("model_results", ("status", "shard"))):
+        for r in results_by_key(store, run_id, table, cols).values():
+            if r["shard"] == shard and r.get("variant") != "canary":
+                counts[r["status"]] += 1
+    summary.counts = counts
+    summary.items = sum(counts.values())
+
+
+class EmptyRun(SelectionError):
+    """A run that recorded no item: there is nothing to check, which is never a pass."""
+
+
+class Prepared(NamedTuple):
+    """A run checked before anything is written: its spec (a resumed run's as it was started),
+    its groups and, for a new run, its set-up target."""
+
+    spec: RunSpec
+    groups: list[Group]
+    target: Target | None
+
+
+def execute_run(spec: RunSpec, db_path: str | os.PathLike[str], *, resume: str | None = None,
+                progress: Callable[[str], None] | None = None) -> Summary:
+    """Run (or resume) a sweep into the database at ``db_path`` (:func:`run_into`); a bad spec
+    or selection is refused before the database is created or written."""
+    start_worker_server()  # its imports overlap with the selection's
+    run = None
+    if resume:
+        with Store.open(db_path, create=False) as store:  # a missing database is not created
+            run = store.get_run(resume)
+        if run is None:
+            raise SelectionError(f"{db_path}: no run with id {resume!r} to resume")
+    prepared = prepare(spec, resumed=run)
+    with Store.open(db_path) as store:
+        return run_into(spec, store, resume=resume, progress=progress, prepared=prepared)
+
+
+def check(spec: RunSpec) -> list[Group]:
+    """The run's groups, once the ledger loads and the selection and shard hold some (else raises)."""
+    spec.sweep_config()
+    return _select(spec)
+
+
+def prepare(spec: RunSpec, resumed: dict[str, Any] | None = None) -> Prepared:
+    """Check a run (the stored run ``resumed`` continues, when given) and set up its target."""
+    from conformance.targets import get_target
+
+    if resumed is not None:
+        spec = RunSpec.from_run(resumed, workers=spec.workers)
+        return Prepared(spec, check(spec), None)
+    groups = check(spec)
+    target = get_target(spec.target, spec.build, spec.imports)
+    return Prepared(spec.replace(build=spec.build.resolved()), groups, target)
+
+
+def run_into(spec: RunSpec, store: Store, *, resume: str | None = None,
+             progress: Callable[[str], None] | None = None, prepared: Prepared | None = None) -> Summary:
+    """Run (or resume) a sweep into an open store; returns the summary of the whole run (this
+    shard), earlier sessions of a resumed run included. A run that ends with no item raises
+    :class:`EmptyRun` (after recording it). Nothing is written when the spec or selection is bad."""
+    where = str(store.path or ":memory:")
+    start_worker_server()
+    if prepared is None:
+        run = store.get_run(resume) if resume else None
+        if resume and run is None:
+            raise SelectionError(f"{where}: no run with id {resume!r} to resume")
+        prepared = prepare(spec, resumed=run)
+    spec, groups, target = prepared
+    if resume:
+        _warn_if_code_changed(store.get_run(resume) or {"id": resume})
+        store.resume_run(resume, shard=spec.shard)
+        run_id = resume
+    else:
+        assert target is not None
+        config = {**spec.to_config(), "layouts": target.probe_layouts()}
+        if spec.run_id:
+            _check_run_id(store, spec, config, where)
+        run_id = store.start_run(
+            target=spec.target, build=target.build, torch_version=torch.__version__,
+            kind="mixed" if spec.models and spec.opinfo else ("models" if spec.models else "ops"),
+            config=config, run_id=spec.run_id, shard=spec.shard, git_sha=_git_sha())
+    infra = run_canaries(spec, store, run_id)
+    if infra:
+        store.set_run_status(run_id, "infra")
+        store.finish_run(run_id, shard=spec.shard, status="infra")
+        return Summary(run_id, infra=infra)
+    done = _done_by_group(set().union(*(store.done_keys(table, run_id) for table in TABLES)))
+    history = group_seconds(store, target=spec.target, torch_version=torch.__version__, exclude_run=run_id)
+    sup = Supervisor(spec, store, run_id, groups, done, progress, history=history,
+                     stage=f"sweep {spec.target} {spec.build}".rstrip(), corpus=_corpus(spec, store, groups))
+    previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        summary = sup.run()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        store.insert("group_times", sup.group_times)  # a resumed group keeps its first timing
+    store.finish_run(run_id, shard=spec.shard, status="interrupted" if summary.interrupted else "finished")
+    _whole_run(store, run_id, spec.shard, summary)
+    if not summary.items and not summary.interrupted:
+        raise EmptyRun(f"run {run_id}: {_selection_text(spec)}, --variants {','.join(spec.variants)}: "
+                       "the run recorded no item, so nothing was checked")
+    return summary
+
+
+def _corpus(spec: RunSpec, store: Store, groups: Sequence[Group]) -> dict[str, dict[str, Any]]:
+    """The stored corpus entries of the run's schema searches, by group key (none when off)."""
+    if not spec.corpus:
+        return {}
+    from conformance.sweep.schema import SCHEMA
+    from opdb.corpus import corpus_entries
+
+    searches = {g.op: g.key for g in groups if g.kind == SCHEMA.name}
+    if not searches:
+        return {}
+    return {searches[name]: row for name, row in corpus_entries(store, searches).items()}
+
+
+def stderr_progress() -> Console:
+    """The console's progress writer (stderr): one line redrawn per stage on a terminal, a line
+    every 10 s in a log."""
+    return Console()

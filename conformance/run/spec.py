@@ -1,0 +1,176 @@
+"""The run spec: everything that defines a run, one frozen record.
+
+What a run stores (``runs.config``) and what ``--resume``, re-runs and the gate read back are
+generated from the fields: a field is stored under its name (or the ``config`` key its metadata
+names; ``None``: not stored, e.g. the worker count, a per-session choice), and read back with
+the field's type. Fields that live in a column of ``runs`` (target, id) are read from there.
+Adding a run option is one field here (plus its click option, and the code that uses it).
+
+Example::
+
+    >>> spec = RunSpec(target="cpu", ops=("abs",), dtypes=("float32",))
+    >>> config = spec.to_config()
+    >>> config["ops"], config["build_spec"], "workers" in config
+    (['abs'], None, False)
+    >>> RunSpec.from_run({"id": "r1", "target": "cpu", "build": "-", "config": json.dumps(config)}) == \\
+    ...     RunSpec(target="cpu", ops=("abs",), dtypes=("float32",), run_id="r1")
+    True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from conformance.check.contracts import parse_contracts
+from conformance.check.ledger import Ledger
+from conformance.inputs.opinfo import DEFAULT_SEED
+from conformance.select import VARIANTS, SelectionError, parse_dtypes, parse_shard
+from conformance.sweep.opinfo import SweepConfig
+from conformance.targets import BuildRef
+from conformance.work import Selection
+
+
+def _stored(key: str | None = "", column: str | None = None, *, omit_default: bool = False) -> dict[str, Any]:
+    """Field metadata: the ``runs.config`` key ("" = the field's name, None = not stored), the
+    ``runs`` column to read the value from when the config holds none, and ``omit_default``: an
+    option added later is stored only when set, so the config of a run without it (and the
+    identity of stored results) stays as it was; read back, a missing key is the default."""
+    return {"config": key, "column": column, "omit_default": omit_default}
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    target: str = field(default="neuron-emu", metadata=_stored(None, column="target"))
+    # the build asked for (a name or a manifest .toml; the default build when left out)
+    build: BuildRef = field(default=BuildRef(), metadata=_stored("build_spec", column="build"))
+    # modules imported before the target is set up, in the supervisor and in every worker
+    # (``--import``: what registers a ``device:TYPE`` with torch)
+    imports: tuple[str, ...] = field(default=(), metadata=_stored(omit_default=True))
+    ops: tuple[str, ...] = ()  # OpInfo globs; aten:: globs select schema searches
+    dtypes: tuple[str, ...] = ()
+    thorough: bool = False  # reference_inputs instead of sample_inputs
+    workers: int = field(default=2, metadata=_stored(None))  # a session's choice, not the run's
+    shard: str = "1/1"
+    timeout_s: float = 60.0
+    seed: int = DEFAULT_SEED  # None is taken as the default seed
+    max_samples: int | None = None
+    ledger: str | None = None
+    # join/label a run explicitly (shards of one run share it)
+    run_id: str | None = field(default=None, metadata=_stored(None, column="id"))
+    variants: tuple[str, ...] = VARIANTS
+    opinfo: bool = True  # the OpInfo sweep
+    schema: bool = False  # schema-driven inputs for overloads no OpInfo reaches
+    models: tuple[str, ...] = ()  # model families ("all" for every family)
+    model_limit: int | None = None  # at most this many graphs per family
+    model_modes: tuple[str, ...] = ("eager", "compile")
+    # contract checks (conformance.check.contracts): "default" (every contract on an eager target, the
+    # cheap ones on a compiler target), "all", "none", or contract names
+    contracts: tuple[str, ...] = field(default=("default",), metadata=_stored(omit_default=True))
+    # the schema search replays each overload's stored corpus entry (opdb schema_corpus) and
+    # searches only where none holds for the overload's fingerprint; off: search everything, store
+    # nothing (what is found is the same either way)
+    corpus: bool = field(default=True, metadata=_stored(omit_default=True))
+    # samples per compiled graph on a compiler target that batches them (conformance.check.batching);
+    # 1: every item compiles its own graph; None: the target's own default (Target.default_batch).
+    # How items run, not what they are: a verdict is always what the sample alone gets (a batched
+    # result that does not pass runs again alone)
+    compile_batch: int | None = field(default=None, metadata=_stored(omit_default=True))
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__  # frozen: normalise in place, once
+        set_(self, "build", BuildRef.parse(self.build))
+        if self.seed is None:
+            set_(self, "seed", DEFAULT_SEED)
+        for f in dataclasses.fields(self):
+            if isinstance(f.default, tuple) and isinstance(getattr(self, f.name), list):
+                set_(self, f.name, tuple(getattr(self, f.name)))
+        # Checked up front, before a database is opened: a bad value writes nothing. A NaN or
+        # infinite timeout would disable the timeout; zero or fewer samples would run nothing.
+        t = self.timeout_s
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
+            raise SelectionError(f"--timeout {t!r}: must be a finite number of seconds above 0 (e.g. 60)")
+        b = self.compile_batch
+        if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 1):
+            raise SelectionError(f"--compile-batch {b!r}: must be a whole number of at least 1 (1: no batching)")
+        for name, value in (("--max-samples", self.max_samples), ("--model-limit", self.model_limit)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise SelectionError(f"{name} {value!r}: must be a whole number of at least 1 (or left out for all)")
+        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
+            raise SelectionError(f"--workers {self.workers!r}: must be a whole number of at least 1")
+        parse_shard(self.shard)
+        parse_dtypes(self.dtypes)
+        try:
+            parse_contracts(self.contracts)
+        except ValueError as exc:
+            raise SelectionError(f"--contracts: {exc}") from None
+
+    @property
+    def selection(self) -> Selection:
+        return Selection(self.ops, self.dtypes, self.opinfo, self.schema, self.models, self.model_limit)
+
+    def sweep_config(self) -> SweepConfig:
+        """What a worker needs of the spec: the fields SweepConfig shares with it, the ledger loaded."""
+        shared = {f.name: getattr(self, f.name) for f in dataclasses.fields(SweepConfig) if f.name != "ledger"}
+        return SweepConfig(**shared, ledger=Ledger.load(self.ledger))
+
+    def replace(self, **changes: Any) -> RunSpec:
+        return dataclasses.replace(self, **changes)
+
+    # -- runs.config -----------------------------------------------------------------------
+    def to_config(self) -> dict[str, Any]:
+        """The stored fields as JSON values (tuples as lists, the build as its spec)."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            key, value = _key(f), getattr(self, f.name)
+            if key is not None and not (f.metadata.get("omit_default") and value == f.default):
+                out[key] = _plain(value)
+        return out
+
+    @classmethod
+    def from_run(cls, run: dict[str, Any], **overrides: Any) -> RunSpec:
+        """The spec a stored run (a ``runs`` row) was started with; ``overrides`` for what is not
+        stored (``workers``). Keys an older run lacks, or stored empty, take the field's default;
+        keys this version no longer has are ignored."""
+        config = json.loads(run.get("config") or "{}")
+        kw: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            key, column = _key(f), f.metadata.get("column")
+            value = config.get(key) if key is not None else None
+            if value in (None, []) and column is not None:
+                value = run.get(column)
+            if value in (None, []):
+                continue  # the default
+            kw[f.name] = _typed(f, value)
+        kw.update(overrides)
+        return cls(**kw)
+
+
+def _key(f: dataclasses.Field[Any]) -> str | None:
+    key = f.metadata.get("config", "")
+    return f.name if key == "" else key
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return list(value)
+    if isinstance(value, BuildRef):
+        return value.spec
+    return value
+
+
+def _typed(f: dataclasses.Field[Any], value: Any) -> Any:
+    """A stored JSON value as the field's type (read from its default)."""
+    default = f.default
+    if isinstance(default, tuple):
+        return tuple(value)
+    if isinstance(default, BuildRef):
+        return BuildRef.parse(value)
+    if isinstance(default, bool):
+        return bool(value)
+    if isinstance(default, float):
+        return float(value)
+    return value

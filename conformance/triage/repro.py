@@ -1,0 +1,397 @@
+"""Repro: a standalone script (inputs saved next to it) that reproduces one stored result on
+its target and prints both results and the error.
+
+When the stored item failed contract checks (:mod:`conformance.check.contracts`), the script also
+runs the item as the sweep does (:func:`conformance.sweep.evaluate`, on the sample regenerated
+from the same seed, with only those contracts) and prints each one's outcome and detail; it
+exits nonzero while a value or a contract still fails. That part needs the harness installed.
+
+The script is built from data only: every stored value enters it as a Python literal (``repr``
+of a checked int, float or str) or as escaped docstring text, op names are resolved only when the
+dispatcher or ``op_db`` knows them, and the inputs file is read by a decoder that admits tensors
+(``torch.load(..., weights_only=True)``) and plain values only. A tampered database cannot make
+``conformance repro`` or the script it writes execute anything.
+
+Example (shell): ``conformance repro 1234 --db results/opdb.sqlite --out repro/``
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import json
+import math
+import re
+import shlex
+import sys
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from conformance.check.comparators import comparator_for
+from conformance.check.contracts import CONTRACTS
+from conformance.inputs.opinfo import DEFAULT_SEED, SPARSE_VARIANTS, by_name, samples
+from conformance.targets import get_target
+from opdb import Store
+from opdb.blobs import decode_inputs, dump_inputs, load_inputs
+from opdb.queries import op_result
+
+# Which attribute of the OpInfo a variant calls (schema results call the overload itself).
+_VARIANT_ATTR = {"function": "op", "canary": "op", "backward": "op", "out": "op", "inplace": "inplace_variant",
+                 **dict.fromkeys(SPARSE_VARIANTS, "op"), "schema": None}
+
+_TEMPLATE = '''"""{doc}
+"""
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import torch
+
+{setup}
+RECORD = {record}
+DEVICE = RECORD["device"]
+VARIANT = RECORD["variant"]
+
+
+{decoder}
+
+data = decode_inputs(Path(__file__).with_name(RECORD["inputs"]).read_bytes())
+
+warnings.simplefilter("ignore")
+{resolve}
+
+
+def move(x, device, grad=False, copies=None):
+    """``x`` with its tensors copied to ``device`` as the sweep copies a sample: in the layout
+    each has (strides, storage offset and the rest of its storage, which ``as_strided`` reads),
+    tensors that share storage still sharing it (``copies``: one copy per storage)."""
+    copies = {{}} if copies is None else copies
+    if isinstance(x, str) and x == "<device>":
+        return torch.device(device)
+    if isinstance(x, str) and x.startswith("<") and x.endswith("_format>"):
+        fmt = getattr(torch, x[1:-1], None)
+        return fmt if isinstance(fmt, torch.memory_format) else x
+    if isinstance(x, torch.Tensor) and grad:  # leaves with the sample's own requires_grad flags
+        return x.detach().to(device, copy=True).requires_grad_(x.requires_grad)
+    if isinstance(x, torch.Tensor):
+        t = x.detach()
+        if t.layout != torch.strided or t.numel() == 0:
+            return t.to(device, copy=True)
+        st = t.untyped_storage()
+        if st.data_ptr() not in copies:
+            whole = t.new_empty(0).set_(st, 0, (st.nbytes() // t.element_size(),), (1,))
+            copies[st.data_ptr()] = whole.to(device, copy=True)
+        return copies[st.data_ptr()].as_strided(t.shape, t.stride(), t.storage_offset())
+    if isinstance(x, (list, tuple)):
+        return type(x)(move(v, device, grad, copies) for v in x)
+    if isinstance(x, dict):
+        return {{k: move(v, device, grad, copies) for k, v in x.items()}}
+    return x
+
+
+def leaves(x):
+    if isinstance(x, (list, tuple)):
+        return [y for v in x for y in leaves(v)]
+    if isinstance(x, dict):
+        return [y for v in x.values() for y in leaves(v)]
+    return [x]
+
+
+def to_cpu(x):
+    return move(x, "cpu")
+
+
+def call(f, device, out_like=None, sized_out=False):
+    grad = VARIANT == "backward"
+    inp, args, kwargs = move([data["input"], data["args"], data["kwargs"]], device, grad)
+    if grad:  # input gradients for a fixed upstream gradient, as the sweep compares them
+        outs = [o for o in leaves(f(inp, *args, **kwargs)) if isinstance(o, torch.Tensor) and o.requires_grad]
+        ins = [t for t in leaves([inp, args, kwargs]) if isinstance(t, torch.Tensor) and t.requires_grad]
+        gen = torch.Generator().manual_seed(len(outs))
+        ups = [torch.randn(o.shape, generator=gen, dtype=torch.float32).to(o.dtype).to(device) for o in outs]
+        return torch.autograd.grad(outs, ins, ups, allow_unused=True)
+    if data["input"] is None:
+        return f(*args, **kwargs)
+    if VARIANT == "out":
+        outs = tuple(torch.empty(t.shape if sized_out else 0, dtype=t.dtype, device=device)
+                     for t in (out_like if isinstance(out_like, tuple) else (out_like,)))
+        ret = f(inp, *args, **kwargs, out=outs if isinstance(out_like, tuple) else outs[0])
+        return ret if ret is not None else outs
+    return f(inp, *args, **kwargs)
+
+
+ref = None
+if VARIANT == "out" and data["input"] is not None:
+    ref_inp, ref_args, ref_kwargs = move([data["input"], data["args"], data["kwargs"]], "cpu")
+    ref = fn_functional(ref_inp, *ref_args, **ref_kwargs)
+cpu = call(fn, "cpu", ref, RECORD["sized_out"])
+print("CPU result:", cpu)
+try:
+    dev = to_cpu(call({wrapped}, DEVICE, ref, RECORD["sized_out"]))
+except Exception as exc:
+    print("target raised:", type(exc).__name__, exc)
+    raise SystemExit(1)
+print("target result:", dev)
+ATOL, RTOL = RECORD["atol"], RECORD["rtol"]
+failing = False
+try:
+    torch.testing.assert_close(dev, cpu, atol=ATOL, rtol=RTOL, equal_nan=True, check_stride=False)
+    print(f"within tolerance (atol={{ATOL!r}}, rtol={{RTOL!r}})")
+except AssertionError as err:
+    print("MISMATCH:", err)
+    failing = True
+'''
+
+# Appended when the stored item failed contracts: the item evaluated as the sweep evaluates it.
+_CONTRACTS_PART = '''
+
+# -- the contracts the stored item failed, checked as the sweep checks them --------------------
+from conformance.inputs.opinfo import samples
+from conformance.sweep import SweepConfig, evaluate
+from conformance.targets import get_target
+
+
+def nth(it, n):
+    for i, s in enumerate(it):
+        if i == n:
+            return s
+    raise SystemExit(f"sample {n} no longer exists for this OpInfo (torch changed?)")
+
+
+target = get_target(RECORD["target"], RECORD["build_spec"], tuple(RECORD["imports"]))
+sample = nth(samples(info, getattr(torch, RECORD["dtype"]), thorough=RECORD["thorough"], seed=RECORD["seed"],
+                     requires_grad=VARIANT == "backward", layout=VARIANT if VARIANT.startswith("sparse_") else None),
+             RECORD["sample"])
+config = SweepConfig(thorough=RECORD["thorough"], seed=RECORD["seed"], contracts=tuple(RECORD["contracts"]))
+row = evaluate(target, info, RECORD["op"], VARIANT, RECORD["dtype"], RECORD["sample"], sample, config)
+checks = row["contracts"] or {}
+print(f"sweep status: {row['status']}")
+for name in RECORD["contracts"]:
+    check = checks.get(name)
+    if check is None:
+        print(f"contract {name}: not checked ({row['status']}: {row['error']})")
+        failing = True
+        continue
+    print(f"contract {name}: {check['outcome']}" + (f": {check['detail']}" if check["detail"] else ""))
+    if check["outcome"] == "fail":
+        print(f"CONTRACT FAILED: {name}")
+        failing = True
+'''
+
+_END = '''
+raise SystemExit(1 if failing else 0)
+'''
+
+
+def write_repro(store: Store, result_id: int, out_dir: str | Path) -> Path:
+    """Write ``repro_<id>.py`` and ``repro_<id>_inputs.pt`` into ``out_dir``; returns the script.
+
+    Raises ValueError (one line naming the result and the field) when a stored field is not
+    what a result holds: an unknown op or variant, a non-number tolerance, unsafe inputs.
+    """
+    where = f"result {int(result_id)}"
+    row = op_result(store, result_id)
+    run = store.get_run(row["run_id"]) or {}
+    config = _config(run.get("config"), where)
+    variant = _field(row, "variant", where)
+    if variant not in _VARIANT_ATTR:
+        raise ValueError(f"{where}: unknown variant {variant!r} (expected one of {', '.join(_VARIANT_ATTR)})")
+    out = Path(out_dir)
+    inputs = f"repro_{int(result_id)}_inputs.pt"
+    op = _field(row, "op", where)
+    if variant == "schema":
+        if not row.get("inputs"):
+            raise ValueError(f"{where}: a passing schema-driven result keeps no input; only failing "
+                             "ones store their shrunk input")
+        saved = load_inputs(row["inputs"], where=f"{where}: column inputs")
+        if not (isinstance(saved, dict) and isinstance(saved.get("args"), (list, tuple))
+                and isinstance(saved.get("kwargs"), dict)):
+            raise ValueError(f"{where}: column inputs does not hold args and kwargs")
+        data = {"input": None, "args": tuple(saved["args"]), "kwargs": saved["kwargs"]}
+        base, overload = _aten_overload(op, where)
+        resolve = f"fn = fn_functional = getattr(getattr(torch.ops.aten, {base!r}), {overload!r})"
+    else:
+        info = by_name().get(op)
+        if info is None:
+            raise ValueError(f"{where}: OpInfo {op!r} is not in this torch's op_db")
+        dtype = _dtype(row.get("dtype"), where)
+        seed = _int(row.get("seed") or config.get("seed") or DEFAULT_SEED, where, "seed")
+        sample = _nth(samples(info, dtype, thorough=bool(config.get("thorough")), seed=seed,
+                              requires_grad=variant == "backward", layout=variant if variant in SPARSE_VARIANTS else None),
+                      _int(row.get("sample"), where, "sample"))
+        data = {"input": sample.input, "args": sample.args, "kwargs": sample.kwargs}
+        resolve = ("from torch.testing._internal.common_methods_invocations import op_db\n"
+                   f"info = next(o for o in op_db if o.name == {info.name!r} and "
+                   f"o.variant_test_name == {info.variant_test_name!r})\n"
+                   f"fn = getattr(info, {_VARIANT_ATTR[variant]!r})\nfn_functional = info.op")
+    try:
+        blob = dump_inputs(data)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+    target = get_target(run.get("target", "cpu"), config.get("build_spec") or run.get("build"),
+                        tuple(config.get("imports") or ()))
+    target.use_own_rng(comparator_for(op) == "random")  # as the sweep ran it
+    setup, wrapped = target.repro_setup()
+    script = out / f"repro_{int(result_id)}.py"
+    # A compiler target gets out= tensors of the result's shapes, on both sides, as in the sweep
+    # (execute.run_item).
+    record = {"result": int(result_id), "op": op, "variant": variant, "device": str(target.device),
+              "sized_out": bool(target.compiler),
+              "inputs": inputs, "atol": _tol(row.get("atol"), where, "atol"), "rtol": _tol(row.get("rtol"), where, "rtol")}
+    failed = _contracts(row.get("contract_failed"), where)
+    if failed and variant != "schema":
+        # what the script needs to evaluate the item as the sweep did: the same target (the values
+        # get_target accepted above), the same sample (dtype, index, seed) and those contracts
+        record.update(contracts=failed, target=_field(run, "target", f"{where}: its run"),
+                      build_spec=_opt_str(config.get("build_spec") or run.get("build"), where, "build"),
+                      imports=_imports(config.get("imports"), where), dtype=str(row["dtype"]),
+                      sample=_int(row.get("sample"), where, "sample"), seed=seed,
+                      thorough=bool(config.get("thorough")))
+    doc = _doc_text(
+        f"Reproduces opdb result {int(result_id)}: {op} ({variant}, {row.get('dtype')}, sample {row.get('sample')}) "
+        f"on target {run.get('target')}\n(build {run.get('build')}). Recorded status: {row.get('status')}.\n"
+        f"Recorded error: {str(row.get('error') or '')[:500]}\n"
+        f"Run it with the Python that wrote it (torch and the target's package are installed there):\n"
+        f"  {shlex.join([sys.executable, str(script.resolve())])}")
+    text = _TEMPLATE.format(doc=doc, setup=setup, record=_literal(record), decoder=inspect.getsource(decode_inputs),
+                            resolve=resolve, wrapped=wrapped.replace("{fn}", "fn"))
+    text += (_CONTRACTS_PART if "contracts" in record else "") + _END
+    _check_script(text, record)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / inputs).write_bytes(blob)
+    script.write_text(text, encoding="utf-8")
+    return script
+
+
+def _field(row: dict[str, Any], name: str, where: str) -> str:
+    value = row.get(name)
+    if not isinstance(value, str):
+        raise ValueError(f"{where}: field {name} is {value!r}, not a string")
+    return value
+
+
+_MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*\Z")
+
+
+def _contracts(value: Any, where: str) -> list[str]:
+    """The stored ``contract_failed`` as contract names, each one :data:`CONTRACTS` knows."""
+    if value is None or value == "":
+        return []
+    if not isinstance(value, str):
+        raise ValueError(f"{where}: field contract_failed is {value!r}, not a string")
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    bad = [n for n in names if n not in CONTRACTS]
+    if bad:
+        raise ValueError(f"{where}: field contract_failed names {bad[0]!r}, not a contract "
+                         f"(expected some of {', '.join(CONTRACTS)})")
+    return [c for c in CONTRACTS if c in names]
+
+
+def _opt_str(value: Any, where: str, name: str) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"{where}: field {name} is {value!r}, not a string")
+    return value
+
+
+def _imports(value: Any, where: str) -> list[str]:
+    """The run's ``--import`` modules: dotted Python names only."""
+    mods = list(value or ())
+    for m in mods:
+        if not (isinstance(m, str) and _MODULE.match(m)):
+            raise ValueError(f"{where}: its run's config imports {m!r}, not a dotted module name")
+    return mods
+
+
+def _int(value: Any, where: str, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{where}: field {name} is {value!r}, not an integer")
+    return value
+
+
+def _tol(value: Any, where: str, name: str) -> float:
+    if value is None:
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{where}: field {name} is {value!r}, not a finite non-negative number")
+    return float(value)
+
+
+def _dtype(value: Any, where: str) -> torch.dtype:
+    found = getattr(torch, value, None) if isinstance(value, str) and value.isidentifier() else None
+    if not isinstance(found, torch.dtype):
+        raise ValueError(f"{where}: field dtype is {value!r}, not a torch dtype")
+    return found
+
+
+def _config(text: Any, where: str) -> dict[str, Any]:
+    try:
+        config = json.loads(text or "{}")
+    except (TypeError, ValueError):
+        config = None
+    if not isinstance(config, dict):
+        raise ValueError(f"{where}: its run's config is not a JSON object")
+    return config
+
+
+@cache
+def _aten_overloads() -> frozenset[str]:
+    from conformance.catalog.overloads import aten_names
+
+    return frozenset(aten_names())
+
+
+def _aten_overload(name: str, where: str) -> tuple[str, str]:
+    """``aten::base.overload`` -> (base, overload), only for an overload the dispatcher has."""
+    if name not in _aten_overloads():
+        raise ValueError(f"{where}: op {name!r} is not an ATen overload this torch's dispatcher knows")
+    base, overload = name.split("::", 1)[1].rsplit(".", 1)
+    if not (base.isidentifier() and overload.isidentifier()):
+        raise ValueError(f"{where}: op {name!r} is not made of Python identifiers")
+    return base, overload
+
+
+def _literal(value: Any) -> str:
+    """A Python literal for plain data (str, int, float, bool, None, dicts/lists of them)."""
+    text = repr(value)
+    if ast.literal_eval(text) != value:
+        raise ValueError(f"cannot write {value!r} as a literal")
+    return text
+
+
+def _doc_text(text: str) -> str:
+    """``text`` escaped for a triple-quoted docstring: it reads back as ``text`` and cannot close it."""
+    out = []
+    for c in text:
+        if c == "\\":
+            out.append("\\\\")
+        elif c == '"':
+            out.append('\\"')
+        elif c == "\n" or c.isprintable():
+            out.append(c)
+        else:
+            out.append(repr(c)[1:-1])
+    return "".join(out)
+
+
+def _check_script(text: str, record: dict[str, Any]) -> None:
+    # Defence in depth: the script must parse, its docstring must be the one module docstring,
+    # and the record must be the literal it was built from (nothing stored leaked into code).
+    tree = ast.parse(text)
+    first = tree.body[0]
+    if not (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str)):
+        raise ValueError("repro script: the docstring did not parse as one string")
+    assigns = [n for n in tree.body if isinstance(n, ast.Assign) and any(
+        isinstance(t, ast.Name) and t.id == "RECORD" for t in n.targets)]
+    if len(assigns) != 1 or ast.literal_eval(assigns[0].value) != record:
+        raise ValueError("repro script: the record did not parse back as written")
+
+
+def _nth(it: Any, n: int) -> Any:
+    for i, s in enumerate(it):
+        if i == n:
+            return s
+    raise ValueError(f"sample {n} no longer exists for this OpInfo (torch changed?)")
