@@ -34,10 +34,11 @@ from typing import Any
 
 import torch
 
+from conformance.datafiles import DATA
 from conformance.inputs.opinfo import SPARSE_VARIANTS
 from opdb.status import EXPECTABLE
 
-DEFAULT_LEDGER = Path(__file__).parent / "data" / "ledger.toml"
+DEFAULT_LEDGER = DATA / "ledger.toml"
 DTYPES = ("float64", "float32", "bfloat16", "float16", "complex64", "complex128", "int64", "int32",
           "int16", "int8", "uint8", "bool")
 VARIANTS = ("function", "inplace", "out", "backward", *SPARSE_VARIANTS, "schema", "canary", "model", "*")

@@ -13,4 +13,5 @@ __getattr__, __dir__ = exports(__name__, {
     "runner": ("CodeChangedWarning", "EmptyRun", "Prepared", "check", "config_difference", "execute_run",
                "prepare", "rerun_items", "run_canaries", "run_into", "stderr_progress", "stored_summary"),
     "spec": ("RunSpec",),
+    "executor": ("EXECUTORS", "Executor", "Summary", "Work", "executor"),
 })

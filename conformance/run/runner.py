@@ -25,10 +25,11 @@ from conformance.work import Group, ItemKey
 from opdb import Store
 from opdb.queries import group_seconds
 
+from .executor import Summary, Work, executor
 from .kinds import TABLES, groups_of, kind_of_item
 from .progress import Console
 from .spec import RunSpec
-from .supervisor import Summary, Supervisor, start_worker_server
+from .supervisor import Supervisor, start_worker_server
 
 __all__ = ["CodeChangedWarning", "EmptyRun", "Prepared", "RunSpec", "Summary", "Supervisor", "check", "execute_run",
            "prepare", "rerun_items", "run_canaries", "run_into", "stderr_progress"]
@@ -42,7 +43,7 @@ def _done_by_group(keys: set[str]) -> dict[str, set[str]]:
 
 
 def _git_sha() -> str:
-    head = Path(__file__).resolve().parent.parent / ".git" / "HEAD"
+    head = Path(__file__).resolve().parents[2] / ".git" / "HEAD"  # conformance/run/ -> the checkout
     try:
         ref = head.read_text().strip()
         if ref.startswith("ref: "):
@@ -76,7 +77,7 @@ def run_canaries(spec: RunSpec, store: Store, run_id: str) -> str | None:
     cspec = spec.replace(variants=("function",), max_samples=data.samples, workers=1, contracts=("none",))
     groups = [Group(op, data.dtype) for op in data.ops]
     rows: list[dict[str, Any]] = []
-    sup = Supervisor(cspec, None, run_id, groups, {}, None, sink=lambda row, table: rows.append(row))
+    sup = executor(Work(cspec, run_id, groups), sink=lambda row, table: rows.append(row))
     sup.run()
     bad = []
     for r in rows:
@@ -103,8 +104,8 @@ def rerun_items(spec: RunSpec, run_id: str, keys: Sequence[str], attempts: int) 
     only = {g: frozenset(v) for g, v in by_group.items()}
     out: dict[str, list[str]] = collections.defaultdict(list)
     for _ in range(attempts):
-        sup = Supervisor(spec, None, run_id, groups, {}, None, only=only,
-                         sink=lambda row, table: out[row["item_key"]].append(row["status"]))
+        sup = executor(Work(spec, run_id, groups, only=only),
+                       sink=lambda row, table: out[row["item_key"]].append(row["status"]))
         sup.run()
     return dict(out)
 
@@ -268,8 +269,9 @@ def run_into(spec: RunSpec, store: Store, *, resume: str | None = None,
         return Summary(run_id, infra=infra)
     done = _done_by_group(set().union(*(store.done_keys(table, run_id) for table in TABLES)))
     history = group_seconds(store, target=spec.target, torch_version=torch.__version__, exclude_run=run_id)
-    sup = Supervisor(spec, store, run_id, groups, done, progress, history=history,
-                     stage=f"sweep {spec.target} {spec.build}".rstrip(), corpus=_corpus(spec, store, groups))
+    work = Work(spec, run_id, groups, done, history=history, stage=f"sweep {spec.target} {spec.build}".rstrip(),
+                corpus=_corpus(spec, store, groups))
+    sup = executor(work, store, progress=progress)
     previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
         summary = sup.run()

@@ -18,7 +18,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -26,65 +26,18 @@ from typing import Any
 import torch
 
 from conformance.check.batching import BATCH_PHASE
-from conformance.check.verdict import FAILING, Status, decide_unrun
+from conformance.check.verdict import Status, decide_unrun
 from conformance.select import SelectionError
 from conformance.work import Group, ItemKey, Skip
 from opdb import Store
 from opdb.corpus import TABLE as CORPUS_TABLE
 from opdb.store import now
 
+from .executor import Sink, Summary, Work
 from .isolation import read_output
 from .kinds import TABLES, kind_of
 from .progress import Eta, Pricer, Snapshot
 from .spec import RunSpec
-
-
-@dataclass
-class Summary:
-    run_id: str
-    infra: str | None = None  # why the canaries failed, when they did
-    counts: collections.Counter[str] = field(default_factory=collections.Counter)
-    op_time: collections.Counter[str] = field(default_factory=collections.Counter)
-    wall_s: float = 0.0
-    items: int = 0  # the whole run (this shard), earlier sessions of a resumed run included
-    session_items: int = 0  # of which run in this session
-    interrupted: bool = False
-    graphs: int = 0  # graphs a compiler target compiled (this session)
-    batched: int = 0  # items whose result came from a compiled batch (conformance.check.batching)
-    uncompiled: int = 0  # items of a compiler target that compiled none (this session)
-    compiler: bool = False  # some item carried a compiler's proof
-    # schema searches of this session: "replayed" / "searched" (from the corpus or not), and why
-    # each search ran ("no corpus entry", "a stored input fails on this target", ...)
-    corpus: collections.Counter[str] = field(default_factory=collections.Counter)
-    corpus_why: collections.Counter[str] = field(default_factory=collections.Counter)
-
-    @property
-    def failures(self) -> int:
-        return sum(n for s, n in self.counts.items() if Status(s) in FAILING)
-
-    def render(self, top: int = 10) -> str:
-        earlier = self.items - self.session_items
-        lines = [f"run {self.run_id}: {self.items} items in {self.wall_s:.1f} s"
-                 + (f" ({earlier} recorded by an earlier session)" if earlier > 0 else "")
-                 + (" (interrupted)" if self.interrupted else "")]
-        if self.infra:
-            lines.append(f"INFRA: canaries failed, the run was stopped: {self.infra}")
-        for status in Status:
-            if self.counts.get(status.value):
-                lines.append(f"  {status.value:<18}{self.counts[status.value]:>8}")
-        if self.compiler:
-            lines.append(f"compiled graphs: {self.graphs} ({self.uncompiled} items compiled none"
-                         + (f"; {self.batched} items from batches" if self.batched else "") + ")")
-        if self.corpus:
-            why = "; ".join(f"{n} {w}" for w, n in self.corpus_why.most_common())
-            lines.append(f"schema search: {self.corpus['replayed']} overloads replayed from the corpus, "
-                         f"{self.corpus['searched']} searched" + (f" ({why})" if why else ""))
-        if self.op_time:
-            lines.append("slowest ops (target time, s):")
-            lines += [f"  {op:<40}{t:>8.3f}" for op, t in self.op_time.most_common(top)]
-        return "\n".join(lines)
-
-
 
 
 # -- worker side ---------------------------------------------------------------------------
@@ -184,15 +137,14 @@ class _Slot:
 
 
 class Supervisor:
-    """Runs groups in worker processes. Rows go to ``sink(row, table)`` (by default the store's
-    batched writers); ``only`` restricts each group to chosen item keys (re-runs)."""
+    """The local :class:`~conformance.run.executor.Executor`: runs groups in worker processes.
+    Rows go to ``sink(row, table)`` (by default the store's batched writers); ``work.only``
+    restricts each group to chosen item keys (re-runs)."""
 
-    def __init__(self, spec: RunSpec, store: Store | None, run_id: str, groups: Sequence[Group],
-                 done: dict[str, set[str]], progress: Callable[[str], None] | None, *,
-                 sink: Callable[[dict[str, Any], str], None] | None = None,
-                 only: dict[str, frozenset[str]] | None = None,
-                 history: Mapping[str, float] | None = None, stage: str = "sweep",
-                 corpus: Mapping[str, dict[str, Any]] | None = None) -> None:
+    def __init__(self, work: Work, store: Store | None, progress: Callable[[str], None] | None, *,
+                 sink: Sink | None = None) -> None:
+        spec, run_id, groups, history = work.spec, work.run_id, work.groups, work.history
+        done, only, stage, corpus = work.done, work.only, work.stage, work.corpus
         self.spec, self.store, self.run_id = spec, store, run_id
         # group key -> its stored corpus entry (a schema_corpus row), sent with the group to replay
         self.corpus = corpus or {}

@@ -1,6 +1,7 @@
 """The op sweep's work kinds: OpInfo samples (``opinfo``: :data:`OPINFO`, :func:`evaluate`, the
 one path every op item takes through execute, compare and decide) and the schema-driven search
-for overloads no OpInfo reaches (``schema``: :data:`~conformance.sweep.schema.SCHEMA`).
+for overloads no OpInfo reaches (``schema/``: the search, its candidates, preflights, rows and
+corpus replay).
 """
 
 from conformance._lazy import exports

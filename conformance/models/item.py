@@ -1,0 +1,243 @@
+"""One model item, eager or compile: run it on the target and the CPU, compare, decide, localize.
+
+:func:`prepare` looks up, builds and traces a graph once per group (:class:`Prepared`);
+:func:`run_item` runs one mode of it (:mod:`conformance.models.training` on both sides, the
+closeness of :mod:`conformance.models.evidence`, compile counts and latency from
+:mod:`conformance.models.timing`) and builds its row, without keys; a failing item is localized
+(:mod:`conformance.models.localize`) to its first divergent or raising op. A target that exports
+the model (``exports``) gets an inference-only item instead.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from conformance.check.fingerprint import fingerprint
+from conformance.check.verdict import NOT_COMPILED, Status, decide
+from conformance.targets.base import TargetError
+
+from .evidence import forward_evidence, grad_evidence, loss_close, model_tolerance, run_to_run_noise
+from .selection import resolve_spec
+from .timing import TIMED_ITERS, WARMUP, CountingBackend, inference, percentile, shape_sweep, time_forward
+from .training import TRAIN_STEPS, SideResult, cast, detach_cpu, train_side
+
+
+def error_text(exc: BaseException) -> str:
+    """``Type: message`` of an exception, cut to a row's 2000 characters."""
+    return f"{type(exc).__name__}: {exc}"[:2000]
+
+
+@dataclass
+class Prepared:
+    spec: Any
+    model: nn.Module  # float32, initial weights, never run
+    inputs: tuple  # float32 canonical inputs
+    graph_hash: str | None = None
+    aten_ops: dict[str, int] | None = None
+
+
+def prepare(model_id: str) -> Prepared:
+    """Look up, build and trace a spec; raises with a message naming the failing stage."""
+    from .tracing import hash_graph, histogram, trace
+
+    try:
+        spec = resolve_spec(model_id)
+    except Exception as exc:  # noqa: BLE001
+        raise RuntimeError(f"unknown model: {error_text(exc)}") from exc
+    try:
+        model = spec.build()
+        inputs = spec.example_inputs()
+    except Exception as exc:  # noqa: BLE001
+        raise RuntimeError(f"model construction failed: {error_text(exc)}") from exc
+    try:
+        gm = trace(copy.deepcopy(model), inputs)
+    except Exception as exc:  # noqa: BLE001
+        raise RuntimeError(f"export (make_fx trace) failed: {error_text(exc)}") from exc
+    return Prepared(spec, model, inputs, hash_graph(gm), histogram(gm))
+
+
+def _localized(row: dict[str, Any], find: Callable[[], Any], none_found: str) -> None:
+    """Store what ``find`` (a localization) names in ``row``: the op and its detail, ``none_found``
+    when it names none, or why it failed."""
+    try:
+        div = find()
+    except Exception as exc:  # noqa: BLE001
+        row["first_divergent_detail"] = f"localization failed: {error_text(exc)}"[:2000]
+        return
+    if div is not None:
+        row["first_divergent_op"] = div.op
+        row["first_divergent_detail"] = div.detail
+    else:
+        row["first_divergent_detail"] = none_found
+
+
+def run_item(target: Any, prep: Prepared, dtype_name: str, mode: str, config: Any, *,
+             train_steps: int = TRAIN_STEPS, timed_iters: int = TIMED_ITERS,
+             localize_failures: bool = True) -> dict[str, Any]:
+    """Execute, compare and decide one model item (eager or compile); the row without keys."""
+    spec = prep.spec
+    dtype = getattr(torch, dtype_name)
+    tol = model_tolerance(config, spec.model_id, dtype_name, target.name)
+    xfail = config.ledger.expected_failure(spec.model_id, "model", dtype_name, target.name)
+    seed = int(getattr(config, "seed", 0) or 0)
+    if mode == "compile" and getattr(target, "exports", False):
+        return _exported_item(target, prep, dtype, tol, xfail, seed)
+    row: dict[str, Any] = {}
+
+    cpu_model = copy.deepcopy(prep.model).to(dtype)
+    inputs = cast(prep.inputs, dtype)
+    # CPU reference.
+    try:
+        cpu = train_side(spec, cpu_model, cpu_model, inputs, None, train_steps, seed)
+    except Exception as exc:  # noqa: BLE001
+        cpu = SideResult(error=error_text(exc))
+    # Target.
+    counter: CountingBackend | None = None
+    tgt = SideResult()
+    tgt_model: nn.Module | None = None
+    fn: Callable[..., Any] | None = None
+    if cpu.error is None:
+        try:
+            tgt_model = copy.deepcopy(prep.model).to(dtype).to(target.device)
+            tgt_inputs = target.to_device(inputs)
+            if mode == "compile":
+                torch._dynamo.reset()
+                counter = CountingBackend(target.compile_backend())
+                fn = torch.compile(tgt_model, backend=counter, dynamic=False)
+            elif target.compiler:  # run_model_group plans no such item
+                raise TargetError(f"an eager model item on compiler target {target.name!r} would not "
+                                  "run the compiler; its model items are compile items")
+            else:
+                fn = target.wrap(tgt_model)  # eager on the target
+            tgt = train_side(spec, tgt_model, fn, tgt_inputs, target, train_steps, seed,
+                             compiled=mode == "compile")
+        except Exception as exc:  # noqa: BLE001
+            tgt = SideResult(error=error_text(exc))
+    row["native_ops"] = sorted(tgt.native or ())
+    row["fallback_ops"] = sorted(tgt.fallback or ())
+
+    close, problems = False, []
+    if cpu.error is None and tgt.error is None:
+        ev, fwd_err, fwd_detail = forward_evidence(cpu.out, tgt.out, tol)
+        row["max_abs_err"], row["max_rel_err"] = ev.row()["max_abs_err"], ev.row()["max_rel_err"]
+        # what fwd_rtol judges (normwise); the two above are element-wise evidence only
+        row["fwd_rel_err"] = fwd_err if math.isfinite(fwd_err) else 1e308
+        if fwd_detail:
+            problems.append(f"forward: {fwd_detail}")
+        g_close, g_err, g_detail = grad_evidence(cpu.grads or {}, tgt.grads or {}, tol)
+        row["grad_max_rel_err"] = g_err if math.isfinite(g_err) else 1e308
+        if not g_close:
+            problems.append(f"backward: {g_detail}")
+        l_close, l_detail = loss_close(cpu.losses or [], tgt.losses or [], tol)
+        if not l_close:
+            problems.append(f"training: {l_detail}")
+        row["loss_curve"] = {"target": tgt.losses, "cpu": cpu.losses}
+        row["noise"] = run_to_run_noise(tgt.out, tgt.again)
+        # the first forward's output and the first step's gradients: the gradients hold most of
+        # a small model's elements, and a paired test needs many
+        row["fingerprint"] = fingerprint((tgt.out, tgt.grads or {}), (cpu.out, cpu.grads or {}),
+                                         ref_kind="cpu")
+        close = not fwd_detail and g_close and l_close
+    status = decide(cpu_error=cpu.error, target_error=tgt.error, close=close,
+                    fallback=sorted(tgt.fallback or ()), expected_failure=xfail.statuses if xfail else None)
+    error = (f"CPU reference failed: {cpu.error}" if cpu.error else tgt.error) or \
+        ("; ".join(problems) or None)
+    if status in (Status.XFAIL, Status.XPASS) and xfail is not None:
+        error = f"{error or 'passed'} [expected failure: {xfail.where}: {xfail.reason}]"
+    if problems and cpu.error is None and tgt.error is None:
+        error = f"{error} [tolerance from {tol.source}]"
+    row["status"], row["error"] = status.value, error
+
+    # Localize a numeric failure to its first divergent op.
+    if localize_failures and problems and cpu.error is None and tgt.error is None:
+        from .localize import localize
+
+        backward = not any(p.startswith("forward") for p in problems)
+        _localized(row, lambda: localize(prep.model, prep.inputs, target, dtype, tol=tol.fwd_rtol,
+                                         backward=backward, seed=seed),
+                   "no op of the eager ATen graph diverges beyond tolerance, locally or along the "
+                   "device's chain"
+                   + ("; if the eager item passes, compilation introduces the divergence" if mode == "compile"
+                      else "; the error builds up in the training loss/steps rather than in one op"))
+    # Localize an error the target raised to the op that raised it (a graph traced on the CPU
+    # holds the CPU's decompositions, not the kernels the device is handed: the model runs again).
+    elif localize_failures and cpu.error is None and tgt.error is not None:
+        from .localize import raising_op
+
+        _localized(row, lambda: raising_op(prep.model, prep.inputs, target, dtype, loss=spec.loss, seed=seed),
+                   "no ATen op raises when the model runs eager on the target"
+                   + ("; compiling it (torch.compile with the target's backend) raises" if mode == "compile"
+                      else "; the error is raised outside the ops (placement, synchronization or the loss)"))
+
+    # Performance: compile counts, shape sweep and latency.
+    if tgt.error is None and fn is not None and cpu.error is None:
+        try:
+            assert tgt_model is not None
+            with inference(tgt_model):
+                if mode == "compile":
+                    assert counter is not None
+                    row.update(shape_sweep(spec, fn, dtype, target, counter, tgt.first_s, timed_iters))
+                elif timed_iters:
+                    times = time_forward(fn, target.to_device(inputs), target, WARMUP + timed_iters)[WARMUP:]
+                    row["p50_ms"], row["p99_ms"] = percentile(times, 0.5), percentile(times, 0.99)
+        except Exception as exc:  # noqa: BLE001
+            before = row["error"] + "; " if row["error"] else ""
+            row["error"] = f"{before}latency sweep failed: {error_text(exc)}"[:2000]
+    return row
+
+
+def _exported_item(target: Any, prep: Prepared, dtype: torch.dtype, tol: Any, xfail: Any,
+                   seed: int) -> dict[str, Any]:
+    """A model item on a target that exports the model and runs it elsewhere (``exports``:
+    onnxruntime, inference only): the forward in eval mode, without gradients, against the CPU's;
+    nothing is trained. An export the target refuses is ``unsupported`` with its reason."""
+    inputs = cast(prep.inputs, dtype)
+    cpu_out = tgt_out = None
+    cpu_error = tgt_error = None
+    try:
+        with inference(cpu_model := copy.deepcopy(prep.model).to(dtype)):
+            torch.manual_seed(seed)
+            cpu_out = detach_cpu(cpu_model(*inputs))
+    except Exception as exc:  # noqa: BLE001
+        cpu_error = error_text(exc)
+    record = None
+    if cpu_error is None:
+        try:
+            tgt_model = copy.deepcopy(prep.model).to(dtype)
+            fn = target.wrap(tgt_model)
+            with inference(tgt_model):
+                torch.manual_seed(seed)
+                t0 = time.perf_counter()
+                tgt_out = detach_cpu(fn(*target.to_device(inputs)))
+                first_s = time.perf_counter() - t0
+        except Exception as exc:  # noqa: BLE001
+            tgt_error = error_text(exc)
+        record = target.compiled()
+    row: dict[str, Any] = {"native_ops": [], "fallback_ops": []}
+    close, detail = False, ""
+    if cpu_error is None and tgt_error is None:
+        ev, fwd_err, detail = forward_evidence(cpu_out, tgt_out, tol)
+        row["max_abs_err"], row["max_rel_err"] = ev.row()["max_abs_err"], ev.row()["max_rel_err"]
+        row["fwd_rel_err"] = fwd_err if math.isfinite(fwd_err) else 1e308
+        row["fingerprint"] = fingerprint(tgt_out, cpu_out, ref_kind="cpu")
+        row["compile_s"] = first_s
+        close = not detail
+    status = decide(cpu_error=cpu_error, target_error=tgt_error, close=close,
+                    expected_failure=xfail.statuses if xfail else None,
+                    graphs=record.graphs if record is not None and tgt_error is None else None)
+    error = (f"CPU reference failed: {cpu_error}" if cpu_error else tgt_error) or (
+        f"forward: {detail} [tolerance from {tol.source}]" if detail else None)
+    if status is Status.ERROR and error is None:
+        error = f"{NOT_COMPILED} (no model was run by {target.name!r})"
+    if status in (Status.XFAIL, Status.XPASS) and xfail is not None:
+        error = f"{error or 'passed'} [expected failure: {xfail.where}: {xfail.reason}]"
+    row["status"], row["error"] = status.value, error
+    return row

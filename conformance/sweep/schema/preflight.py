@@ -1,0 +1,69 @@
+"""The crash-safe schema search's preflights: one input run in a forked child first, on the CPU
+reference (:func:`cpu_preflight`) or on the target alone (:func:`target_preflight`), so that a
+kernel that crashes or hangs on it costs that child, not the worker.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+from typing import Any
+
+from conformance.check.execute import clone_sample, on_device
+
+PREFLIGHT_TIMEOUT_S = 30.0
+
+
+def _in_child(run: Callable[[], None]) -> str | None:
+    """Run ``run`` in a forked child; how it died ("crashed (signal X)", "hung"), or None."""
+    pid = os.fork()
+    if pid == 0:  # child: run, then leave without cleanup (exceptions are reported by the real run)
+        import faulthandler
+        import gc
+
+        faulthandler.disable()  # an expected crash, reported by the parent; no traceback dump
+        # what the parent had is not this child's to free: collecting it (inherited tensors of other
+        # devices, compiler pools, threads' locks) could crash or hang the child for reasons that
+        # have nothing to do with the input, and turn a valid input into a "crash"
+        gc.freeze()
+        try:
+            run()
+            gc.collect()  # free now: heap corruption often only shows when memory is freed
+        except BaseException:  # noqa: BLE001, S110
+            pass
+        os._exit(0)
+    deadline = time.monotonic() + PREFLIGHT_TIMEOUT_S
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return f"hung (over {PREFLIGHT_TIMEOUT_S:g} s)"
+        time.sleep(0.002)
+    if os.WIFSIGNALED(status):
+        return f"crashed (signal {signal.Signals(os.WTERMSIG(status)).name})"
+    return None
+
+
+def cpu_preflight(info: Any, sample: Any) -> str | None:
+    """Run the CPU reference on ``sample`` in a forked child first; the reason when the child
+    died (a crashing reference kernel is a rejected input, not the end of the search)."""
+    cpu = clone_sample(sample, lambda t: t.clone())
+    died = _in_child(lambda: info.op(cpu.input, *cpu.args, **cpu.kwargs))
+    return None if died is None else f"CPU reference {died}"
+
+
+def target_preflight(target: Any, info: Any, sample: Any) -> str | None:
+    """Run ``sample`` on the target alone in a forked child (no CPU reference ran in that
+    process, so nothing the reference corrupted can fail there); how the target died, or None."""
+
+    def run() -> None:
+        dev = on_device(sample, target.device)
+        target.wrap(info.op)(dev.input, *dev.args, **dev.kwargs)
+        target.synchronize()
+
+    return _in_child(run)
