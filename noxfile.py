@@ -1,4 +1,5 @@
-"""Sessions: ``tests`` (the suite), ``conformance`` (the nightly job), ``lint`` (ruff), ``browser``
+"""Sessions: ``tests`` (the suite), ``conformance`` (the nightly job), ``bench`` (every benchmark,
+one table), ``lint`` (ruff), ``browser``
 (Debian's chromium for the browser tests, as root), ``hf``, ``browse`` (Datasette).
 
 Everything installed here goes through ``constraints.txt`` (torch==2.13.0): a newer torch
@@ -69,6 +70,14 @@ def conformance(session: nox.Session) -> None:
     strict = os.environ.get("CONFORMANCE_STRICT") == "1"
     session.run("conformance", "nightly", "--db", db, *session.posargs, success_codes=[0] if strict else [0, 1])
     _where(session)
+
+
+@nox.session(python="3.11")
+def bench(session: nox.Session) -> None:
+    """Every benchmark (benchmarks/benchmarks.toml), one table of their figures at the end
+    (about 15 minutes on 2 cores; ``-- --only item_cost.py`` for one, ``-- --list`` for what runs)."""
+    _install(session)
+    session.run("python", str(HERE / "benchmarks" / "run_all.py"), *session.posargs)
 
 
 @nox.session(python="3.11")

@@ -105,19 +105,21 @@ def calibrate(target_name: str, build: str | None, per_family: int, families: li
     import torch
 
     from conformance.models import runner as R
+    from conformance.models.item import prepare
     from conformance.models.localize import rel_l2
+    from conformance.models.training import cast, train_side
     from conformance.targets import get_target
 
     target = get_target(target_name, build)
     for model_id, dtype_name in sample(per_family, families, ("float32", "bfloat16")):
-        prep = R._prepare(model_id)
+        prep = prepare(model_id)
         dtype = getattr(torch, dtype_name)
-        inputs = R._cast(prep.inputs, dtype)
+        inputs = cast(prep.inputs, dtype)
         try:
             cm = copy.deepcopy(prep.model).to(dtype)
-            c = R._train(prep.spec, cm, cm, inputs, None, R.TRAIN_STEPS, 0)
+            c = train_side(prep.spec, cm, cm, inputs, None, R.TRAIN_STEPS, 0)
             tm = copy.deepcopy(prep.model).to(dtype).to(target.device)
-            t = R._train(prep.spec, tm, tm, target.to_device(inputs), target, R.TRAIN_STEPS, 0)
+            t = train_side(prep.spec, tm, tm, target.to_device(inputs), target, R.TRAIN_STEPS, 0)
         except Exception as exc:  # noqa: BLE001
             print(f"{model_id:45s} {dtype_name:9s} error {type(exc).__name__}: {str(exc)[:80]}")
             continue

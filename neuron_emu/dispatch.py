@@ -22,7 +22,7 @@ import torch
 
 from . import defects as _defects
 from . import numerics as _num
-from .meta_dtypes import (  # noqa: F401  (re-exported: tests, benchmarks/emu_meta_cache.py)
+from .meta_dtypes import (  # noqa: F401  (re-exported: tests)
     _META_DTYPES,
     _dtype_key,
     _meta_dtypes,

@@ -263,10 +263,10 @@ def test_the_printed_run_command_works_outside_the_virtual_environment(tmp_path)
 
 
 def test_the_hand_check_counts_a_script_that_fails_another_way_apart():
-    """benchmarks/findings_repro.py: a script reproduces an error only with the item's exception
+    """tools/findings_repro.py: a script reproduces an error only with the item's exception
     class, and a mismatch only with a value difference; a script that dies of its own NameError
     reproduces nothing."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
     from findings_repro import _same_failure
 
     error = {"status": "error", "error": "InvalidArgument: [ONNXRuntimeError] : 2 : Non-zero status"}

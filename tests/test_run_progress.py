@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from conformance.run.executor import Work
 from conformance.run.progress import LINE, PRIOR_S, Console, Eta, Pricer, Snapshot, duration
 from conformance.run.runner import RunSpec, Supervisor
 from conformance.work import Group
@@ -118,8 +119,8 @@ def test_a_measured_history_corrects_a_slower_machine(monkeypatch):
 
 def test_supervisor_schedules_by_history_and_estimates_with_its_workers():
     groups = _groups(4, 0)
-    sup = Supervisor(RunSpec(workers=2), None, "r", groups, {}, None,
-                     history={"op0|float32": 1.0, "op1|float32": 1.0, "op2|float32": 9.0, "op3|float32": 1.0})
+    history = {"op0|float32": 1.0, "op1|float32": 1.0, "op2|float32": 9.0, "op3|float32": 1.0}
+    sup = Supervisor(Work(RunSpec(workers=2), "r", groups, history=history), None, None)
     assert [g.op for g in sup.queue] == ["op2", "op0", "op1", "op3"]
     sup.slots = [SimpleNamespace(proc=None, group=None)]
     assert sup.eta_s() == pytest.approx(9.0)

@@ -237,7 +237,7 @@ def test_onnx_scripts_test_data_becomes_float32_facts_of_the_export_path():
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
     from upstream_onnx_facts import facts
 
     found, left = facts(ONNX_DATA, "2.13.0+cpu", "1.32.0")

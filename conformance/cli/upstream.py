@@ -33,7 +33,7 @@ def upstream_cmd(db_path: str, run_id: str, source: str | None, dtype: str, as_j
     findings upstream does not know.
 
     Each upstream fact is re-found (the run holds a failing status for the op x dtype), stale (a
-    standalone check passes it here: benchmarks/upstream_inductor_check.py or
+    standalone check passes it here: tools/upstream_inductor_check.py or
     upstream_onnx_check.py), untestable
     (with the reason), not swept, or missed. Recall = re-found / (total - stale - not swept).
     Exit 0 whatever it finds (it is a report, not a gate).

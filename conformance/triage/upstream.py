@@ -5,8 +5,8 @@ CPU (from ``test/inductor/test_torchinductor_opinfo.py``), ``data/upstream_onnxr
 ONNX Script's for the exporter's torch_lib functions run in ONNX Runtime (from
 ``tests/function_libs/torch_lib/ops_test_data.py``), one fact per op x dtype with its source
 (repo@commit path, and the harness targets its list is about); ``data/upstream_triage.toml``
-what a standalone check (``benchmarks/upstream_inductor_check.py``,
-``benchmarks/upstream_onnx_check.py``) or a reading of the failure showed about each one that
+what a standalone check (``tools/upstream_inductor_check.py``,
+``tools/upstream_onnx_check.py``) or a reading of the failure showed about each one that
 the harness alone cannot tell (stale under the installed versions, or untestable and why).
 :func:`triage` joins both with a run's stored statuses: every upstream-known failure is
 ``stale`` or ``untestable`` (as the triage file says), else ``re-found`` (the run holds a failing

@@ -1,6 +1,6 @@
 """PyTorch's own TestCommon failures on a device, side by side with the harness's findings.
 
-Reads the JSON that ``benchmarks/testcommon_neuron.py --json`` writes (one record per failed
+Reads the JSON that ``tools/testcommon_neuron.py --json`` writes (one record per failed
 test item: test, op, dtype, device, cause) and one harness run in an opdb database, and answers:
 of the op x dtype pairs PyTorch's TestCommon fails on the device (leaving out every test item
 that fails the same way on the CPU device: no finding about the device), how many does the
@@ -9,7 +9,7 @@ it does not flag, with TestCommon's cause; and how many op x dtype pairs each co
 
 Example::
 
-    python benchmarks/testcommon_vs_harness.py --testcommon /work/tc/tc233.json \\
+    python tools/testcommon_vs_harness.py --testcommon /work/tc/tc233.json \\
         --db results/contracts.sqlite --run RUN_ID [--list]
 """
 

@@ -23,7 +23,7 @@ package). Which entries become facts, for the harness's ``--target onnxruntime``
 - several entries for one op are one fact: an xfail if any is, covering all samples if any does,
   with the reasons joined.
 
-    python benchmarks/upstream_onnx_facts.py ops_test_data.py --commit SHA > conformance/data/upstream_onnxruntime.toml
+    python tools/upstream_onnx_facts.py ops_test_data.py --commit SHA > conformance/data/upstream_onnxruntime.toml
 """
 
 from __future__ import annotations
@@ -150,11 +150,11 @@ def main() -> int:
     kept = ", ".join(f"{n} {why}" for why, n in left.items() if n)
     print(f"""# ONNX Script's own expectations for the ONNX exporter's torch_lib functions run in ONNX Runtime
 # (tests/function_libs/torch_lib/ops_test_data.py, TESTED_TORCHLIB_OPS .xfail/.skip), float32, as
-# facts (op, dtype, expectation, samples). Written by benchmarks/upstream_onnx_facts.py (its
+# facts (op, dtype, expectation, samples). Written by tools/upstream_onnx_facts.py (its
 # docstring says which entries become facts) with torch {torch.__version__} and onnxruntime
 # {onnxruntime.__version__} deciding each entry's enabled_if. Entries left out: {kept}.
 # Loaded and validated by conformance.triage.upstream.expectations(); what a standalone check
-# (benchmarks/upstream_onnx_check.py) showed about each is in upstream_triage.toml.
+# (tools/upstream_onnx_check.py) showed about each is in upstream_triage.toml.
 #
 # How upstream's test differs from the harness's --target onnxruntime: it calls each torch_lib
 # function itself (after an input "wrangler"), where the harness exports the OpInfo's op with

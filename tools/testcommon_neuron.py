@@ -60,14 +60,14 @@ Where this differs from upstream, and why:
 
 Usage (the backend is registered before ``common_device_type`` is imported, as it must be)::
 
-    PYTHONPATH=. python benchmarks/testcommon_neuron.py --build 2.33.0 --dtypes float32,bfloat16,int64 \\
+    PYTHONPATH=. python tools/testcommon_neuron.py --build 2.33.0 --dtypes float32,bfloat16,int64 \\
         --cpu-too --shard 0/16 --json /tmp/tc.json --raw /tmp/tc.raw --timeout 1800 -- -n 1
 
 Prints one line per test kind and device: passed/failed/skipped/xfailed, then the failures grouped
 by first error line.  ``--cpu-too`` runs the same tests on the CPU device as well (kinds and causes
 marked ``[CPU]``): a test that fails there too is no finding about the device.  On the CPU device
 ``test_compare_cpu`` compares the CPU with itself, so ``--cpu-too`` cannot clear a compare failure;
-``benchmarks/testcommon_not_device.py`` re-checks, with a control each, the failures on ``ideal``
+a re-check with a control each (stop 21) examined the failures on ``ideal``
 that are not device bugs.  ``--shard K/N`` takes the OpInfos whose op_db index is K mod N.
 ``--json PATH`` writes the counts and one record per failed item, ``{"test", "op" (OpInfo name and
 variant joined with '.'), "dtype", "device" ("neuron"|"cpu"), "cause" (first error line)}``;

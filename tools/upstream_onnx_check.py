@@ -13,8 +13,8 @@ per op: ``holds`` (some sample fails: the first reason; for an entry upstream ex
 samples only, that sample may not be one upstream's matcher picks), ``stale`` (every sample
 passes), ``unknown`` (the first ``--max-samples`` pass), or ``absent`` (no such OpInfo here).
 
-    .venv/bin/python benchmarks/upstream_onnx_check.py --dtype float32
-    .venv/bin/python benchmarks/upstream_onnx_check.py --ops nn.functional.pad.reflect --max-samples 4
+    .venv/bin/python tools/upstream_onnx_check.py --dtype float32
+    .venv/bin/python tools/upstream_onnx_check.py --ops nn.functional.pad.reflect --max-samples 4
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ Items whose compiler compiled no graph are left out unless ``--with-uncompiled``
 harness's infrastructure errors, not the backend's findings (their script says it compiled no
 graph, with dynamo's graph-break reasons, as the item's proof does).
 
-    .venv/bin/python benchmarks/findings_repro.py --db results/inductor.sqlite --run RUN --limit 30 --not-upstream
+    .venv/bin/python tools/findings_repro.py --db results/inductor.sqlite --run RUN --limit 30 --not-upstream
 """
 
 from __future__ import annotations

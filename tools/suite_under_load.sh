@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the test suite N times in a row (default 2) while two CPU-burning processes compete for
 # the cores, as on a shared CI machine; prints each run's wall time and result line.
-#   bash benchmarks/suite_under_load.sh [N] [pytest args...]
+#   bash tools/suite_under_load.sh [N] [pytest args...]
 # Uses `nox -s tests` (the README's test command) unless PYTEST is set to a python to run
 # `PYTEST -m pytest -n 2 --dist loadgroup` directly (faster to iterate on).
 set -u

@@ -16,8 +16,8 @@ rtol 1.3e-5, NaNs equal) and output strides compared; forward only (upstream ski
 the CPU). ``--default-config`` keeps Inductor's defaults instead (``implicit_fallbacks=True``,
 what the harness's ``--target inductor`` uses), to tell a config-only failure from a real one.
 
-    .venv/bin/python benchmarks/upstream_inductor_check.py --source newest --dtype float32
-    .venv/bin/python benchmarks/upstream_inductor_check.py --ops cholesky --default-config
+    .venv/bin/python tools/upstream_inductor_check.py --source newest --dtype float32
+    .venv/bin/python tools/upstream_inductor_check.py --ops cholesky --default-config
 """
 
 from __future__ import annotations
