@@ -37,11 +37,7 @@ class Benchmark:
     args: tuple[str, ...]
     figures: tuple[re.Pattern[str], ...]
     why: str
-
-    @property
-    def label(self) -> str:
-        extra = " --replay" if "--replay" in self.args else ""
-        return self.script.removesuffix(".py") + extra
+    label: str  # the script's name, numbered when the list runs it more than once
 
 
 def load(path: Path = CONFIG) -> list[Benchmark]:
@@ -77,7 +73,9 @@ def load(path: Path = CONFIG) -> list[Benchmark]:
         why = e.get("why")
         if not isinstance(why, str) or not why:
             raise ConfigError(f"{where} ({script}): why (where the figure is quoted) is missing")
-        out.append(Benchmark(script, tuple(args), tuple(compiled), why))
+        seen = sum(b.script == script for b in out)
+        label = script.removesuffix(".py") + (f" ({seen + 1})" if seen else "")
+        out.append(Benchmark(script, tuple(args), tuple(compiled), why, label))
     return out
 
 
@@ -98,7 +96,7 @@ class Outcome:
 
 def run(bench: Benchmark, db: Path, out: Path, python: str) -> Outcome:
     args = [a.replace("{db}", str(db)) for a in bench.args]
-    log = out / f"{bench.label.replace(' --', '-')}.log"
+    log = out / f"{bench.label.replace(' (', '-').rstrip(')')}.log"
     start = time.monotonic()
     with log.open("w", encoding="utf-8") as fh:
         proc = subprocess.run([python, str(HERE / bench.script), *args], stdout=subprocess.PIPE,

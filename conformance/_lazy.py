@@ -13,11 +13,14 @@ Example::
     >>> pkg.__getattr__, pkg.__dir__ = exports("os", {"path": ("join",)})
     >>> pkg.__getattr__("join") is __import__("os").path.join
     True
+    >>> "join" in pkg.__dir__() and "getcwd" in pkg.__dir__()
+    True
 """
 
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Callable, Iterable, Mapping
 
 
@@ -32,7 +35,7 @@ def exports(package: str, modules: Mapping[str, Iterable[str]]) -> tuple[Callabl
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         return getattr(importlib.import_module(f"{package}.{sub}"), name)
 
-    def __dir__() -> list[str]:
-        return sorted(home)
+    def __dir__() -> list[str]:  # the package's own names (submodules imported so far) and the exports
+        return sorted(set(vars(sys.modules[package])) | set(home))
 
     return __getattr__, __dir__
