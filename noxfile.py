@@ -75,8 +75,9 @@ def conformance(session: nox.Session) -> None:
 @nox.session(python="3.11")
 def bench(session: nox.Session) -> None:
     """Every benchmark (benchmarks/benchmarks.toml), one table of their figures at the end
-    (about 15 minutes on 2 cores; ``-- --only item_cost.py`` for one, ``-- --list`` for what runs)."""
-    _install(session)
+    (about 15 minutes on 2 cores; ``-- --heavy`` adds the nightly cold and warm and the test suite
+    idle and loaded, over an hour; ``-- --only item_cost.py`` for one, ``-- --list`` for what runs)."""
+    _install(session, "test")  # suite_time.py runs the test suite
     session.run("python", str(HERE / "benchmarks" / "run_all.py"), *session.posargs)
 
 

@@ -6,7 +6,8 @@ are quoted in the table, with its wall time. A benchmark that fails, or prints n
 is marked so and makes the exit status 1: the table never quotes a figure that was not produced.
 All output goes to ``--out`` (default: a new temporary folder), one log per benchmark.
 
-    python benchmarks/run_all.py                      # everything (what `nox -s bench` runs)
+    python benchmarks/run_all.py                      # everything but the heavy ones (what `nox -s bench` runs)
+    python benchmarks/run_all.py --heavy              # and the nightly cold/warm and the test suite (over an hour)
     python benchmarks/run_all.py --only item_cost.py --only bench_gate.py
     python benchmarks/run_all.py --list               # what would run, with why
 """
@@ -38,6 +39,7 @@ class Benchmark:
     figures: tuple[re.Pattern[str], ...]
     why: str
     label: str  # the script's name, numbered when the list runs it more than once
+    heavy: bool = False  # tens of minutes (the whole nightly, the test suite): only with --heavy
 
 
 def load(path: Path = CONFIG) -> list[Benchmark]:
@@ -52,9 +54,12 @@ def load(path: Path = CONFIG) -> list[Benchmark]:
     out = []
     for i, e in enumerate(entries):
         where = f"{path.name}: benchmark {i + 1}"
-        unknown = set(e) - {"script", "args", "figures", "why"}
+        unknown = set(e) - {"script", "args", "figures", "why", "heavy"}
         if unknown:
-            raise ConfigError(f"{where}: unknown field {sorted(unknown)[0]!r} (script, args, figures, why)")
+            raise ConfigError(f"{where}: unknown field {sorted(unknown)[0]!r} (script, args, figures, why, heavy)")
+        heavy = e.get("heavy", False)
+        if not isinstance(heavy, bool):
+            raise ConfigError(f"{where}: heavy {heavy!r} must be true or false")
         script = e.get("script")
         if not isinstance(script, str) or not (HERE / script).is_file():
             raise ConfigError(f"{where}: script {script!r} is not a file in {HERE}")
@@ -75,7 +80,7 @@ def load(path: Path = CONFIG) -> list[Benchmark]:
             raise ConfigError(f"{where} ({script}): why (where the figure is quoted) is missing")
         seen = sum(b.script == script for b in out)
         label = script.removesuffix(".py") + (f" ({seen + 1})" if seen else "")
-        out.append(Benchmark(script, tuple(args), tuple(compiled), why, label))
+        out.append(Benchmark(script, tuple(args), tuple(compiled), why, label, heavy))
     return out
 
 
@@ -95,7 +100,7 @@ class Outcome:
 
 
 def run(bench: Benchmark, db: Path, out: Path, python: str) -> Outcome:
-    args = [a.replace("{db}", str(db)) for a in bench.args]
+    args = [a.replace("{db}", str(db)).replace("{tmp}", str(out)) for a in bench.args]
     log = out / f"{bench.label.replace(' (', '-').rstrip(')')}.log"
     start = time.monotonic()
     with log.open("w", encoding="utf-8") as fh:
@@ -126,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", action="append", metavar="SCRIPT", help="run just these (repeatable)")
     ap.add_argument("--out", help="folder for the logs and the shared database (default: a new one)")
     ap.add_argument("--list", action="store_true", help="print what would run, and why, then exit")
+    ap.add_argument("--heavy", action="store_true",
+                    help="also the heavy ones (the nightly cold and warm, the test suite idle and loaded: over an hour)")
     a = ap.parse_args(argv)
     try:
         benchmarks = load()
@@ -143,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: --only {unknown[0]!r}: not in {CONFIG.name}", file=sys.stderr)
             return 2
         benchmarks = [b for b in benchmarks if b.script in a.only]
+    elif not a.heavy:
+        benchmarks = [b for b in benchmarks if not b.heavy]
     if a.list:
         for b in benchmarks:
             print(f"{b.label:28} {' '.join(b.args)}\n{'':28} {b.why}")

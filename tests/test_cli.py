@@ -130,3 +130,14 @@ def test_unknown_build_is_refused_before_torch_loads():
                          cwd=Path(__file__).resolve().parent.parent)
     assert out.stdout.split() == ["exit", "2", "False"], out.stdout + out.stderr
     assert "no such neuron-emu build" in out.stderr
+
+
+def test_the_run_commands_spelt_out_defaults_match_the_library():
+    """The CLI spells some defaults out so that ``--help`` imports no torch: they must stay the library's."""
+    from conformance.check.contracts import DEFAULT_BUDGET
+    from conformance.cli.sweep import CLI_VARIANTS, run_cmd
+    from conformance.select import VARIANTS
+
+    assert CLI_VARIANTS == ",".join(VARIANTS)
+    budget = next(p for p in run_cmd.params if p.name == "contract_budget")
+    assert budget.default == str(DEFAULT_BUDGET)

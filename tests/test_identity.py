@@ -41,7 +41,7 @@ NIGHTLY = ["--build", "2.32.0", "--build", "2.33.0", "--ops", "abs", "--ops", "c
 FLOAT_RTOL = 1e-4  # floats agree to this (a result that really changed moves far more)
 # What no two runs share: ids, clocks, durations, latencies, machine, revision, console output.
 VOLATILE = {"id", "recorded_at", "duration_s", "output", "host", "git_sha", "started_at", "finished_at",
-            "decided_at", "compile_s", "p50_ms", "p99_ms", "seconds"}
+            "decided_at", "compile_s", "p50_ms", "p99_ms", "first_ms", "seconds"}
 
 
 def _clean(value: Any) -> Any:

@@ -90,6 +90,10 @@ class Evidence:
     # the element that failed worst: {"output": i, "index": [...], "target": x, "cpu": y} and,
     # once arbitrated, "arbiter" (the float64 reference's value there); None when nothing failed
     worst: dict[str, Any] | None = None
+    # the largest share of its tolerance any finite element's error takes, |t - c| / (atol +
+    # rtol * |c|): 0 when bitwise equal, above 1 where an element fails (the lazy float64 arbiter
+    # runs past conformance.sweep.opinfo.ARBITER_MARGIN of it)
+    tol_used: float = 0.0
 
     def row(self) -> dict[str, Any]:
         return {"max_abs_err": _finite(self.max_abs_err), "max_rel_err": _finite(self.max_rel_err),
@@ -196,6 +200,7 @@ def tensor_evidence(t: torch.Tensor, c: torch.Tensor, atol: float, rtol: float) 
         bad = complex_bad.unsqueeze(-1).expand(bad.shape)
     n_bad = int(bad.sum())
     max_abs = float(diff.max())
+    used = float((diff / allowed.clamp_min(torch.finfo(torch.float64).tiny)).max()) if max_abs > 0 else 0.0
     rel = diff / c64.abs().clamp_min(torch.finfo(dtype).tiny)
     max_rel = float(torch.where(finite, rel, torch.zeros((), dtype=torch.float64)).max())
     ulps = float((diff / ulp(c64, dtype)).max()) if max_abs > 0 else 0.0
@@ -213,7 +218,8 @@ def tensor_evidence(t: torch.Tensor, c: torch.Tensor, atol: float, rtol: float) 
         excess = torch.where(bad, (diff - allowed).clamp_min(0), torch.full((), -1.0, dtype=torch.float64))
         worst = _worst(torch.where(inf_bad | (tn != cn), torch.full((), math.inf, dtype=torch.float64), excess), t64, c64)
     return Evidence(n_bad == 0, max_abs_err=max_abs, max_rel_err=max_rel, ulp_err=ulps,
-                    mismatch_frac=n_bad / t.numel(), nan_agree=nan_agree, detail=detail.strip("; "), worst=worst)
+                    mismatch_frac=n_bad / t.numel(), nan_agree=nan_agree, detail=detail.strip("; "), worst=worst,
+                    tol_used=used)
 
 
 # -- sparse results ---------------------------------------------------------------------------------
@@ -326,7 +332,7 @@ def _merge(parts: Sequence[Evidence], comparator: str) -> Evidence:
         close=all(p.close for p in parts),
         max_abs_err=max(p.max_abs_err for p in parts), max_rel_err=max(p.max_rel_err for p in parts),
         ulp_err=max(p.ulp_err for p in parts), mismatch_frac=max(p.mismatch_frac for p in parts),
-        nan_agree=all(p.nan_agree for p in parts), dtype_ok=all(p.dtype_ok for p in parts),
+        tol_used=max(p.tol_used for p in parts), nan_agree=all(p.nan_agree for p in parts), dtype_ok=all(p.dtype_ok for p in parts),
         shape_ok=all(p.shape_ok for p in parts), stride_ok=all(p.stride_ok for p in parts),
         structure_ok=all(p.structure_ok for p in parts), comparator=comparator, detail="; ".join(f"output {i}: {p.detail}" for i, p in enumerate(parts) if p.detail))
 

@@ -33,6 +33,7 @@ from conformance.targets import Target
 from conformance.targets.base import Dispatched, OpTrace
 
 from .compare import Meta, bitwise_equal, leaves
+from .refcache import SharedCpu, unchanged_sample
 
 _FLOAT_LOW = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -195,31 +196,38 @@ def to_cpu(value: Any) -> Any:
 
 
 def run_item(target: Target, info: Any, variant: str, sample: Any, *, want_arbiter: bool = True,
-             traced: bool = True, computed: Any = None) -> Outcome:
+             traced: bool = True, computed: Any = None, refs: Any = None, ref_hint: str | None = None) -> Outcome:
     """Run one sample of one OpInfo variant on the CPU and on ``target``. ``traced=False`` runs
     the target's call outside its op trace (no overloads are named): for checking whether the
     trace itself changed the result (:func:`conformance.sweep.evaluate` does). ``computed``: on
     a compiler target, the sample's result from a compiled batch
-    (:class:`conformance.check.batching.Computed`), taken instead of compiling the item on its own."""
+    (:class:`conformance.check.batching.Computed`), taken instead of compiling the item on its own.
+    ``refs``: a :class:`conformance.check.refcache.RefCache` holding the CPU side (the reference
+    and the float64 arbiter) of samples seen before, found by ``ref_hint`` and the sample's content."""
     fn = variant_fn(info, variant)
     if fn is None:
         return Outcome(cpu_error=f"OpInfo {info.name} has no {variant} variant")
     out = Outcome()
+    shared = SharedCpu(refs, ref_hint, info, variant, sample, target.compiler)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         phase("cpu")
-        try:
-            # A copy: the call may change its inputs (in-place variants, batch norm's running
-            # statistics), and the target must start from the sample as generated.
-            s_cpu = on_device(sample, "cpu")
-            ref = invoke(info.op, "function", s_cpu, "cpu", None) if variant == "out" else None
-            # a compiler target's out= tensors come sized (below): the CPU gets the same kind, so
-            # that the layouts compared are of one call (an empty out= is restrided by the kernel,
-            # a sized one is kept: linalg.inv's result is column-major in one, row-major in the other)
-            out.cpu = invoke(fn, variant, s_cpu, "cpu", ref, sized_out=target.compiler)
-            out.cpu_sample = s_cpu
-        except Exception as exc:  # noqa: BLE001 - the CPU reference failed: the item is skipped
-            out.cpu_error = err(exc)
+
+        def reference() -> tuple[Any, Any, str | None]:
+            try:
+                # A copy: the call may change its inputs (in-place variants, batch norm's running
+                # statistics), and the target must start from the sample as generated.
+                s_cpu = on_device(sample, "cpu")
+                ref = invoke(info.op, "function", s_cpu, "cpu", None) if variant == "out" else None
+                # a compiler target's out= tensors come sized (below): the CPU gets the same kind, so
+                # that the layouts compared are of one call (an empty out= is restrided by the kernel,
+                # a sized one is kept: linalg.inv's result is column-major in one, row-major in the other)
+                return invoke(fn, variant, s_cpu, "cpu", ref, sized_out=target.compiler), s_cpu, None
+            except Exception as exc:  # noqa: BLE001 - the CPU reference failed: the item is skipped
+                return None, None, err(exc)
+
+        out.cpu, out.cpu_sample, out.cpu_error = shared.get("cpu", reference, unchanged_sample(sample, lambda: on_device(sample, "cpu")))
+        if out.cpu_error is not None:
             return out
         dev = target.device
         phase("target")
@@ -259,7 +267,7 @@ def run_item(target: Target, info: Any, variant: str, sample: Any, *, want_arbit
             out.native, out.fallback, out.reached = _trace_of(trace)
             return out
     if want_arbiter and sample_dtype(sample) in _FLOAT_LOW:
-        out.arbiter = lambda: _arbiter(fn, variant, info, sample)
+        out.arbiter = lambda: shared.get("f64", lambda: _arbiter(fn, variant, info, sample))
     return out
 
 

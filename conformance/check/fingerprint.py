@@ -1,5 +1,5 @@
-"""Error fingerprints: how a target's floating results err against the float64 arbiter, and
-whether that changed between two runs.
+"""Error fingerprints: how a target's floating results err against a reference, and whether that
+changed between two runs.
 
 **The fingerprint of one item** (:func:`fingerprint`) looks at every element of its floating
 outputs. Each element's error is ``e = (target - ref) * sign(ref) / max(|ref|, median |ref|) /
@@ -8,9 +8,10 @@ too large), in units of the output dtype's machine epsilon (about ULPs), with ne
 measured against the tensor's typical magnitude instead (so cancellation does not blow a relative
 error up). Signed along the reference, the mean is the *multiplicative* bias: a kernel that
 scales its results by 1.002, or rounds toward zero, moves it although the errors of a tensor of
-mixed signs would average out. ``ref`` is the float64 arbiter (the same sample computed in
-float64 on the CPU); where there is none (float64 items, gradients) it is the CPU's own result,
-and the fingerprint says which (``"ref"``). Stored per item (``op_results.fingerprint``):
+mixed signs would average out. The sweep takes ``ref`` as the CPU's own result where the item's
+values pass (the same for every build: drift between builds shows against it, and no float64
+call is paid) and as the float64 arbiter (the same sample computed in float64 on the CPU) where
+they fail; the fingerprint says which (``"ref"``), and runs are compared only like for like. Stored per item (``op_results.fingerprint``):
 ``n`` (finite elements), ``bias`` (mean signed error), ``rms``, ``p99`` and ``max`` of ``|e|``,
 ``nonfinite`` (elements finite on one side only, or NaN against a number) and ``probes``: the
 signed errors at up to :data:`PROBES` fixed positions spread over each floating output

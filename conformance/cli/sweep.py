@@ -45,6 +45,10 @@ CLI_VARIANTS = "function,inplace,out,backward,sparse_coo,sparse_csr,sparse_csc,s
               help="Contract checks besides values: metadata, aliasing, noncontiguous, variants, out, errors, "
                    "determinism; 'all', 'none' or 'default' (all on an eager target; metadata, variants, "
                    "determinism on a compiler target).")
+@click.option("--contract-budget", "contract_budget", default="2", show_default=True, metavar="K|all",
+              callback=lambda _c, _p, v: _budget(v),
+              help="Per op x variant x dtype, check the costly contracts (noncontiguous, variants) on the first K "
+                   "samples and then on each sample of a new shape class; 'all': on every sample.")
 @click.option("--schema/--no-schema", "schema", default=None,
               help="Schema-driven inputs for overloads no OpInfo reaches (default: on for a full sweep).")
 @click.option("--corpus/--no-corpus", "corpus", default=True, show_default=True,
@@ -72,6 +76,10 @@ CLI_VARIANTS = "function,inplace,out,backward,sparse_coo,sparse_csr,sparse_csc,s
 @click.option("--ledger", default=None, type=click.Path(dir_okay=False), help="Tolerance/xfail ledger TOML.")
 @click.option("--seed", type=int, default=None,
               help="Seed of the generated inputs (default: the fixed seed every run shares, so runs compare).")
+@click.option("--refcache", default="auto", show_default=True, metavar="auto|none|FILE",
+              help="Where CPU reference results are kept for the next run or build to take (keyed by the "
+                   "sample's content, torch and the harness; only results that took 2 ms or more): 'auto' "
+                   "beside --db (DB.refcache.sqlite), 'none' to compute every reference.")
 @click.option("--exit-zero", is_flag=True, help="Exit 0 when the run completes, whatever it found.")
 @click.option("--quiet", is_flag=True, help="No progress line.")
 @db_option(default="results/opdb.sqlite")
@@ -106,6 +114,18 @@ def run_cmd(variants: str, schema: bool | None, model_modes: str, resume: str | 
         click.echo(f"interrupted; continue with: conformance run --resume {summary.run_id} --db {db_path}")
         sys.exit(EXIT_INTERRUPTED)
     sys.exit(EXIT_OK if exit_zero or not summary.failures else EXIT_FAILURES)
+
+
+def _budget(text: str) -> int:
+    if text.strip().lower() == "all":
+        return 0
+    try:
+        k = int(text)
+    except ValueError:
+        k = -1
+    if k < 1:
+        raise click.BadParameter(f"{text!r}: expected a whole number of samples (1 or more) or 'all'")
+    return k
 
 
 def _variants(text: str) -> tuple[str, ...]:

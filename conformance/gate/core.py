@@ -4,7 +4,8 @@ A regression is an item whose status got worse (by :data:`~conformance.check.ver
 e.g. pass -> mismatch, pass -> contract, or native pass -> pass_fallback), an item still at
 ``contract`` that now fails a contract it passed (its evidence names both sets), or a model whose
 recompiles grew. Numerics are judged per op x variant x dtype on the items whose status did not
-change, from their error fingerprints against the float64 arbiter (:mod:`conformance.check.fingerprint`:
+change, from their error fingerprints (:mod:`conformance.check.fingerprint`; against the CPU's result
+where the values pass, the float64 arbiter where they fail:
 paired sign tests over fixed element probes of every sample, noise-calibrated, with minimum
 effects on the RMS error and the bias over all elements): ``drift`` when the group passed and its
 error grew, ``worsened`` when it was already failing and got worse -- both fail the gate, one
@@ -56,10 +57,11 @@ _SEV = SEVERITY
 PER_GROUP = 2  # representative items re-run per op x variant x dtype group
 _ONCE = (Status.TIMEOUT.value, Status.CRASH.value)  # re-run once: each re-run costs a timeout or a worker
 # The run-config keys that say which items a run holds; two runs gate only when these agree.
-# The contract checks count too: a run without them has no 'contract' items to lose.
+# The contract checks count too: a run without them has no 'contract' items to lose; so does their
+# budget (a run stored before there was one checked every sample: 0).
 SELECTION = ("ops", "dtypes", "variants", "seed", "max_samples", "thorough", "opinfo", "schema", "models",
-             "model_limit", "model_modes", "contracts")
-_SELECTION_DEFAULTS = {"opinfo": True, "schema": False, "thorough": False, "contracts": ["default"]}
+             "model_limit", "model_modes", "contracts", "contract_budget")
+_SELECTION_DEFAULTS = {"opinfo": True, "schema": False, "thorough": False, "contracts": ["default"], "contract_budget": 0}
 
 
 class GateError(ValueError):

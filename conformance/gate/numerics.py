@@ -1,7 +1,7 @@
 """The gate's numerics test: did the errors of items whose status did not change move beyond noise?
 
-Per op x variant x dtype, from the items' error fingerprints against the float64 arbiter
-(:mod:`conformance.check.fingerprint`: paired sign tests over fixed element probes of every sample,
+Per op x variant x dtype, from the items' error fingerprints (:mod:`conformance.check.fingerprint`;
+against the CPU's result where the values pass, the float64 arbiter where they fail; paired sign tests over fixed element probes of every sample,
 with minimum effects on the RMS error and the bias over all elements): ``drift`` when the group
 passed and its error grew, ``worsened`` when it was already failing and got worse. Runs stored
 without fingerprints fall back to a sign test on the samples' max errors (passing items only).

@@ -11,6 +11,7 @@ import collections
 import json
 import os
 import signal
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -21,7 +22,7 @@ from conformance import datafiles
 from conformance.check.verdict import Status
 from conformance.select import SelectionError, parse_shard, shard_of
 from conformance.targets import Target
-from conformance.work import Group, ItemKey
+from conformance.work import Group, ItemKey, Selection
 from opdb import Store
 from opdb.queries import group_seconds
 
@@ -29,7 +30,7 @@ from .executor import Summary, Work, executor
 from .kinds import TABLES, groups_of, kind_of_item
 from .progress import Console
 from .spec import RunSpec
-from .supervisor import Supervisor, start_worker_server
+from .supervisor import Supervisor, start_worker_server, worker_context
 
 __all__ = ["CodeChangedWarning", "EmptyRun", "Prepared", "RunSpec", "Summary", "Supervisor", "check", "execute_run",
            "prepare", "rerun_items", "run_canaries", "run_into", "stderr_progress"]
@@ -118,9 +119,50 @@ def _selection_text(spec: RunSpec) -> str:
     return ", ".join(parts)
 
 
+#: The module whose import (the OpInfo database, seconds of CPU) listing the groups needs.
+_OP_DB = "torch.testing._internal.common_methods_invocations"
+
+
+def _listed(selection: Selection) -> list[Group]:
+    """The groups of ``selection`` (:func:`~conformance.run.kinds.groups_of`), listed where the
+    OpInfo database is loaded already: here when it is, else in a process forked from the
+    worker server, which loads it for the workers anyway (importing it here as well cost the
+    supervisor ~3 s of CPU beside the workers, for nothing else). If that process fails to
+    answer, they are listed here."""
+    if _OP_DB in sys.modules:
+        return groups_of(selection)
+    start_worker_server()
+    ctx = worker_context()
+    reader, writer = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_list_groups, args=(selection, writer), daemon=True)
+    proc.start()
+    writer.close()
+    try:
+        ok, value = reader.recv()
+    except (EOFError, OSError):
+        ok, value = None, None
+    finally:
+        reader.close()
+        proc.join()
+    if ok is None:
+        return groups_of(selection)
+    if not ok:
+        raise value
+    return value
+
+
+def _list_groups(selection: Selection, conn: Any) -> None:
+    """In a process forked from the worker server: send back ``(True, groups)`` or ``(False, error)``."""
+    try:
+        answer: tuple[bool, Any] = (True, groups_of(selection))
+    except Exception as exc:  # noqa: BLE001 - raised in the supervisor (listed there again if it cannot travel)
+        answer = (False, exc)
+    conn.send(answer)
+
+
 def _select(spec: RunSpec) -> list[Group]:
     """The run's groups; a selection or shard that holds none is refused, naming why."""
-    every = groups_of(spec.selection)
+    every = _listed(spec.selection)
     if not every:
         raise SelectionError(f"{_selection_text(spec)}: the selection holds no (op, dtype) pair the CPU supports")
     k, n = parse_shard(spec.shard)
@@ -249,6 +291,7 @@ def run_into(spec: RunSpec, store: Store, *, resume: str | None = None,
             raise SelectionError(f"{where}: no run with id {resume!r} to resume")
         prepared = prepare(spec, resumed=run)
     spec, groups, target = prepared
+    spec = spec.replace(refcache=spec.refcache_for(store.path))
     if resume:
         _warn_if_code_changed(store.get_run(resume) or {"id": resume})
         store.resume_run(resume, shard=spec.shard)

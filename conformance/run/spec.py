@@ -22,10 +22,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from conformance.check.contracts import parse_contracts
+from conformance.check.contracts import DEFAULT_BUDGET, parse_contracts
 from conformance.check.ledger import Ledger
 from conformance.inputs.opinfo import DEFAULT_SEED
 from conformance.select import VARIANTS, SelectionError, parse_dtypes, parse_shard
@@ -79,6 +81,13 @@ class RunSpec:
     # How items run, not what they are: a verdict is always what the sample alone gets (a batched
     # result that does not pass runs again alone)
     compile_batch: int | None = field(default=None, metadata=_stored(omit_default=True))
+    # the CPU side's cache (conformance.check.refcache), shared by the runs of one database: "auto"
+    # (a file beside the database), "none", or a path. Where results come from, not what they are.
+    refcache: str | None = field(default="auto", metadata=_stored(None))
+    # samples per op x variant x dtype the costly contracts (noncontiguous, variants) are checked on
+    # before only new shape classes are (conformance.check.contracts.Budget); 0: every sample
+    # (always stored: a run stored before there was a budget checked every sample)
+    contract_budget: int = field(default=DEFAULT_BUDGET, metadata=_stored())
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: normalise in place, once
@@ -96,6 +105,9 @@ class RunSpec:
         b = self.compile_batch
         if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 1):
             raise SelectionError(f"--compile-batch {b!r}: must be a whole number of at least 1 (1: no batching)")
+        k = self.contract_budget
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise SelectionError(f"--contract-budget {k!r}: must be a whole number of samples (0: every sample)")
         for name, value in (("--max-samples", self.max_samples), ("--model-limit", self.model_limit)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise SelectionError(f"{name} {value!r}: must be a whole number of at least 1 (or left out for all)")
@@ -115,7 +127,18 @@ class RunSpec:
     def sweep_config(self) -> SweepConfig:
         """What a worker needs of the spec: the fields SweepConfig shares with it, the ledger loaded."""
         shared = {f.name: getattr(self, f.name) for f in dataclasses.fields(SweepConfig) if f.name != "ledger"}
+        # "auto" means beside the database, which only the runner knows (it resolves it first)
+        shared["refcache"] = self.refcache_for(None)
         return SweepConfig(**shared, ledger=Ledger.load(self.ledger))
+
+    def refcache_for(self, db_path: str | os.PathLike[str] | None) -> str | None:
+        """The cache file this run uses with the database at ``db_path`` (None: no cache)."""
+        if self.refcache in (None, "none") or (self.refcache == "auto" and db_path in (None, "", ":memory:")):
+            return None
+        if self.refcache == "auto":
+            db = Path(db_path)  # type: ignore[arg-type]
+            return str(db.with_name(db.stem + ".refcache.sqlite"))
+        return str(self.refcache)
 
     def replace(self, **changes: Any) -> RunSpec:
         return dataclasses.replace(self, **changes)

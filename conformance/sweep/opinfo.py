@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Container, Iterator
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import torch
@@ -24,9 +24,11 @@ import torch
 from conformance.check import comparators, contracts
 from conformance.check.batching import OpBatches
 from conformance.check.compare import arbitrate, compare, leaves
+from conformance.check.contracts import DEFAULT_BUDGET
 from conformance.check.execute import run_backward, run_item, signature, trace_changes_cpu
 from conformance.check.fingerprint import fingerprint
 from conformance.check.ledger import Ledger
+from conformance.check.refcache import open_cache
 from conformance.check.verdict import NOT_COMPILED, Status, decide, decide_unrun
 from conformance.inputs.opinfo import DEFAULT_SEED, SPARSE_VARIANTS, by_name, cpu_dtypes, samples, variant_fn
 from conformance.select import VARIANTS, parse_dtypes, select_ops
@@ -46,11 +48,16 @@ class SweepConfig:
     # samples per compiled graph on a compiler target that can batch them (1: each item compiles
     # its own; None: the target's default, Target.default_batch; see conformance.check.batching)
     compile_batch: int | None = None
+    # the file of CPU-side results shared between runs (conformance.check.refcache); None: none
+    refcache: str | None = None
+    # samples per op x variant x dtype the budgeted contracts are checked on before only new
+    # shape classes are (conformance.check.contracts.Budget); 0: every sample
+    contract_budget: int = DEFAULT_BUDGET
 
     def describe(self) -> dict[str, Any]:
-        """The settings as JSON values (the ledger, a loaded file, aside)."""
+        """The settings as JSON values (the ledger, a loaded file, and the cache's path aside)."""
         return {f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v
-                for f in fields(self) if f.name != "ledger"}
+                for f in fields(self) if f.name not in ("ledger", "refcache")}
 
 
 def evaluate(target: Target, info: Any, op: str, variant: str, dtype: str, index: int, sample: Any,
@@ -61,33 +68,35 @@ def evaluate(target: Target, info: Any, op: str, variant: str, dtype: str, index
 
 
 def _evaluate(target: Target, info: Any, op: str, variant: str, dtype: str, index: int, sample: Any,
-              config: SweepConfig, peer: dict[str, Any] | None, batches: OpBatches | None = None
-              ) -> tuple[dict[str, Any], Any]:
+              config: SweepConfig, peer: dict[str, Any] | None, batches: OpBatches | None = None,
+              budget: contracts.Budget | None = None) -> tuple[dict[str, Any], Any]:
     target.use_own_rng(comparators.comparator_for(op) == "random")
     computed = None
     if batches is not None:
         computed = batches.get(variant, info.op if variant == "backward" else variant_fn(info, variant), index)
     row, out = _decided(target, info, op, variant, dtype, index, sample, config, peer,
-                        batches if computed is not None else None, computed)
+                        batches if computed is not None else None, computed, budget)
     if computed is not None and not Status(row["status"]).passed and row["status"] != Status.SKIP.value:
         # A batched result that does not pass is not the verdict yet: the sample runs alone, as
         # a user would call it, and that decides (a compiler may treat an op differently beside
         # other samples' ops in one graph).
         in_batch = f"{row['status']}: {row.get('error') or ''}"[:300]
-        row, out = _decided(target, info, op, variant, dtype, index, sample, config, peer, None, None)
+        row, out = _decided(target, info, op, variant, dtype, index, sample, config, peer, None, None, budget)
         row["proof"] = {**(row.get("proof") or {}), "batch": {
             "samples": computed.proof["batch"]["samples"], "alone": True, "in_batch": in_batch}}
     return row, out
 
 
 def _decided(target: Target, info: Any, op: str, variant: str, dtype: str, index: int, sample: Any,
-             config: SweepConfig, peer: dict[str, Any] | None, batches: OpBatches | None, computed: Any
-             ) -> tuple[dict[str, Any], Any]:
+             config: SweepConfig, peer: dict[str, Any] | None, batches: OpBatches | None, computed: Any,
+             budget: contracts.Budget | None = None) -> tuple[dict[str, Any], Any]:
     xfail = config.ledger.expected_failure(op, variant, dtype, target.name)
     kind = comparators.comparator_for(op)
     start = time.perf_counter()
+    hint = f"opinfo|{ItemKey(op, variant, dtype, index)}|{config.seed}|{int(config.thorough)}"
     out = (run_backward(target, info, sample, computed=computed) if variant == "backward"
-           else run_item(target, info, variant, sample, computed=computed))
+           else run_item(target, info, variant, sample, computed=computed, refs=open_cache(config.refcache),
+                         ref_hint=None if kind == "random" else hint))
     # Tolerances follow the dtype of the result: exp of an int64 tensor is a float and is not
     # compared exactly.
     tol = config.ledger.tolerance(op, variant, _result_dtype(out.cpu, dtype), target.name)
@@ -109,10 +118,10 @@ def _decided(target: Target, info: Any, op: str, variant: str, dtype: str, index
     error = out.cpu_error and f"CPU reference failed: {out.cpu_error}"
     checks: dict[str, contracts.Check] = {}
     if values is not None:
-        ev, arb, measurable = values
+        ev, ref, measurable = values
         if measurable:
-            row["fingerprint"] = fingerprint(out.target, out.cpu if arb is None else arb,
-                                             ref_kind="cpu" if arb is None else "float64")
+            row["fingerprint"] = fingerprint(out.target, out.cpu if ref is None else ref,
+                                             ref_kind="cpu" if ref is None else "float64")
         row.update(ev.row())
         close = ev.close
         error = None if close else ev.detail
@@ -120,7 +129,7 @@ def _decided(target: Target, info: Any, op: str, variant: str, dtype: str, index
         if wanted:
             fn = info.op if variant == "backward" else variant_fn(info, variant)
             subject = contracts.Subject(target, info, variant, dtype, index, sample, fn, out, tol.atol, tol.rtol,
-                                        per_tensor, kind, peer, batches)
+                                        per_tensor, kind, peer, batches, budget, row["signature"])
             checks = contracts.check(subject, wanted)
     elif out.target_error is not None:
         error = out.target_error
@@ -146,21 +155,38 @@ def _decided(target: Target, info: Any, op: str, variant: str, dtype: str, index
     return row, out
 
 
+#: A passing item whose error takes more than this share of its tolerance is arbitrated too
+#: (its float64 errors are recorded; the verdict stays the CPU comparison's): near the edge, how
+#: far each side is from the exact value is worth knowing. Below it the arbiter cannot change
+#: an answer and is not computed.
+ARBITER_MARGIN = 0.5
+
+
 def _values(out: Any, tol: Any, kind: str, per_tensor: Any, peer: dict[str, Any] | None
             ) -> tuple[Any, Any, bool] | None:
-    """The value comparison of an item that ran on both sides: (evidence, the float64 arbiter's
-    result or None, whether the error is measurable); None when a side failed."""
+    """The value comparison of an item that ran on both sides: (evidence, the reference of its
+    error fingerprint, whether the error is measurable); None when a side failed.
+
+    The float64 arbiter (the same sample computed in float64 on the CPU) runs only where it can
+    change an answer: on an item whose values fail the CPU comparison (the rule that forgives a
+    target more accurate than the CPU) or come within :data:`ARBITER_MARGIN` of failing it. The
+    fingerprint of an item whose values pass is taken against the CPU's result, which is the
+    same for every build (so drift between builds shows); of an item that fails, against the
+    float64 result (the gate explains how far from exact a failing item is)."""
     if out.cpu_error is not None or out.target_error is not None:
         return None
     ev = compare(out.cpu, out.target, atol=tol.atol, rtol=tol.rtol, device_meta=out.device_meta,
                  per_tensor=per_tensor, comparator=kind)
     measurable = ev.dtype_ok and ev.shape_ok and kind == "allclose"
-    # The float64 arbiter: the rule that forgives a target more accurate than the CPU, and the
-    # reference of the error fingerprint (the CPU's result where there is no arbiter).
-    arb = out.arbiter_result = _arbiter(out, peer) if measurable else None
-    if not ev.close and arb is not None:
-        ev = arbitrate(ev, out.cpu, out.target, arb, atol=tol.atol)
-    return ev, arb, measurable
+    arb = None
+    if measurable and (not ev.close or ev.tol_used > ARBITER_MARGIN):
+        arb = _arbiter(out, peer)
+    out.arbiter_result = arb
+    if arb is not None:
+        judged = arbitrate(ev, out.cpu, out.target, arb, atol=tol.atol)
+        ev = judged if not ev.close else replace(ev, arbiter_err=judged.arbiter_err,
+                                                 cpu_arbiter_err=judged.cpu_arbiter_err)
+    return ev, (arb if not ev.close else None), measurable
 
 
 def _untraced(target: Target, info: Any, variant: str, sample: Any, out: Any, values: tuple[Any, Any, bool],
@@ -238,6 +264,7 @@ def run_group(target: Target, group: Group, config: SweepConfig, *, skip: Contai
     dtype = getattr(torch, group.dtype)
     variants = plan(info, config)
     batching = _batching(target, group, config, skip)
+    budget = contracts.Budget(config.contract_budget)
     try:
         gen = _taken(samples(info, dtype, thorough=config.thorough, seed=config.seed), config.max_samples, batching)
         batches = None
@@ -256,7 +283,7 @@ def run_group(target: Target, group: Group, config: SweepConfig, *, skip: Contai
                     on_start(key)
                 try:
                     row, out = _evaluate(target, info, group.op, variant, group.dtype, index, sample, config, peer,
-                                         batches)
+                                         batches, budget)
                 except Exception as exc:  # noqa: BLE001 - the harness failed on this item, not the sample generator
                     yield harness_error(group, variant, index, exc, config)
                     continue

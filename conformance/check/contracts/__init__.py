@@ -57,16 +57,23 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 
+import torch
+
+from conformance.check.compare import leaves
 from conformance.check.execute import err
 
-from .calls import check_determinism, check_errors, check_out, check_variants
+from .calls import check_determinism, check_errors, check_out, check_variants, other_callables
 from .layout import check_aliasing, check_metadata, check_noncontiguous, noncontiguous_copy
 from .terms import (
+    BUDGETED,
     COMPILER_DEFAULT,
     CONTRACTS,
     CPU_DETERMINISM_TRIES,
+    DEFAULT_BUDGET,
     DETERMINISM_SAMPLES,
     PASS,
+    SAMPLED_OUT,
+    Budget,
     Check,
     Outcome_,
     Subject,
@@ -75,11 +82,12 @@ from .terms import (
     failed,
     na,
     parse_contracts,
+    shape_class,
     summary,
 )
 
 __all__ = [
-    "COMPILER_DEFAULT", "CONTRACTS", "CPU_DETERMINISM_TRIES", "DETERMINISM_SAMPLES", "PASS", "Check",
+    "BUDGETED", "Budget", "DEFAULT_BUDGET", "SAMPLED_OUT", "shape_class", "COMPILER_DEFAULT", "CONTRACTS", "CPU_DETERMINISM_TRIES", "DETERMINISM_SAMPLES", "PASS", "Check",
     "Outcome_", "Subject", "check", "default_for", "fail", "failed", "na", "noncontiguous_copy",
     "parse_contracts", "summary",
 ]
@@ -92,6 +100,12 @@ def check(subject: Subject, wanted: Collection[str]) -> dict[str, Check]:
         if name not in wanted:
             continue
         fn = _CHECKS[name]
+        if subject.budget is not None and name in BUDGETED:
+            # asked only where the check applies (it says so without a call when it does not)
+            applies = _APPLIES.get(name, lambda s: True)(subject)
+            if applies and not subject.budget.wants(name, subject.variant, subject.index, subject.signature):
+                out[name] = Check("n/a", SAMPLED_OUT)
+                continue
         try:
             result = fn(subject)
         except Exception as exc:  # noqa: BLE001 - a check that cannot run is not a pass
@@ -100,6 +114,21 @@ def check(subject: Subject, wanted: Collection[str]) -> dict[str, Check]:
             out[name] = result
     return out
 
+
+def _noncontiguous_applies(s: Subject) -> bool:
+    return s.variant == "function" and any(
+        isinstance(x, torch.Tensor) and x.layout == torch.strided and x.numel() > 1
+        for x in leaves((s.sample.input, s.sample.args, s.sample.kwargs)))
+
+
+def _variants_applies(s: Subject) -> bool:
+    # in-place and out= items compare with the function's result the sweep already holds: free
+    return s.variant == "function" and next(iter(other_callables(s.info)), None) is not None
+
+
+#: Whether a budgeted contract would call anything on the item (where not, it is not counted).
+_APPLIES: dict[str, Callable[[Subject], bool]] = {"noncontiguous": _noncontiguous_applies,
+                                                  "variants": _variants_applies}
 
 #: The check of each contract, by name (a test may swap one for another).
 _CHECKS: dict[str, Callable[[Subject], Check | None]] = {

@@ -36,7 +36,7 @@ def _function_on_cpu(s: Subject) -> Any:
     return execute.invoke(s.info.op, "function", s.on_cpu(), "cpu", None)
 
 
-def _others(info: Any) -> Iterator[tuple[str, Callable[..., Any]]]:
+def other_callables(info: Any) -> Iterator[tuple[str, Callable[..., Any]]]:
     """The callables that must agree with the function on the same sample: the method and
     every alias's function and method."""
     if info.method_variant is not None and info.method_variant is not info.op:
@@ -61,7 +61,7 @@ def check_variants(s: Subject) -> Check | None:
         return fail(f"the {s.variant} variant differs from the function variant on the target ({why})")
     if s.variant != "function":
         return None
-    others = list(_others(s.info))
+    others = list(other_callables(s.info))
     if not others:
         has = s.info.inplace_variant is not None or s.info.supports_out
         return None if has or s.index else na("no method, in-place, out= variant or alias")

@@ -12,6 +12,7 @@ Example::
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -36,6 +37,64 @@ COMPILER_DEFAULT: tuple[str, ...] = ("metadata", "variants", "determinism")
 DETERMINISM_SAMPLES = 2
 #: Calls on the CPU that must all be bitwise equal before a target is held to determinism.
 CPU_DETERMINISM_TRIES = 6
+
+#: The contracts that cost calls on every item they apply to, and are checked on a budget per op x
+#: variant x dtype (:class:`Budget`): the first ``--contract-budget`` samples offered to them, then
+#: every sample of a shape class not yet checked. Their recall against checking every sample,
+#: measured over the three shipped builds and every OpInfo: README, "Contracts".
+BUDGETED: tuple[str, ...] = ("noncontiguous", "variants")
+DEFAULT_BUDGET = 2
+SAMPLED_OUT = "not checked on this sample: the group's contract budget"
+
+_DIMS = re.compile(r"\[([0-9,]*)\]")
+_STRIDES = re.compile(r"\{[0-9,-]*\}")
+_FLOAT = re.compile(r"(?<![\w\[,{.])-?\d+\.\d*(?:e-?\d+)?|(?<![\w\[,{.])-?\d+e-?\d+")
+
+
+def shape_class(signature: str) -> str:
+    """A sample's signature (:func:`conformance.check.execute.signature`) with every size above 1
+    as ``n``, strides as ``{s}`` and a float argument other than 0, 1 and -1 as ``f``: what decides
+    which path a kernel takes (rank, broadcast and empty dimensions, non-contiguity, dtypes,
+    integer and special arguments), not how far it walks or what it multiplies by.
+
+        >>> shape_class("f32[3,1,0]{4,1,1}, f32[5]; alpha=2, eps=1e-05, beta=0.5, gamma=1.0")
+        'f32[n,1,0]{s}, f32[n]; alpha=2, eps=f, beta=f, gamma=1.0'
+    """
+    dims = _DIMS.sub(lambda m: "[" + ",".join(d if d in ("0", "1") else "n" for d in m.group(1).split(",") if d) + "]",
+                     signature)
+    return _FLOAT.sub(lambda m: m.group(0) if m.group(0) in ("0.0", "1.0", "-1.0") else "f", _STRIDES.sub("{s}", dims))
+
+
+class Budget:
+    """Which samples of one op x dtype group the budgeted contracts check: the first ``k`` offered
+    to each (per variant), then each sample whose :func:`shape_class` is new. ``k`` 0: all.
+
+        >>> b = Budget(1)
+        >>> [b.wants("noncontiguous", "function", i, sig) for i, sig in enumerate(["f32[3]", "f32[4]", "f32[1]"])]
+        [True, False, True]
+    """
+
+    def __init__(self, k: int = DEFAULT_BUDGET) -> None:
+        self.k = k
+        self.offered: dict[tuple[str, str], int] = {}
+        self.seen: dict[tuple[str, str], set[str]] = {}
+        self.decided: dict[tuple[str, str, int], bool] = {}  # a sample asked twice gets one answer
+
+    def wants(self, name: str, variant: str, index: int, signature: str) -> bool:
+        if not self.k or name not in BUDGETED:
+            return True
+        known = self.decided.get((name, variant, index))
+        if known is not None:
+            return known
+        key = (name, variant)
+        n = self.offered.get(key, 0)
+        self.offered[key] = n + 1
+        cls = shape_class(signature)
+        seen = self.seen.setdefault(key, set())
+        wanted = n < self.k or cls not in seen
+        seen.add(cls)
+        self.decided[(name, variant, index)] = wanted
+        return wanted
 
 Outcome_ = Literal["pass", "fail", "n/a"]
 
@@ -121,6 +180,10 @@ class Subject:
     # the group's compiled batches (conformance.check.batching.OpBatches) on a compiler target that
     # batches: a call of this function item's sample is taken from them where they hold it
     batches: Any = None
+    # the group's contract budget (None: every budgeted contract on every sample) and the sample's
+    # signature, which its shape class is read from
+    budget: Budget | None = None
+    signature: str = ""
 
     @property
     def device(self) -> torch.device | str:
