@@ -18,6 +18,7 @@ Example::
 from __future__ import annotations
 
 import datetime as _dt
+import itertools
 import json
 import os
 import socket
@@ -213,21 +214,25 @@ class Store:
         (``replace=True`` overwrites them). Returns the number of rows offered."""
         if table not in schema.TABLES:
             raise OpdbError(f"unknown table {table!r}; known: {', '.join(schema.TABLES)}")
-        rows = [_encode(r) for r in rows]
+        rows = rows if isinstance(rows, list) else list(rows)
         if not rows:
             return 0
-        cols = list(dict.fromkeys(k for r in rows for k in r))
+        cols = list(dict.fromkeys(itertools.chain.from_iterable(rows)))  # every row's keys, in order
         unknown = [c for c in cols if c not in schema.TABLES[table] and c != "id"]
         if unknown:
             raise OpdbError(f"table {table}: unknown column {unknown[0]!r} (schema version {schema.SCHEMA_VERSION})")
         # One prepared statement for the batch: sqlite-utils' insert_all inspects every value of
-        # every row, which made it the supervisor's bottleneck at ~14k rows/s.
+        # every row, which made it the supervisor's bottleneck at ~14k rows/s. Each row's values
+        # are encoded (:func:`_encode`) as they are bound: the plain ones (text, integers, finite
+        # floats, NULL) as they are, with no call.
         verb = "insert or replace" if replace else "insert or ignore"
         sql = (f"{verb} into [{table}] ({', '.join(f'[{c}]' for c in cols)}) "
                f"values ({', '.join('?' * len(cols))})")
         with self._transaction():
             for start in range(0, len(rows), batch_size):
-                self.db.conn.executemany(sql, [[r.get(c) for c in cols] for r in rows[start:start + batch_size]])
+                self.db.conn.executemany(sql, [
+                    [v if (t := type(v)) in _PLAIN or (t is float and v == v) else _value(v) for v in map(r.get, cols)]
+                    for r in rows[start:start + batch_size]])
         return len(rows)
 
     @contextmanager
@@ -415,12 +420,18 @@ def check_same_run(a: dict[str, Any], b: dict[str, Any], *, where: str) -> None:
                             f"{a.get(key)!r} elsewhere; these are not shards of the same run")
 
 
+_PLAIN = frozenset({str, int, bytes, type(None)})  # stored as they are (exactly these types)
+_JSON = json.JSONEncoder(sort_keys=True, default=str).encode  # as json.dumps(v, sort_keys=True, default=str)
+
+
+def _value(v: Any) -> Any:
+    """A value as stored: lists, tuples and dicts as JSON text, NaN as NULL."""
+    if isinstance(v, (list, tuple, dict)):
+        return _JSON(v) if v else "{}" if isinstance(v, dict) else "[]"
+    if isinstance(v, float) and v != v:
+        return None
+    return v
+
+
 def _encode(row: dict[str, Any]) -> dict[str, Any]:
-    out = {}
-    for k, v in row.items():
-        if isinstance(v, (list, tuple, dict)):
-            v = json.dumps(v, sort_keys=True, default=str)
-        elif isinstance(v, float) and v != v:  # NaN is stored as NULL
-            v = None
-        out[k] = v
-    return out
+    return {k: _value(v) for k, v in row.items()}

@@ -29,3 +29,14 @@ with warnings.catch_warnings():
     from conformance.targets import preload
 
     preload()
+
+# What every worker's first item paid again, inside its timeout (1-3 s on a loaded machine):
+# the overload catalog (conformance.check.comparators asks it which OpInfos are random; it
+# depends on the registry's tags and CPU kernels only, not on a target or build), and the
+# module-file cache of inspect (OpInfo.error_inputs calls inspect.stack()).
+import inspect  # noqa: E402
+
+from conformance.catalog.overloads import overloads  # noqa: E402
+
+overloads()
+inspect.stack()

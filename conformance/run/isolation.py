@@ -14,6 +14,12 @@ size``, a device's own messages -- are caught as well as Python's), and hands ou
 written since the last item. The supervisor reads the same file for an item whose worker died
 or was killed.
 
+In flight. Which item a worker runs, in which phase and since when, is in memory it shares
+with its supervisor (:class:`Inflight`): written by the worker without a system call, read by
+the supervisor only when it needs it (a death, a timeout check). The worker writes an item's row
+to its pipe *before* it names the next item there, so a supervisor that reads the pipe to its end
+before it reads the slot blames a death on the right item.
+
 Example::
 
     >>> import tempfile
@@ -34,6 +40,8 @@ import sys
 import threading
 import time
 import warnings
+from collections.abc import Callable
+from typing import Any
 
 PR_SET_PDEATHSIG = 1
 SUPERVISOR_ENV = "CONFORMANCE_SUPERVISOR_PID"
@@ -143,3 +151,78 @@ class Capture:
             except (OSError, ValueError, AttributeError):
                 pass
         return read_output(self.path)
+
+
+KEY_MAX = 1024  # bytes of an item key the shared slot holds; a longer key goes through the pipe
+
+
+class _Shared(ctypes.Structure):
+    # seq: odd while the worker writes (a seqlock for a live reader). length: 0 no item in flight,
+    # -1 the key went by message (count says which), else the key's length (written last)
+    _fields_ = [("seq", ctypes.c_uint64), ("count", ctypes.c_int64), ("since", ctypes.c_double),
+                ("phase", ctypes.c_int32), ("length", ctypes.c_int32), ("key", ctypes.c_char * KEY_MAX)]
+
+
+class Inflight:
+    """A worker's item in flight, in shared memory: its key, its phase (an index into
+    ``phases``) and the monotonic time it (or its timed phase) started.
+
+    The supervisor makes one per worker slot (``ctx``: the worker's multiprocessing context) and
+    hands it to each worker it starts there, after :meth:`reset`. The worker calls
+    :meth:`start` before an item, :meth:`phase` as the item moves between sides and
+    :meth:`clear` between groups; entering or leaving the phase ``timed`` restarts the clock (a
+    batch has its own time limit, and so does the item after it). Writes are ordered so that a
+    dead worker's slot is whole: the key's length is written after the key, the phase before
+    its time. :meth:`read` returns ``(count, key, phase, since)``: ``key`` None between items,
+    ``""`` for a key sent by message (the ``count``-th item this worker started)."""
+
+    def __init__(self, ctx: Any, phases: tuple[str, ...], timed: str) -> None:
+        self.shared = ctx.RawValue(_Shared)
+        self.phases, self.timed = phases, phases.index(timed)
+        self._codes = {p: i for i, p in enumerate(phases)}
+
+    def reset(self) -> None:
+        ctypes.memset(ctypes.addressof(self.shared), 0, ctypes.sizeof(_Shared))
+
+    # worker side: only the worker writes, while it runs a group
+    def start(self, key: str, announce: Callable[[int, str], None]) -> None:
+        s, data = self.shared, key.encode()
+        count = s.count + 1
+        if len(data) > KEY_MAX:
+            announce(count, key)  # before the slot names it: a reader finds the key sent
+        s.seq += 1
+        s.length = 0  # a death from here on leaves no item in flight: the next worker runs it
+        if len(data) <= KEY_MAX:
+            s.key = data
+        s.count, s.phase, s.since = count, 0, time.monotonic()
+        s.length = len(data) if len(data) <= KEY_MAX else -1
+        s.seq += 1
+
+    def phase(self, name: str) -> None:
+        s, code = self.shared, self._codes.get(name, len(self.phases))
+        s.seq += 1
+        old, s.phase = s.phase, code
+        if code == self.timed or old == self.timed:
+            s.since = time.monotonic()
+        s.seq += 1
+
+    def clear(self) -> None:
+        s = self.shared
+        s.seq += 1
+        s.length, s.phase = 0, 0
+        s.seq += 1
+
+    # supervisor side
+    def read(self, *, settled: bool = False) -> tuple[int, str | None, str, float] | None:
+        """The slot as last written; None when a live worker kept writing it (try later).
+        ``settled``: the worker is dead, the slot final (no retry)."""
+        s = self.shared
+        for _ in range(1 if settled else 100):
+            seq = s.seq
+            if seq & 1 and not settled:
+                continue
+            count, length, code, since = s.count, s.length, s.phase, s.since
+            key = None if length == 0 else "" if length < 0 else s.key[:length].decode(errors="replace")
+            if settled or s.seq == seq:
+                return count, key, self.phases[code] if code < len(self.phases) else "?", since
+        return None

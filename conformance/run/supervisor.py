@@ -1,10 +1,12 @@
 """Workers and their supervisor: groups of work run in isolated worker processes.
 
-Workers are forked processes; each takes one group at a time and streams a "start" message
-before every item and a row after it. The supervisor records rows in batches, turns a dead
-worker into a ``crash`` row for the item in flight and a silent one into a ``timeout`` row
-(after killing it), restarts the worker and continues the group after that item. One bad
-sample never costs the others. What a group is and how it runs is its work kind's
+Workers are forked processes; each takes one group at a time, names the item it starts (and
+its phase) in memory shared with the supervisor (:class:`~conformance.run.isolation.Inflight`)
+and sends each item's row as it finishes, before it names the next. The supervisor records rows
+in batches, turns a dead worker into a ``crash`` row for the item in flight (it reads the dead
+worker's pipe to its end first: an item whose row came is not in flight) and a silent one into a
+``timeout`` row (after killing it), restarts the worker and continues the group after that
+item. One bad sample never costs the others. What a group is and how it runs is its work kind's
 (:mod:`conformance.run.kinds`); the supervisor only moves groups, rows and deaths.
 """
 
@@ -14,6 +16,7 @@ import collections
 import contextlib
 import multiprocessing as mp
 import os
+import select
 import signal
 import sys
 import tempfile
@@ -21,7 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -34,14 +37,14 @@ from opdb.corpus import TABLE as CORPUS_TABLE
 from opdb.store import now
 
 from .executor import Sink, Summary, Work
-from .isolation import read_output
+from .isolation import Inflight, read_output
 from .kinds import TABLES, kind_of
 from .progress import Eta, Pricer, Snapshot
 from .spec import RunSpec
 
 
 # -- worker side ---------------------------------------------------------------------------
-def _worker(conn: Connection, spec: RunSpec, output: str, supervisor: int) -> None:
+def _worker(conn: Connection, spec: RunSpec, output: str, supervisor: int, inflight: Inflight) -> None:
     from .isolation import Capture, die_with
 
     # die with the fork server (our parent) and with the supervisor, even while hung in an item
@@ -63,12 +66,15 @@ def _worker(conn: Connection, spec: RunSpec, output: str, supervisor: int) -> No
         return
     from conformance.check.execute import set_phase_hook
 
-    set_phase_hook(lambda phase: conn.send(("phase", phase)))
+    set_phase_hook(inflight.phase)
     conn.send(("ready", target.describe()))
+
+    def announce(count: int, key: str) -> None:  # a key too long for the shared slot
+        conn.send(("start", (count, key)))
 
     def on_start(key: str) -> None:
         capture.next_item()
-        conn.send(("start", key))
+        inflight.start(key, announce)
 
     while True:
         try:
@@ -80,8 +86,9 @@ def _worker(conn: Connection, spec: RunSpec, output: str, supervisor: int) -> No
         group, skip = msg
         for row in kind_of(group).run(target, group, config, skip=skip, on_start=on_start):
             row["output"] = capture.take()
-            conn.send(("row", row))
+            conn.send(("row", row))  # sent (in the pipe) before the slot names the next item
         capture.take()  # what came after the group's last item belongs to no item
+        inflight.clear()  # before "done": the next group's items are not this one's
         conn.send(("done", group.key))
 
 
@@ -121,18 +128,34 @@ def start_worker_server() -> None:
 BATCH_TIMEOUT_FACTOR = 4
 
 
+#: The phases a worker's item goes through (the phase hook's names), as its shared slot stores them.
+PHASES = ("", "cpu", "target", BATCH_PHASE)
+
+
 @dataclass
 class _Slot:
     proc: Any
     conn: Connection
+    inflight: Inflight  # what the worker runs now, shared with it (kept across restarts)
     group: Group | None = None
     seen: set[str] = field(default_factory=set)
-    inflight: str | None = None
-    since: float = 0.0
     ready: bool = False
-    phase: str = ""
     assigned_at: float = 0.0
     output: str = ""  # the file the worker's fd 1 and 2 write to
+    long_key: tuple[int, str] | None = None  # the last item key too long for the slot (count, key)
+    poller: Any = None  # polls conn alone: what Connection.poll does, without a selector per call
+
+    def pending(self) -> bool:
+        """Whether the worker sent something not read yet, or its end is closed (as ``conn.poll()``)."""
+        return bool(self.poller.poll(0))
+
+
+class _Item(NamedTuple):
+    """The item a worker runs, as its slot says: key, phase, since (monotonic)."""
+
+    key: str
+    phase: str
+    since: float
 
 
 
@@ -174,21 +197,45 @@ class Supervisor:
         self._start = time.monotonic()
 
     # process management
-    def _spawn(self, output: str | None = None) -> _Slot:
+    def _spawn(self, output: str | None = None, inflight: Inflight | None = None) -> _Slot:
         if output is None:
             fd, output = tempfile.mkstemp(prefix="conformance-worker-", suffix=".out")
             os.close(fd)
+        inflight = inflight or Inflight(self.ctx, PHASES, BATCH_PHASE)
+        inflight.reset()  # the worker it was shared with is dead: nothing in flight
         parent, child = self.ctx.Pipe()
-        proc = self.ctx.Process(target=_worker, args=(child, self.spec, output, os.getpid()), daemon=True)
+        proc = self.ctx.Process(target=_worker, args=(child, self.spec, output, os.getpid(), inflight), daemon=True)
         proc.start()
         child.close()
-        return _Slot(proc, parent, output=output)
+        poller = select.poll()
+        poller.register(parent.fileno(), select.POLLIN)
+        return _Slot(proc, parent, inflight, output=output, poller=poller)
 
     def _kill(self, slot: _Slot) -> None:
         if slot.proc.is_alive():
             slot.proc.kill()
         slot.proc.join(5)
         slot.conn.close()
+
+    def _drain(self, i: int) -> None:
+        """Handle what the worker sent and is not handled yet (a dead one's last rows too)."""
+        with contextlib.suppress(EOFError, OSError):  # the end of a dead worker's pipe
+            while self.slots[i].proc is not None and self.slots[i].pending():
+                self._handle(i, self.slots[i].conn.recv())
+
+    def _current(self, slot: _Slot, *, dead: bool = False) -> _Item | None:
+        """The item the slot's worker runs, or None: between items (its last item's row has
+        come), or a live worker's slot read mid-write or its long key not come yet (see later).
+        ``dead``: the worker is dead and its pipe read to the end, its slot final."""
+        state = slot.inflight.read(settled=dead)
+        if state is None or state[1] is None:
+            return None
+        count, key, phase, since = state
+        if key == "":  # the key was sent instead: the message with this count
+            key = slot.long_key[1] if slot.long_key and slot.long_key[0] == count else None
+        if key is None or key in slot.seen:
+            return None
+        return _Item(key, phase, since)
 
     def _retire(self, slot: _Slot) -> None:
         """The slot's worker is gone for good: its output file goes too."""
@@ -202,7 +249,7 @@ class Supervisor:
             slot.conn.send(None)
             return
         group = self.queue.popleft()
-        slot.group, slot.seen, slot.inflight, slot.assigned_at = group, set(), None, time.monotonic()
+        slot.group, slot.seen, slot.assigned_at = group, set(), time.monotonic()
         slot.conn.send((group, self._skip(group, set())))
 
     def _skip(self, group: Group, seen: set[str]) -> Skip:
@@ -216,7 +263,7 @@ class Supervisor:
         """Replace a dead or killed worker; it continues the same group after the bad item."""
         self._kill(slot)
         read_output(slot.output)  # what it printed after its last item belongs to none
-        new = self._spawn(slot.output)
+        new = self._spawn(slot.output, slot.inflight)
         new.group, new.seen, new.assigned_at = slot.group, slot.seen, slot.assigned_at
         return new
 
@@ -289,7 +336,7 @@ class Supervisor:
                 continue
             if slot.conn in ready:
                 try:
-                    while slot.conn.poll():
+                    while slot.pending():
                         self._handle(i, slot.conn.recv())
                         slot = self.slots[i]
                         if slot.proc is None:
@@ -308,7 +355,11 @@ class Supervisor:
     def _handle(self, i: int, msg: tuple[str, Any]) -> None:
         slot = self.slots[i]
         kind, payload = msg
-        if kind == "ready":
+        if kind == "row":
+            slot.seen.add(payload["item_key"])
+            assert slot.group is not None
+            self._record(payload, kind_of(slot.group).table)
+        elif kind == "ready":
             slot.ready = True
             if slot.group is None:
                 self._assign(slot)
@@ -316,17 +367,8 @@ class Supervisor:
                 self._resume_group(slot)
         elif kind == "fatal":
             raise SelectionError(f"target {self.spec.target!r} could not start: {payload}")
-        elif kind == "start":
-            slot.inflight, slot.since, slot.phase = payload, time.monotonic(), ""
-        elif kind == "phase":
-            if payload == BATCH_PHASE or slot.phase == BATCH_PHASE:
-                slot.since = time.monotonic()  # a batch has its own time limit, and the item after it too
-            slot.phase = payload
-        elif kind == "row":
-            slot.seen.add(payload["item_key"])
-            slot.inflight = None
-            assert slot.group is not None
-            self._record(payload, kind_of(slot.group).table)
+        elif kind == "start":  # an item key too long for the shared slot: (count, key)
+            slot.long_key = payload
         elif kind == "done":
             self.groups_done += 1
             if slot.group is not None:
@@ -347,17 +389,23 @@ class Supervisor:
             return
         slot.proc.join(1)
         code = slot.proc.exitcode
-        if slot.group is None and slot.inflight is None and not self.queue:
+        self._drain(i)  # rows it sent before it died: their items are not in flight
+        slot = self.slots[i]
+        if slot.proc is None:  # its last message was its group's "done", and no group is left
+            return
+        item = self._current(slot, dead=True)
+        if slot.group is None and item is None and not self.queue:
             slot.proc = None
             return
-        if slot.inflight is not None and slot.phase == BATCH_PHASE:
+        if item is not None and item.phase == BATCH_PHASE:
             self._batch_failed(i)
             return
-        if slot.inflight is not None:
+        if item is not None:
             why = f"signal {-code} ({signal.Signals(-code).name})" if code is not None and code < 0 else f"exit code {code}"
             assert slot.group is not None
             output = read_output(slot.output)  # the dead worker's last words belong to the item
             crash_safe_kind = kind_of(slot.group).crash_safe_factor > 0
+            took = time.monotonic() - item.since
             if crash_safe_kind and slot.group.key not in self.crash_safe:
                 # a generated input killed the worker: search again, pre-flighting each input's
                 # CPU run in a forked child so one that crashes the reference is just rejected.
@@ -365,24 +413,22 @@ class Supervisor:
                 # bounds often only aborts at a later free, during the target's run; blaming the
                 # target needs the crash to survive the pre-flight.
                 self.crash_safe.add(slot.group.key)
-                slot.inflight = None
                 self.slots[i] = self._restart(slot)
                 return
-            if crash_safe_kind and slot.phase != "cpu":
+            if crash_safe_kind and item.phase != "cpu":
                 # crash-safe already: this input ran on the target alone in a forked child and
                 # survived, so the death after the reference ran is not the target's to own
-                self._synthetic(slot.group, slot.inflight, decide_unrun("cpu"),
+                self._synthetic(slot.group, item.key, decide_unrun("cpu"),
                                 f"worker died ({why}) on the target after the CPU reference ran, but the same input "
                                 "ran on the target alone without crashing: not attributed to the target",
-                                time.monotonic() - slot.since, output)
-            elif slot.phase == "cpu":  # the reference kernel itself died: the input is invalid, not the target
-                self._synthetic(slot.group, slot.inflight, decide_unrun("cpu"),
-                                f"CPU reference crashed ({why}); no verdict for the target", time.monotonic() - slot.since, output)
+                                took, output)
+            elif item.phase == "cpu":  # the reference kernel itself died: the input is invalid, not the target
+                self._synthetic(slot.group, item.key, decide_unrun("cpu"),
+                                f"CPU reference crashed ({why}); no verdict for the target", took, output)
             else:
-                self._synthetic(slot.group, slot.inflight, decide_unrun("target"),
-                                f"process died during the item on the target: {why}", time.monotonic() - slot.since, output)
-            slot.seen.add(slot.inflight)
-            slot.inflight = None
+                self._synthetic(slot.group, item.key, decide_unrun("target"),
+                                f"process died during the item on the target: {why}", took, output)
+            slot.seen.add(item.key)
         elif not slot.ready:
             last = (read_output(slot.output) or "").splitlines()[-1:]  # e.g. the exception that ended it
             raise SelectionError(f"worker for target {self.spec.target!r} died while starting (exit code {code})"
@@ -397,30 +443,39 @@ class Supervisor:
         assert slot.group is not None
         self.unbatched.add(slot.group.key)
         read_output(slot.output)  # what the batch printed belongs to no item
-        slot.inflight, slot.phase = None, ""
         self.slots[i] = self._restart(slot)
 
     def _check_timeout(self, i: int) -> None:
         slot = self.slots[i]
-        if slot.proc is None or slot.inflight is None:
+        if slot.proc is None:
             return
-        elapsed = time.monotonic() - slot.since
+        item = self._current(slot)
+        if item is None:
+            return
+        elapsed = time.monotonic() - item.since
         # a crash-safe search forks twice per input: it gets a multiple of the item's time
         limit = self.spec.timeout_s * (kind_of(slot.group).crash_safe_factor
                                        if slot.group is not None and slot.group.key in self.crash_safe else 1)
-        if slot.phase == BATCH_PHASE and elapsed > self.spec.timeout_s * BATCH_TIMEOUT_FACTOR:
-            self._kill(slot)
-            self._batch_failed(i)
+        batch = item.phase == BATCH_PHASE
+        if elapsed <= (self.spec.timeout_s * BATCH_TIMEOUT_FACTOR if batch else limit):
             return
-        if slot.phase != BATCH_PHASE and elapsed > limit:
+        slot.proc.kill()
+        slot.proc.join(5)
+        self._drain(i)  # a row that came meanwhile: that item ended in time
+        slot = self.slots[i]
+        if slot.proc is None:
+            return
+        if getattr(self._current(slot, dead=True), "key", None) != item.key:
+            self.slots[i] = self._restart(slot)  # it moved on before it was killed: nobody's fault
+        elif batch:
+            self._batch_failed(i)
+        else:
             assert slot.group is not None
-            self._kill(slot)
-            self._synthetic(slot.group, slot.inflight,
-                            decide_unrun("cpu" if slot.phase == "cpu" else "target", timed_out=True),
-                            f"{'CPU reference: ' if slot.phase == 'cpu' else ''}no result after {limit:g} s; worker killed",
+            self._synthetic(slot.group, item.key,
+                            decide_unrun("cpu" if item.phase == "cpu" else "target", timed_out=True),
+                            f"{'CPU reference: ' if item.phase == 'cpu' else ''}no result after {limit:g} s; worker killed",
                             elapsed, read_output(slot.output))
-            slot.seen.add(slot.inflight)
-            slot.inflight = None
+            slot.seen.add(item.key)
             self.slots[i] = self._restart(slot)
 
     def eta_s(self) -> float | None:
