@@ -5,7 +5,9 @@ partitions every ATen graph into maximal runs of native / CPU-fallback ops accor
 build, and caches compiled graphs per (graph, input signature).  Running a compiled graph executes
 its ATen ops on neuron tensors through the same dispatch as eager mode, so numerics, defects and
 op tracking are identical.  Like the real backend it refuses ``dynamic=True``; shapes that
-automatic-dynamic would turn symbolic are specialized per concrete shape in this module's cache.
+automatic-dynamic would turn symbolic are specialized per concrete shape in this module's cache
+(the one dynamic Dynamo graph is lowered again at every new concrete shape, at its first call).
+``torch._dynamo.reset()`` clears the cache, as it would start empty in a fresh process.
 
 Example::
 
@@ -222,3 +224,10 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     if _is_symbolic(example_inputs):
         return _Specializer(gm, code_key)
     return _compile(gm, example_inputs, code_key)
+
+
+# ``torch._dynamo.reset()`` (dynamo "as if in a fresh process") resets the backends compiled with
+# since its last reset: a fresh process holds no compiled graph of this backend's either, so the
+# graphs lowered for one compiled model never stand for another's after it (their lowerings, and
+# with them a shape sweep's recompiles, would depend on what ran before in the process)
+neuron_backend.reset = clear_compile_cache  # type: ignore[attr-defined]

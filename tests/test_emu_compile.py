@@ -36,6 +36,17 @@ def test_compile_counts_and_recompile_on_new_shape():
     assert s["compile_seconds"] > 0
 
 
+def test_dynamo_reset_forgets_the_compiled_graphs():
+    """``torch._dynamo.reset()`` ("as if in a fresh process") resets the backend: its graphs are
+    lowered again, never taken from what an earlier compiled model left in the process."""
+    x = torch.randn(3, device=N)
+    torch.compile(lambda t: t.relu() * 2, backend="neuron")(x)
+    torch._dynamo.reset()
+    neuron_emu.reset_compile_stats()
+    torch.compile(lambda t: t.relu() * 2, backend="neuron")(x)
+    assert neuron_emu.compile_stats()["compiles"] == 1 and neuron_emu.compile_stats()["recompiles"] == 0
+
+
 def test_dynamic_true_refused():
     f = torch.compile(lambda x: x * 2, backend="neuron", dynamic=True)
     with pytest.raises(Exception, match="dynamic shapes are not supported"):

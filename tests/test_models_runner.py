@@ -11,16 +11,18 @@ import sys
 import pytest
 import torch
 
-import neuron_emu  # noqa: F401  register the device before autograd first runs (the engine sizes per-device queues once)
+import neuron_emu  # register the device before autograd first runs (the engine sizes per-device queues once)
 from conformance.models import registry
 from conformance.models.family import Family
 from conformance.models.localize import localize
 from conformance.models.runner import run_model_group
 from conformance.models.selection import model_groups, model_key
+from conformance.models.timing import symbolic
 from conformance.run.kinds import select_groups
 from conformance.select import SelectionError
 from conformance.sweep.opinfo import SweepConfig
 from conformance.targets import get_target
+from conformance.targets.cpu import CpuTarget
 from conformance.work import Group
 from opdb import Store
 
@@ -121,15 +123,79 @@ def test_localize_separates_local_from_propagated(defective):
 
 
 # -- compile: counts and shape sweep -------------------------------------------------------
-def test_shape_sweep_recompiles_on_emulator(emu, config):
-    (row,) = _rows(emu, RELU_MLP, "float32", config, modes=("compile",))
-    assert row["item_key"] == f"{RELU_MLP}|compile|float32|0"
+class _AotEagerCpu(CpuTarget):
+    """The CPU compiled with ``aot_eager``: a backend that runs a dynamic graph as it is."""
+
+    def compile_backend(self):
+        return "aot_eager"
+
+
+def test_shape_sweep_compiles_one_dynamic_graph(config):
+    """Automatic dynamic shapes, as a user compiles: the canonical shape is static, the first new
+    shape recompiles once with its changed sizes symbolic, and that graph serves every later shape
+    (never a compile per shape variant)."""
+    target = _AotEagerCpu()
+    target.setup()
+    (row,) = _rows(target, RELU_MLP, "float32", config, modes=("compile",))
     assert row["status"] == "pass", row["error"]
     shapes = row["shapes"]
-    assert [s["shape"] for s in shapes] == [[[2, 12]], [[3, 12]], [[4, 12]]]
-    assert [s["recompiled"] for s in shapes] == [False, True, True]
-    assert shapes[0]["compiles"] == 1 and row["recompiles"] == 2
-    assert row["compile_s"] > 0 and all(s["p50_ms"] > 0 and s["p99_ms"] >= s["p50_ms"] for s in shapes)
+    assert len(shapes) >= 3 and [s["shape"] for s in shapes] == [[[2, 12]], [[3, 12]], [[4, 12]]]
+    assert [s["dynamo_graphs"] for s in shapes] == [1, 1, 0]
+    assert [s["lowerings"] for s in shapes] == [1, 1, 0]
+    assert [s["compiles"] for s in shapes] == [1, 1, 0]
+    assert [s["dynamic"] for s in shapes] == [False, True, True]
+    assert [s["recompiled"] for s in shapes] == [False, True, False] and row["recompiles"] == 1
+    assert all(s["first_ms"] > 0 and s["p99_ms"] >= s["p50_ms"] > 0 for s in shapes)
+
+
+def _static_only(gm, example_inputs):
+    if symbolic(example_inputs):
+        raise RuntimeError("this backend compiles static shapes only")
+    return gm.forward
+
+
+class _StaticOnlyCpu(CpuTarget):
+    """A backend that refuses a dynamic graph (what a user meets at a new shape: an error)."""
+
+    def compile_backend(self):
+        return _static_only
+
+
+def test_a_backend_that_refuses_dynamic_graphs_fails_at_each_new_shape(config):
+    target = _StaticOnlyCpu()
+    target.setup()
+    (row,) = _rows(target, RELU_MLP, "float32", config, modes=("compile",))
+    assert row["status"] == "pass"  # training and parity ran at the canonical shape, on a static graph
+    shapes = row["shapes"]
+    assert "error" not in shapes[0] and shapes[0]["dynamic"] is False and shapes[0]["p50_ms"] > 0
+    assert all("static shapes only" in s["error"] and s["p50_ms"] is None for s in shapes[1:])
+    assert "shape sweep failed at 2 of 3 shapes (first [[3, 12]]: " in row["error"]
+
+
+def test_shape_sweep_recompiles_on_emulator(emu, config):
+    """The emulated Neuron compiler takes the one dynamic graph too, but lowers it for every
+    concrete shape (it compiles static shapes only): what a user of the device meets is a
+    recompile at each new shape, one lowering each, with Dynamo's recompile paid once. The
+    training steps ran on the canonical shape's static graphs, as before. The item says the same
+    when the same graph ran before it in the process (dynamo's reset clears the backend's cache)."""
+    for _ in range(2):
+        neuron_emu.reset_compile_stats()
+        (row,) = _rows(emu, RELU_MLP, "float32", config, modes=("compile",))
+        assert row["item_key"] == f"{RELU_MLP}|compile|float32|0"
+        assert row["status"] == "pass", row["error"]
+        shapes = row["shapes"]
+        assert [s["shape"] for s in shapes] == [[[2, 12]], [[3, 12]], [[4, 12]]]
+        assert [s["dynamo_graphs"] for s in shapes] == [1, 1, 0]  # one dynamic recompile, not one per shape
+        assert [s["dynamic"] for s in shapes] == [False, True, True]
+        assert [s["lowerings"] for s in shapes] == [1, 1, 1]
+        assert [s["compiles"] for s in shapes] == [1, 1, 1]
+        assert [s["recompiled"] for s in shapes] == [False, True, True] and row["recompiles"] == 2
+        assert row["compile_s"] > 0 and all(s["first_ms"] > 0 and s["p99_ms"] >= s["p50_ms"] > 0 for s in shapes)
+        graphs = neuron_emu.compile_stats()["graphs"]
+        assert [g["kind"] for g in graphs] == ["forward", "backward", "inference", "inference", "inference"]
+        inputs = [{d[1] for d in g["signature"] if d[0] == "T"} & {(2, 12), (3, 12), (4, 12)} for g in graphs]
+        assert inputs[0] == {(2, 12)} and not inputs[1] - {(2, 12)}  # training: the canonical shape's
+        assert inputs[2:] == [{(2, 12)}, {(3, 12)}, {(4, 12)}]  # each shape's inference graph, lowered on its own
 
 
 # -- broken specs ------------------------------------------------------------------------------

@@ -92,13 +92,8 @@ def run_item(target: Any, prep: Prepared, dtype_name: str, mode: str, config: An
         return _exported_item(target, prep, dtype, tol, xfail, seed)
     row: dict[str, Any] = {}
 
-    cpu_model = copy.deepcopy(prep.model).to(dtype)
     inputs = cast(prep.inputs, dtype)
-    # CPU reference.
-    try:
-        cpu = train_side(spec, cpu_model, cpu_model, inputs, None, train_steps, seed)
-    except Exception as exc:  # noqa: BLE001
-        cpu = SideResult(error=error_text(exc))
+    cpu = _cpu_side(prep, dtype, inputs, train_steps, seed, getattr(config, "refcache", None))
     # Target.
     counter: CountingBackend | None = None
     tgt = SideResult()
@@ -111,7 +106,10 @@ def run_item(target: Any, prep: Prepared, dtype_name: str, mode: str, config: An
             if mode == "compile":
                 torch._dynamo.reset()
                 counter = CountingBackend(target.compile_backend())
-                fn = torch.compile(tgt_model, backend=counter, dynamic=False)
+                # PyTorch's default, automatic dynamic shapes, as a user compiles: the canonical
+                # shape (training, then inference) is static; the shape sweep's first new shape
+                # compiles once more with the changed sizes symbolic (timing.shape_sweep)
+                fn = torch.compile(tgt_model, backend=counter, dynamic=None)
             elif target.compiler:  # run_model_group plans no such item
                 raise TargetError(f"an eager model item on compiler target {target.name!r} would not "
                                   "run the compiler; its model items are compile items")
@@ -185,6 +183,11 @@ def run_item(target: Any, prep: Prepared, dtype_name: str, mode: str, config: An
                 if mode == "compile":
                     assert counter is not None
                     row.update(shape_sweep(spec, fn, dtype, target, counter, tgt.first_s, timed_iters))
+                    failed = [s for s in row["shapes"] if "error" in s]
+                    if failed:
+                        before = row["error"] + "; " if row["error"] else ""
+                        row["error"] = (f"{before}shape sweep failed at {len(failed)} of {len(row['shapes'])} "
+                                        f"shapes (first {failed[0]['shape']}: {failed[0]['error']})")[:2000]
                 elif timed_iters:
                     times = time_forward(fn, target.to_device(inputs), target, WARMUP + timed_iters)[WARMUP:]
                     row["p50_ms"], row["p99_ms"] = percentile(times, 0.5), percentile(times, 0.99)
@@ -192,6 +195,42 @@ def run_item(target: Any, prep: Prepared, dtype_name: str, mode: str, config: An
             before = row["error"] + "; " if row["error"] else ""
             row["error"] = f"{before}latency sweep failed: {error_text(exc)}"[:2000]
     return row
+
+
+def _cpu_side(prep: Prepared, dtype: torch.dtype, inputs: tuple, train_steps: int, seed: int,
+              refcache: str | None) -> SideResult:
+    """The CPU reference of a model item: the same for its eager and compile items and for every
+    build, so taken from the reference cache (:mod:`conformance.check.refcache`) where it holds it
+    for this graph (its traced ATen graph's hash), weights, inputs, dtype, steps and seed."""
+    from conformance.check.refcache import MISSING, Uncacheable, content_digest, open_cache
+
+    def compute() -> SideResult:
+        cpu_model = copy.deepcopy(prep.model).to(dtype)
+        try:
+            return train_side(prep.spec, cpu_model, cpu_model, inputs, None, train_steps, seed)
+        except Exception as exc:  # noqa: BLE001
+            return SideResult(error=error_text(exc))
+
+    refs = open_cache(refcache)
+    if refs is None or prep.graph_hash is None:
+        return compute()
+    fields = ("out", "grads", "losses", "first_s", "error")
+    hint = f"model|{prep.spec.model_id}|{dtype}|{train_steps}|{seed}"
+
+    def digest() -> str:
+        return content_digest((prep.graph_hash, getattr(prep.spec, "loss", None), str(dtype), train_steps, seed,
+                               dict(prep.model.state_dict()), inputs))
+
+    got = refs.get(hint, digest)
+    if got is not MISSING:
+        return SideResult(**got)
+    t0 = time.perf_counter()
+    side = compute()
+    try:
+        refs.put(hint, digest(), {f: getattr(side, f) for f in fields}, seconds=time.perf_counter() - t0)
+    except Uncacheable:
+        pass
+    return side
 
 
 def _exported_item(target: Any, prep: Prepared, dtype: torch.dtype, tol: Any, xfail: Any,

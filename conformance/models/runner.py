@@ -11,10 +11,12 @@ against eager CPU from identical weights and data:
 * backward: every parameter's gradient (``grad_max_rel_err``);
 * a ``TRAIN_STEPS``-step SGD run on both sides; both loss curves are stored and compared
   (the first step's forward/backward *is* the parity run);
-* ``compile`` items run the same protocol through ``torch.compile(backend=<target's>,
-  dynamic=False)`` wrapped in a counting backend (device-generic), then sweep the spec's shape
-  variants in inference (``eval()``, ``no_grad``, as ``conformance audit`` does) recording
-  recompiles and p50/p99 forward latency after warm-up;
+* ``compile`` items run the same protocol through ``torch.compile(backend=<target's>)``
+  with automatic dynamic shapes (``dynamic=None``, PyTorch's default) wrapped in a counting
+  backend (device-generic), then sweep the spec's shape variants in inference (``eval()``,
+  ``no_grad``) recording per shape the recompiles a user meets (Dynamo's one dynamic recompile,
+  a backend's own per-shape lowerings), whether a dynamic graph served it, and p50/p99 forward
+  latency after warm-up;
 * a failing item is localized (:mod:`conformance.models.localize`) to its first divergent op.
 
 A spec that cannot be looked up, built or traced yields ``error`` rows for its items; nothing
