@@ -41,6 +41,24 @@ def store() -> Store:
     return Store.memory()
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``--dist loadgroup`` sends the tests of one ``xdist_group`` to one worker by the ``@group``
+    suffix pytest-xdist (3.8) appends to their node ids, which it writes to ``item._nodeid``:
+    pytest 9 keeps the id in ``item._id``, so no test had a group. The same suffix, where pytest 9
+    reads it (nothing to do where xdist's own suffix took)."""
+    if not getattr(config.option, "loadgroup", False):
+        return
+    for item in items:
+        names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                        for m in item.iter_markers("xdist_group")})
+        suffix = "@" + "_".join(names)
+        if names and not item.nodeid.endswith(suffix):
+            from _pytest.nodeid import NodeId  # pytest 9's
+
+            item._id = NodeId.parse(item.nodeid + suffix)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     # The emulated device must be registered before the first autograd backward of the
     # process: the engine sizes its device threads once (see neuron_emu's notes).

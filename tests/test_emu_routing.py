@@ -334,9 +334,14 @@ def test_defect_hang_never_returns(tmp_path):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "ready"
+        said = ""
+        while "device hang in" not in said:  # the defect says so as the call starts to hang
+            line = proc.stderr.readline()
+            assert line, f"ended without saying it hangs: {said[-2000:]}"
+            said += line
         with pytest.raises(subprocess.TimeoutExpired):
-            proc.wait(timeout=8)
+            proc.wait(timeout=3)
     finally:
         proc.kill()
         out, err = proc.communicate()
-    assert "survived" not in out and "hang" in err
+    assert "survived" not in out and "hang" in said + err

@@ -11,6 +11,8 @@ from conformance.gate.core import run_gate
 from conformance.run.runner import RunSpec, execute_run
 from opdb import Store
 
+# Both tests read the module fixture's two runs: one xdist worker runs them, once.
+pytestmark = pytest.mark.xdist_group("gate_contracts")
 SEEDED = Path(__file__).parent / "data" / "contract_defects.toml"
 CLEAN = '[build]\nname = "contract-clean"\ninherits = "2.33.0"\n'
 OPS = ("mul", "transpose", "add", "gather", "sum", "exp", "abs", "neg")

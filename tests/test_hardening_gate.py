@@ -274,9 +274,10 @@ def _emu_run(db, build: str, ops: tuple[str, ...], max_samples: int | None, time
 def test_hang_build_confirmation_costs_two_timeouts_not_samples_times_three(tmp_path):
     hang = '[[defects]]\nop = "aten::sub.Tensor"\ndtypes = ["float32"]\nkind = "hang"\n'
     db = tmp_path / "h.sqlite"
-    # 4 samples: each hang costs the 6 s timeout, one after another (one op x dtype is one group)
-    base = _emu_run(db, _manifest(tmp_path, "clean", ""), ("sub",), 4, timeout_s=6.0)
-    cand = _emu_run(db, _manifest(tmp_path, "hangs", hang), ("sub",), 4, timeout_s=6.0)
+    # 4 samples: each hang costs the candidate's 3 s timeout, one after another (one op x dtype is
+    # one group), and so does each re-run; the clean baseline hangs nowhere and keeps the default
+    base = _emu_run(db, _manifest(tmp_path, "clean", ""), ("sub",), 4)
+    cand = _emu_run(db, _manifest(tmp_path, "hangs", hang), ("sub",), 4, timeout_s=3.0)
     with Store.open(db) as st:
         result = run_gate(st, base, cand)
     timeouts = [f for f in result.of("regression") if f.candidate == "timeout"]

@@ -103,9 +103,10 @@ SUMMARY = re.compile(r"^(run \S+: \d+ items in [\d.]+ s.*|  \w+\s+\d+|slowest op
 def test_worker_output_goes_to_its_item_not_to_the_console(tmp_path):
     manifest, db = tmp_path / "m.toml", tmp_path / "r.sqlite"
     manifest.write_text(textwrap.dedent(MANIFEST))
+    # the hanging reciprocal costs the 3 s timeout; the other items take milliseconds
     cmd = [sys.executable, "-m", "conformance", "run", "--target", "neuron-emu", "--build", str(manifest),
            "--ops", "neg", "--ops", "reciprocal", "--ops", "abs", "--dtypes", "float32", "--variants", "function",
-           "--max-samples", "1", "--timeout", "10", "-n", "2", "--db", str(db)]
+           "--max-samples", "1", "--timeout", "3", "-n", "2", "--db", str(db)]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert p.returncode == 1, p.stdout + p.stderr
     lines = [ln for ln in (p.stdout + p.stderr).splitlines() if ln.strip()]

@@ -139,11 +139,14 @@ def store(tmp_path_factory):
         yield st
 
 
+# The two tests of the module fixture's runs share one xdist worker, which runs them once.
+@pytest.mark.xdist_group("numerics_gate_store")
 def test_identical_runs_give_no_finding(store):
     result = run_gate(store, "clean-1", "clean-2")
     assert result.verdict == "pass" and not result.findings, [f.as_json() for f in result.findings]
 
 
+@pytest.mark.xdist_group("numerics_gate_store")
 def test_a_0_2_percent_error_on_float32_mm_is_flagged_at_mm_float32(store):
     result = run_gate(store, "clean-1", "mm002")
     assert result.verdict == "fail"

@@ -10,6 +10,13 @@ import pytest
 from conformance.run.runner import RunSpec, execute_run
 from opdb import Store
 
+# Every test reads the one run of the module fixture: keep them on one xdist worker, or each
+# worker that gets one runs the whole sweep (hang included) again.
+pytestmark = pytest.mark.xdist_group("sweep_statuses")
+# What the hanging op costs (a worker killed after it); every other item here takes milliseconds,
+# a fresh worker's first one well under a second on a loaded machine.
+HANG_TIMEOUT_S = 3.0
+
 MANIFEST = """
 [build]
 name = "test-defects"
@@ -45,7 +52,7 @@ def defect_run(tmp_path_factory):
     manifest.write_text(textwrap.dedent(MANIFEST))
     db = d / "r.sqlite"
     spec = RunSpec(target="neuron-emu", build=str(manifest), ops=("mul", "neg", "reciprocal", "add", "sub"),
-                   dtypes=("float32", "bfloat16"), workers=2, timeout_s=10.0, max_samples=1,
+                   dtypes=("float32", "bfloat16"), workers=2, timeout_s=HANG_TIMEOUT_S, max_samples=1,
                    variants=("function",))
     summary = execute_run(spec, db)
     with Store.open(db) as st:
