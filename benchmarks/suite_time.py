@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SUMMARY = re.compile(r"=+ (.*(?:passed|failed).*) in ([0-9.]+)s")
+SUMMARY = re.compile(r"^=*\s*(\d+ (?:passed|failed).*?) in ([0-9.]+)s", re.M)  # with -q: no '=' around it
 
 
 def one(label: str, burners: int) -> int:
