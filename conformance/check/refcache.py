@@ -92,9 +92,7 @@ def content_digest(value: Any) -> str:
 
 def _digest(v: Any, h: Any, storages: dict[int, int]) -> None:
     if isinstance(v, torch.Tensor):
-        if v.layout != torch.strided or v.is_conj() or v.is_neg() or type(v) is not torch.Tensor and \
-                not isinstance(v, torch.nn.Parameter):
-            raise Uncacheable(f"a {v.layout} or subclassed tensor")
+        _plain_tensor(v)
         st = v.untyped_storage()
         ptr = st.data_ptr()
         first = ptr not in storages
@@ -127,12 +125,17 @@ def _digest(v: Any, h: Any, storages: dict[int, int]) -> None:
     h.update(f"{type(v).__name__}:{r};".encode())
 
 
+def _plain_tensor(t: torch.Tensor) -> None:
+    """Raise :class:`Uncacheable` unless ``t`` is a plain strided CPU tensor (what its storage's
+    bytes and its layout describe in full)."""
+    if t.layout != torch.strided or t.is_conj() or t.is_neg() or t.device.type != "cpu" or \
+            type(t) not in (torch.Tensor, torch.nn.Parameter):
+        raise Uncacheable(f"cannot store a {t.layout} {type(t).__name__} on {t.device}")
+
+
 def _storage_bytes(t: torch.Tensor) -> bytes:
     st = t.untyped_storage()
-    if st.nbytes() == 0:
-        return b""
-    return bytes(torch.empty(0, dtype=torch.uint8).set_(st).numpy().data) if st.device.type == "cpu" else \
-        bytes(torch.empty(0, dtype=torch.uint8, device=st.device).set_(st).cpu().numpy().data)
+    return bytes(torch.empty(0, dtype=torch.uint8).set_(st).numpy().data) if st.nbytes() else b""
 
 
 def environment() -> str:
@@ -151,9 +154,7 @@ def encode(value: Any) -> bytes:
     blobs: list[bytes] = []
 
     def tensor(t: torch.Tensor) -> tuple[Any, ...]:
-        if t.layout != torch.strided or t.is_conj() or t.is_neg() or t.device.type != "cpu" or \
-                type(t) not in (torch.Tensor, torch.nn.Parameter):
-            raise Uncacheable(f"cannot store a {t.layout} {type(t).__name__} on {t.device}")
+        _plain_tensor(t)
         st = t.untyped_storage()
         ptr = st.data_ptr()
         if ptr not in storages or st.nbytes() == 0:
@@ -290,6 +291,23 @@ class RefCache:
         if self._disk > self.disk_bytes:
             self._evict()
 
+    def through(self, hint: str, digest: Callable[[], str], compute: Callable[[], Any],
+                codec: tuple[Callable[[Any], Any], Callable[[Any], Any]] | None = None) -> Any:
+        """What the cache holds for ``hint`` and ``digest()``, else ``compute()`` (stored when it
+        took long enough); ``codec``: (value to stored, stored to value)."""
+        got = self.get(hint, digest)
+        if got is not MISSING:
+            return codec[1](got) if codec else got
+        t0 = time.perf_counter()
+        value = compute()
+        took = time.perf_counter() - t0
+        if took >= self.min_seconds:  # before the digest: a cheap value costs none
+            try:
+                self.put(hint, digest(), codec[0](value) if codec else value, seconds=took)
+            except Uncacheable:
+                pass
+        return value
+
     def _remember(self, hint: str, digest: str, data: bytes) -> None:
         if len(data) > self.memory_bytes // 4:
             return
@@ -332,19 +350,7 @@ class SharedCpu:
         """``compute()``, or what the cache holds for it; ``codec``: (to stored, from stored)."""
         if self.refs is None:
             return compute()
-        hint = f"{self.hint}|{part}"
-        got = self.refs.get(hint, self.digest)
-        if got is not MISSING:
-            return codec[1](got) if codec else got
-        t0 = time.perf_counter()
-        value = compute()
-        took = time.perf_counter() - t0
-        if took >= self.refs.min_seconds:
-            try:
-                self.refs.put(hint, self.digest(), codec[0](value) if codec else value, seconds=took)
-            except Uncacheable:
-                pass
-        return value
+        return self.refs.through(f"{self.hint}|{part}", self.digest, compute, codec)
 
 
 _SAME = "unchanged by the call"

@@ -202,7 +202,7 @@ def _cpu_side(prep: Prepared, dtype: torch.dtype, inputs: tuple, train_steps: in
     """The CPU reference of a model item: the same for its eager and compile items and for every
     build, so taken from the reference cache (:mod:`conformance.check.refcache`) where it holds it
     for this graph (its traced ATen graph's hash), weights, inputs, dtype, steps and seed."""
-    from conformance.check.refcache import MISSING, Uncacheable, content_digest, open_cache
+    from conformance.check.refcache import content_digest, open_cache
 
     def compute() -> SideResult:
         cpu_model = copy.deepcopy(prep.model).to(dtype)
@@ -214,23 +214,15 @@ def _cpu_side(prep: Prepared, dtype: torch.dtype, inputs: tuple, train_steps: in
     refs = open_cache(refcache)
     if refs is None or prep.graph_hash is None:
         return compute()
-    fields = ("out", "grads", "losses", "first_s", "error")
     hint = f"model|{prep.spec.model_id}|{dtype}|{train_steps}|{seed}"
 
     def digest() -> str:
         return content_digest((prep.graph_hash, getattr(prep.spec, "loss", None), str(dtype), train_steps, seed,
                                dict(prep.model.state_dict()), inputs))
 
-    got = refs.get(hint, digest)
-    if got is not MISSING:
-        return SideResult(**got)
-    t0 = time.perf_counter()
-    side = compute()
-    try:
-        refs.put(hint, digest(), {f: getattr(side, f) for f in fields}, seconds=time.perf_counter() - t0)
-    except Uncacheable:
-        pass
-    return side
+    fields = ("out", "grads", "losses", "first_s", "error")
+    return refs.through(hint, digest, compute, (lambda side: {f: getattr(side, f) for f in fields},
+                                                lambda stored: SideResult(**stored)))
 
 
 def _exported_item(target: Any, prep: Prepared, dtype: torch.dtype, tol: Any, xfail: Any,
