@@ -40,8 +40,9 @@ def _where(session: nox.Session) -> None:
 
 @nox.session(python="3.11")
 def tests(session: nox.Session) -> None:
-    """The test suite (fast by default; pass ``-- -m slow`` for the heavy sweeps)."""
-    _install(session, "test")
+    """The test suite (fast by default; pass ``-- -m slow`` for the heavy sweeps); with the ray
+    extra, so that the Ray executor's tests run."""
+    _install(session, "test", "ray")
     if not CHROMIUM.exists():
         session.warn(f"{CHROMIUM} is missing: the browser tests will skip (`nox -s browser` installs it as root)")
     # the 15 slowest tests are printed: the suite has a time budget (README, "Tests")

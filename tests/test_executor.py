@@ -47,5 +47,5 @@ def test_done_items_are_skipped_and_only_runs_just_those():
 
 def test_an_unknown_executor_is_named_with_the_known_ones():
     assert "local" in EXECUTORS
-    with pytest.raises(ValueError, match=r"executor 'nope': unknown \(known: local\)"):
+    with pytest.raises(ValueError, match=r"executor 'nope': unknown \(known: local, ray\)"):
         executor(Work(_spec(), "r3", []), name="nope")

@@ -87,6 +87,25 @@ def db_option(required: bool = True, default: str | None = None) -> Callable[...
                         help="opdb SQLite file.", **kw)
 
 
+def executor_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``--executor``, ``--ray-address``, ``--task-resources``: where a command's work runs (the
+    RunSpec fields of those names)."""
+    for option in reversed((
+        click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+                     help="Where items run: worker processes on this machine, or Ray actors on a Ray cluster "
+                          "(pip install -e '.[ray]'; README, Scale out)."),
+        click.option("--ray-address", "ray_address", default=None, metavar="ADDRESS",
+                     help="With --executor ray: the cluster to join ('auto': the one `ray start` runs here; "
+                          "default: start a Ray on this machine)."),
+        click.option("--task-resources", "task_resources", multiple=True, metavar="NAME=AMOUNT",
+                     help="With --executor ray: what each task (one worker) holds, e.g. neuron_cores=1 so that a "
+                          "device target runs only on nodes with the device (repeatable or comma-separated; "
+                          "default CPU=1)."),
+    )):
+        fn = option(fn)
+    return fn
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="neuron-conformance")
 def main() -> None:

@@ -19,6 +19,7 @@ from . import (
     TARGETS,
     check_build,
     db_option,
+    executor_options,
     fail,
     handles_errors,
     main,
@@ -137,6 +138,7 @@ def ledger_stale(ledger_path: str | None, n_runs: int, target: str | None, db_pa
 @click.option("--site", default="results/site", show_default=True, type=click.Path(file_okay=False),
               help="Folder the report site is written to.")
 @click.option("--finish", is_flag=True, help="After merging shard DBs: coverage, report and gate only.")
+@executor_options
 @click.option("--resume", default=None, metavar="PREFIX",
               help="Continue an interrupted nightly (its prefix is printed when it stops), with the options it "
                    "was started with: finished builds are kept, the interrupted one resumes, the rest run.")
@@ -145,7 +147,7 @@ def ledger_stale(ledger_path: str | None, n_runs: int, target: str | None, db_pa
 def nightly_cmd(target: str, builds: tuple[str, ...], ops: tuple[str, ...], dtypes: tuple[str, ...],
                 models: tuple[str, ...], model_limit: int | None, no_models: bool, no_schema: bool, workers: int,
                 shard: str, run_id_prefix: str | None, site: str, finish: bool, resume: str | None,
-                db_path: str) -> None:
+                db_path: str, executor: str, ray_address: str | None, task_resources: tuple[str, ...]) -> None:
     """The nightly: sweeps + models per build, coverage, the report site, and the gate.
 
     Example: conformance nightly --build 2.32.0 --build 2.33.0 --ops "nn.functional.*" --model-limit 5
@@ -165,7 +167,8 @@ def nightly_cmd(target: str, builds: tuple[str, ...], ops: tuple[str, ...], dtyp
 
     Path(db_path).parent.mkdir(parents=True, exist_ok=True)
     run = RunSpec(target=target, ops=ops, dtypes=dtypes, models=() if no_models else models,
-                  model_limit=model_limit or None, schema=not no_schema and not ops, workers=workers, shard=shard)
+                  model_limit=model_limit or None, schema=not no_schema and not ops, workers=workers, shard=shard,
+                  executor=executor, ray_address=ray_address, task_resources=task_resources)
     spec = NightlySpec(run=run, builds=builds, run_id_prefix=run_id_prefix, site=site)
     if finish:
         result = NightlyResult()

@@ -19,6 +19,7 @@ from . import (
     UsageProblem,
     check_build,
     db_option,
+    executor_options,
     handles_errors,
     main,
 )
@@ -80,6 +81,7 @@ CLI_VARIANTS = "function,inplace,out,backward,sparse_coo,sparse_csr,sparse_csc,s
               help="Where CPU reference results are kept for the next run or build to take (keyed by the "
                    "sample's content, torch and the harness; only results that took 2 ms or more): 'auto' "
                    "beside --db (DB.refcache.sqlite), 'none' to compute every reference.")
+@executor_options
 @click.option("--exit-zero", is_flag=True, help="Exit 0 when the run completes, whatever it found.")
 @click.option("--quiet", is_flag=True, help="No progress line.")
 @db_option(default="results/opdb.sqlite")

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from conformance.run.runner import Summary, check, config_difference, run_into, stored_summary
+from conformance.run.runner import Summary, check, config_difference, run_into, run_together, stored_summary
 from conformance.run.spec import RunSpec
 from conformance.run.supervisor import start_worker_server
 from conformance.select import SelectionError
@@ -160,6 +160,9 @@ def sweep_stage(spec: NightlySpec, store: Store, result: NightlyResult, progress
     builds = spec.builds or default_builds(spec.run.target)
     parts = [name for name, on in (("OpInfo sweep", spec.run.opinfo), ("schema search", spec.run.schema),
                                    ("models", bool(spec.run.models))) if on]
+    if spec.run.executor != "local":
+        _sweep_together(spec, builds, parts, store, result, progress, echo, resume=resume)
+        return
     for i, build in enumerate(builds, start=1):
         run = spec.run_for(build)
         stored = store.shard_status(run.run_id, run.shard) if resume and run.run_id else None
@@ -176,6 +179,34 @@ def sweep_stage(spec: NightlySpec, store: Store, result: NightlyResult, progress
         if summary.interrupted:
             result.interrupted = str(build)
             return
+
+
+def _sweep_together(spec: NightlySpec, builds: Sequence[BuildRef], parts: list[str], store: Store,
+                    result: NightlyResult, progress: Callable[[str], None] | None, echo: Echo, *,
+                    resume: bool) -> None:
+    """Every build's sweep in one queue (an executor that takes several runs: Ray), the builds'
+    summaries in build order as a sequential nightly has them."""
+    runs, order = [], []
+    for build in builds:
+        run = spec.run_for(build)
+        stored = store.shard_status(run.run_id, run.shard) if resume and run.run_id else None
+        if stored == "finished":
+            echo(f"== sweep {spec.run.target} {build}: finished by an earlier session ==")
+            summary = stored_summary(store, run.run_id, run.shard)
+            result.runs[str(build)], result.summaries[str(build)] = summary.run_id, summary
+            continue
+        runs.append((run, run.run_id if stored else None, None))
+        order.append(build)
+    if not runs:
+        return
+    echo(f"== sweep {spec.run.target} {', '.join(str(b) for b in order)} in one queue on {spec.run.executor} "
+         f"({', '.join(parts)}) ==")
+    for build, summary in zip(order, run_together(runs, store, progress=progress), strict=True):
+        echo(f"-- {build}: " + summary.render(top=3))
+        result.runs[str(build)], result.summaries[str(build)] = summary.run_id, summary
+        if summary.interrupted and result.interrupted is None:
+            result.interrupted = str(build)
+    result.runs = {str(b): result.runs[str(b)] for b in builds if str(b) in result.runs}  # build order
 
 
 def coverage_stage(store: Store, run_ids: Sequence[str], echo: Echo) -> dict[str, str]:

@@ -30,7 +30,9 @@ from typing import Any, Protocol, runtime_checkable
 
 from conformance.work import Group
 from opdb import Store
+from opdb.corpus import TABLE as CORPUS_TABLE
 from opdb.status import FAILING, Status
+from opdb.store import now
 
 from .spec import RunSpec
 
@@ -100,6 +102,45 @@ class Summary:
         return "\n".join(lines)
 
 
+class Recorder:
+    """What becomes of an item's row, whichever executor ran it and wherever: stamped with the
+    run, handed to the sink, counted in the summary; a schema search's side record (``_corpus``)
+    counted, and its new corpus entry stored (with the corpus on and a store: canaries and
+    re-runs store none), replacing the overload's earlier one. One per run, in the process that
+    writes (the one writer)."""
+
+    def __init__(self, spec: RunSpec, run_id: str, store: Store | None, sink: Sink, summary: Summary) -> None:
+        self.spec, self.run_id, self.store, self.sink, self.summary = spec, run_id, store, sink, summary
+
+    def record(self, row: dict[str, Any], table: str) -> None:
+        self._corpus(row.pop("_corpus", None))
+        row.update(run_id=self.run_id, shard=self.spec.shard, recorded_at=now())
+        self.sink(row, table)
+        s = self.summary
+        s.counts[row["status"]] += 1
+        s.items += 1
+        s.session_items += 1
+        s.op_time[row.get("op") or row.get("model_id") or "?"] += row.get("duration_s") or 0.0
+        proof = row.get("proof") or {}
+        graphs = proof.get("graphs")
+        if graphs is not None:
+            s.compiler = True
+            batch = proof.get("batch") if not (proof.get("batch") or {}).get("alone") else None
+            # a batch's graph is every one of its items' proof: counted once, at its first sample
+            s.graphs += graphs if batch is None or batch.get("first") == row.get("sample") else 0
+            s.batched += batch is not None
+            s.uncompiled += graphs == 0
+
+    def _corpus(self, side: dict[str, Any] | None) -> None:
+        if side is None or not self.spec.corpus:
+            return
+        self.summary.corpus[side["how"]] += 1
+        if side.get("why"):
+            self.summary.corpus_why[side["why"]] += 1
+        if side.get("entry") is not None and self.store is not None:
+            self.store.insert(CORPUS_TABLE, [{**side["entry"], "run_id": self.run_id}], replace=True)
+
+
 @runtime_checkable
 class Executor(Protocol):
     """Runs one :class:`Work` (see the module's docstring for what it owes)."""
@@ -113,16 +154,25 @@ class Executor(Protocol):
 
 #: The executors by name, each ``"module:Class"`` whose class is called as ``(work, store,
 #: progress, sink=sink)``. Named, not imported: an executor's module may need an optional
-#: package (Ray) that only a run choosing it must have. ``local``: forked worker processes here.
-EXECUTORS: dict[str, str] = {"local": "conformance.run.supervisor:Supervisor"}
+#: package (Ray) that only a run choosing it must have. ``local``: forked worker processes here;
+#: ``ray``: Ray actors on a Ray cluster (:mod:`conformance.run.ray_executor`).
+EXECUTORS: dict[str, str] = {"local": "conformance.run.supervisor:Supervisor",
+                             "ray": "conformance.run.ray_executor:RayExecutor"}
 
 
 def executor(work: Work, store: Store | None = None, *, sink: Sink | None = None,
-             progress: Callable[[str], None] | None = None, name: str = "local") -> Executor:
-    """The executor ``name`` for ``work``. ``store`` receives side records (the schema corpus)
-    and, when ``sink`` is None, the rows; ``progress`` takes the console's lines."""
+             progress: Callable[[str], None] | None = None, name: str | None = None,
+             also: Sequence[Work] = ()) -> Executor:
+    """The executor ``name`` (default: the one ``work.spec`` names) for ``work``. ``store``
+    receives side records (the schema corpus) and, when ``sink`` is None, the rows; ``progress``
+    takes the console's lines. ``also``: more runs' work for the same queue (an executor whose
+    class takes ``also``: Ray), their summaries in the executor's ``summaries``."""
+    name = name or work.spec.executor
     try:
         module, _, cls = EXECUTORS[name].partition(":")
     except KeyError:
         raise ValueError(f"executor {name!r}: unknown (known: {', '.join(sorted(EXECUTORS))})") from None
-    return getattr(importlib.import_module(module), cls)(work, store, progress, sink=sink)
+    factory = getattr(importlib.import_module(module), cls)
+    if also:
+        return factory(work, store, progress, sink=sink, also=also)
+    return factory(work, store, progress, sink=sink)

@@ -163,7 +163,7 @@ class Eta:
 
 
 # A line :meth:`Snapshot.line` writes (to tell progress from everything else in a console log).
-LINE = re.compile(r"^\S.* \[[#-]+\] +\d+% .* · [\d,]+ items, [\d,]+ failing · \w+(, eta \w+)?$")
+LINE = re.compile(r"^\S.* \[[#-]+\] +\d+% .* · [\d,]+ items, [\d,]+ failing · \w+(, eta \w+)?( · \S.*)?$")
 
 
 def duration(seconds: float) -> str:
@@ -192,13 +192,14 @@ class Snapshot:
     failing: int
     elapsed_s: float
     eta_s: float | None
+    extra: str = ""  # what else the executor shows (Ray: nodes and tasks in flight)
 
     def line(self) -> str:
         done, total = sum(self.done.values()), sum(self.total.values())
         kinds = " · ".join(f"{TITLES.get(k, k)} {self.done.get(k, 0)}/{n}" for k, n in self.total.items() if n)
         eta = f", eta {duration(self.eta_s)}" if self.eta_s is not None else ""
         return (f"{self.stage} {bar(done, total)} {done * 100 // max(total, 1):>3}% {kinds} · {self.items:,} items, "
-                f"{self.failing:,} failing · {duration(self.elapsed_s)}{eta}")
+                f"{self.failing:,} failing · {duration(self.elapsed_s)}{eta}" + (f" · {self.extra}" if self.extra else ""))
 
 
 class Console:

@@ -33,7 +33,7 @@ from .spec import RunSpec
 from .supervisor import Supervisor, start_worker_server, worker_context
 
 __all__ = ["CodeChangedWarning", "EmptyRun", "Prepared", "RunSpec", "Summary", "Supervisor", "check", "execute_run",
-           "prepare", "rerun_items", "run_canaries", "run_into", "stderr_progress"]
+           "prepare", "rerun_items", "run_canaries", "run_into", "run_together", "stderr_progress"]
 
 
 def _done_by_group(keys: set[str]) -> dict[str, set[str]]:
@@ -261,8 +261,14 @@ def execute_run(spec: RunSpec, db_path: str | os.PathLike[str], *, resume: str |
 
 
 def check(spec: RunSpec) -> list[Group]:
-    """The run's groups, once the ledger loads and the selection and shard hold some (else raises)."""
+    """The run's groups, once the ledger loads, the executor can start and the selection and
+    shard hold some (else raises)."""
     spec.sweep_config()
+    if spec.executor == "ray":
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            raise SelectionError("--executor ray needs Ray, an optional extra: pip install -e '.[ray]' -c constraints.txt")
     return _select(spec)
 
 
@@ -283,6 +289,51 @@ def run_into(spec: RunSpec, store: Store, *, resume: str | None = None,
     """Run (or resume) a sweep into an open store; returns the summary of the whole run (this
     shard), earlier sessions of a resumed run included. A run that ends with no item raises
     :class:`EmptyRun` (after recording it). Nothing is written when the spec or selection is bad."""
+    return run_together([(spec, resume, prepared)], store, progress=progress)[0]
+
+
+def run_together(runs: Sequence[tuple[RunSpec, str | None, Prepared | None]], store: Store, *,
+                 progress: Callable[[str], None] | None = None) -> list[Summary]:
+    """Several runs (spec, run id to resume or None, prepared or None) into one store, as
+    :func:`run_into` runs one: each is started (or resumed) and its canaries run first; then an
+    executor that takes several runs' work (Ray) runs them all in one queue, any other runs them
+    one after the other. A run whose canaries failed gets its infra summary and no sweep. An
+    interruption ends every run still sweeping (each is marked interrupted). An empty run raises
+    :class:`EmptyRun` after every run is recorded."""
+    started = [_start(spec, store, resume, prepared) for spec, resume, prepared in runs]
+    works = [w for w in started if isinstance(w, Work)]
+    summaries: dict[str, Summary] = {}
+    if works and len(works) > 1 and works[0].spec.executor != "local":
+        sup = executor(works[0], store, progress=progress, also=works[1:])
+        for w, summary in zip(works, _execute(sup, store), strict=True):
+            summaries[w.run_id] = summary
+    else:
+        for w in works:
+            sup = executor(w, store, progress=progress)
+            summary = summaries[w.run_id] = _execute(sup, store)[0]
+            if summary.interrupted:
+                break
+    out: list[Summary] = []
+    empty = None
+    for w in started:
+        if not isinstance(w, Work):
+            out.append(w)
+            continue
+        summary = summaries.get(w.run_id) or Summary(w.run_id, interrupted=True)  # never reached: interrupted
+        store.finish_run(w.run_id, shard=w.spec.shard, status="interrupted" if summary.interrupted else "finished")
+        _whole_run(store, w.run_id, w.spec.shard, summary)
+        if not summary.items and not summary.interrupted and empty is None:
+            empty = EmptyRun(f"run {w.run_id}: {_selection_text(w.spec)}, --variants {','.join(w.spec.variants)}: "
+                             "the run recorded no item, so nothing was checked")
+        out.append(summary)
+    if empty is not None:
+        raise empty
+    return out
+
+
+def _start(spec: RunSpec, store: Store, resume: str | None, prepared: Prepared | None) -> Work | Summary:
+    """Start (or resume) a run in the store and run its canaries: its work, or (canaries failed)
+    its infra summary."""
     where = str(store.path or ":memory:")
     start_worker_server()
     if prepared is None:
@@ -290,8 +341,10 @@ def run_into(spec: RunSpec, store: Store, *, resume: str | None = None,
         if resume and run is None:
             raise SelectionError(f"{where}: no run with id {resume!r} to resume")
         prepared = prepare(spec, resumed=run)
+    # the session's choices (executor, cluster) are not stored: a resumed run takes this session's
+    session = {"executor": spec.executor, "ray_address": spec.ray_address, "task_resources": spec.task_resources}
     spec, groups, target = prepared
-    spec = spec.replace(refcache=spec.refcache_for(store.path))
+    spec = spec.replace(refcache=spec.refcache_for(store.path), **session)
     if resume:
         _warn_if_code_changed(store.get_run(resume) or {"id": resume})
         store.resume_run(resume, shard=spec.shard)
@@ -312,21 +365,20 @@ def run_into(spec: RunSpec, store: Store, *, resume: str | None = None,
         return Summary(run_id, infra=infra)
     done = _done_by_group(set().union(*(store.done_keys(table, run_id) for table in TABLES)))
     history = group_seconds(store, target=spec.target, torch_version=torch.__version__, exclude_run=run_id)
-    work = Work(spec, run_id, groups, done, history=history, stage=f"sweep {spec.target} {spec.build}".rstrip(),
+    return Work(spec, run_id, groups, done, history=history, stage=f"sweep {spec.target} {spec.build}".rstrip(),
                 corpus=_corpus(spec, store, groups))
-    sup = executor(work, store, progress=progress)
+
+
+def _execute(sup: Any, store: Store) -> list[Summary]:
+    """Run an executor (SIGTERM taken as Ctrl-C); its group times are stored whatever happens.
+    Returns each of its runs' summaries."""
     previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
         summary = sup.run()
     finally:
         signal.signal(signal.SIGTERM, previous)
         store.insert("group_times", sup.group_times)  # a resumed group keeps its first timing
-    store.finish_run(run_id, shard=spec.shard, status="interrupted" if summary.interrupted else "finished")
-    _whole_run(store, run_id, spec.shard, summary)
-    if not summary.items and not summary.interrupted:
-        raise EmptyRun(f"run {run_id}: {_selection_text(spec)}, --variants {','.join(spec.variants)}: "
-                       "the run recorded no item, so nothing was checked")
-    return summary
+    return list(getattr(sup, "summaries", [summary]))
 
 
 def _corpus(spec: RunSpec, store: Store, groups: Sequence[Group]) -> dict[str, dict[str, Any]]:

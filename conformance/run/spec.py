@@ -88,6 +88,13 @@ class RunSpec:
     # before only new shape classes are (conformance.check.contracts.Budget); 0: every sample
     # (always stored: a run stored before there was a budget checked every sample)
     contract_budget: int = field(default=DEFAULT_BUDGET, metadata=_stored())
+    # where the work runs (conformance.run.executor): "local" (worker processes here) or "ray"
+    # (Ray actors on the cluster at ``ray_address``; None: a Ray started here, "auto": the one
+    # `ray start` runs on this machine), each actor holding ``task_resources`` ("neuron_cores=1",
+    # "CPU=1"). A session's choice, like the worker count: not what the run is.
+    executor: str = field(default="local", metadata=_stored(None))
+    ray_address: str | None = field(default=None, metadata=_stored(None))
+    task_resources: tuple[str, ...] = field(default=(), metadata=_stored(None))
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: normalise in place, once
@@ -113,6 +120,9 @@ class RunSpec:
                 raise SelectionError(f"{name} {value!r}: must be a whole number of at least 1 (or left out for all)")
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
             raise SelectionError(f"--workers {self.workers!r}: must be a whole number of at least 1")
+        if self.executor not in EXECUTOR_NAMES:
+            raise SelectionError(f"--executor {self.executor!r}: unknown (known: {', '.join(EXECUTOR_NAMES)})")
+        parse_resources(self.task_resources)
         parse_shard(self.shard)
         parse_dtypes(self.dtypes)
         try:
@@ -170,6 +180,31 @@ class RunSpec:
             kw[f.name] = _typed(f, value)
         kw.update(overrides)
         return cls(**kw)
+
+
+#: What ``RunSpec.executor`` may name (conformance.run.executor.EXECUTORS has their classes).
+EXECUTOR_NAMES = ("local", "ray")
+
+
+def parse_resources(items: tuple[str, ...] | list[str]) -> dict[str, float]:
+    """``--task-resources`` (``NAME=AMOUNT``, repeatable or comma-separated) as Ray's resource
+    dict; ``CPU`` defaults to 1 (each task holds one worker process). A bad entry is refused,
+    naming it."""
+    out: dict[str, float] = {}
+    for item in (p.strip() for text in items for p in str(text).split(",")):
+        if not item:
+            continue
+        name, sep, amount = item.partition("=")
+        try:
+            value = float(amount)
+        except ValueError:
+            value = float("nan")
+        if not sep or not name.strip() or not math.isfinite(value) or value < 0:
+            raise SelectionError(f"--task-resources {item!r}: expected NAME=AMOUNT with AMOUNT a number >= 0, "
+                                 "e.g. neuron_cores=1 or CPU=1")
+        out[name.strip()] = value
+    out.setdefault("CPU", 1.0)
+    return out
 
 
 def _key(f: dataclasses.Field[Any]) -> str | None:

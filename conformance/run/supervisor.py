@@ -33,10 +33,8 @@ from conformance.check.verdict import Status, decide_unrun
 from conformance.select import SelectionError
 from conformance.work import Group, ItemKey, Skip
 from opdb import Store
-from opdb.corpus import TABLE as CORPUS_TABLE
-from opdb.store import now
 
-from .executor import Sink, Summary, Work
+from .executor import Recorder, Sink, Summary, Work
 from .isolation import Inflight, read_output
 from .kinds import TABLES, kind_of
 from .progress import Eta, Pricer, Snapshot
@@ -162,10 +160,15 @@ class _Item(NamedTuple):
 class Supervisor:
     """The local :class:`~conformance.run.executor.Executor`: runs groups in worker processes.
     Rows go to ``sink(row, table)`` (by default the store's batched writers); ``work.only``
-    restricts each group to chosen item keys (re-runs)."""
+    restricts each group to chosen item keys (re-runs).
+
+    ``relay``: rows go to it as the workers made them, unstamped and uncounted (another process
+    records them: the Ray executor's driver). ``keep_alive``: a worker whose queue is empty
+    waits for more instead of exiting (:meth:`feed` adds a group); the Ray executor's tasks keep
+    one such supervisor per run spec, so that a worker's start-up is paid once, not per group."""
 
     def __init__(self, work: Work, store: Store | None, progress: Callable[[str], None] | None, *,
-                 sink: Sink | None = None) -> None:
+                 sink: Sink | None = None, relay: Sink | None = None, keep_alive: bool = False) -> None:
         spec, run_id, groups, history = work.spec, work.run_id, work.groups, work.history
         done, only, stage, corpus = work.done, work.only, work.stage, work.corpus
         self.spec, self.store, self.run_id = spec, store, run_id
@@ -188,6 +191,8 @@ class Supervisor:
         self.ctx = worker_context()
         self.writers = {t: store.writer(t) for t in TABLES} if store else {}
         self.sink = sink or (lambda row, table: self.writers[table].add(row))
+        self.recorder = Recorder(spec, run_id, store, self.sink, self.summary)
+        self.relay, self.keep_alive = relay, keep_alive
         self.slots: list[_Slot] = []
         self.crash_safe: set[str] = set()  # schema groups whose CPU reference killed a worker
         self.unbatched: set[str] = set()  # groups whose compiled batch killed or hung a worker
@@ -246,7 +251,8 @@ class Supervisor:
     def _assign(self, slot: _Slot) -> None:
         if not self.queue:
             slot.group = None
-            slot.conn.send(None)
+            if not self.keep_alive:
+                slot.conn.send(None)
             return
         group = self.queue.popleft()
         slot.group, slot.seen, slot.assigned_at = group, set(), time.monotonic()
@@ -268,33 +274,7 @@ class Supervisor:
         return new
 
     def _record(self, row: dict[str, Any], table: str) -> None:
-        self._corpus(row.pop("_corpus", None))
-        row.update(run_id=self.run_id, shard=self.spec.shard, recorded_at=now())
-        self.sink(row, table)
-        self.summary.counts[row["status"]] += 1
-        self.summary.items += 1
-        self.summary.session_items += 1
-        self.summary.op_time[row.get("op") or row.get("model_id") or "?"] += row.get("duration_s") or 0.0
-        proof = row.get("proof") or {}
-        graphs = proof.get("graphs")
-        if graphs is not None:
-            self.summary.compiler = True
-            batch = proof.get("batch") if not (proof.get("batch") or {}).get("alone") else None
-            # a batch's graph is every one of its items' proof: counted once, at its first sample
-            self.summary.graphs += graphs if batch is None or batch.get("first") == row.get("sample") else 0
-            self.summary.batched += batch is not None
-            self.summary.uncompiled += graphs == 0
-
-    def _corpus(self, side: dict[str, Any] | None) -> None:
-        """A schema search's side record: counted; its new corpus entry stored (with the corpus on
-        and a store: canaries and re-runs store none), replacing the overload's earlier one."""
-        if side is None or not self.spec.corpus:
-            return
-        self.summary.corpus[side["how"]] += 1
-        if side.get("why"):
-            self.summary.corpus_why[side["why"]] += 1
-        if side.get("entry") is not None and self.store is not None:
-            self.store.insert(CORPUS_TABLE, [{**side["entry"], "run_id": self.run_id}], replace=True)
+        (self.relay or self.recorder.record)(row, table)
 
     def _synthetic(self, group: Group, key: str, status: Status, error: str, duration: float,
                    output: str | None = None) -> None:
@@ -305,6 +285,31 @@ class Supervisor:
     def _resume_group(self, slot: _Slot) -> None:
         assert slot.group is not None
         slot.conn.send((slot.group, self._skip(slot.group, slot.seen)))
+
+    def feed(self, group: Group) -> int:
+        """Queue one more group (``keep_alive``) and start it on an idle worker, starting one
+        where none lives; returns how many groups had finished before it (its ``group_times``
+        entry is the next one)."""
+        self.queue.append(group)
+        self.total_groups += 1
+        if not self.slots:
+            self.slots = [self._spawn() for _ in range(max(1, self.spec.workers))]
+        for i, slot in enumerate(self.slots):
+            if slot.proc is None:  # it died between groups
+                with contextlib.suppress(OSError):
+                    slot.conn.close()
+                self.slots[i] = slot = self._spawn(slot.output or None, slot.inflight)
+            if slot.ready and slot.group is None and self.queue:
+                self._assign(slot)  # (a worker not ready yet takes it when it is)
+        return len(self.group_times)
+
+    def close(self) -> None:
+        """End the workers (``keep_alive``: they wait for work) and remove their output files."""
+        for s in self.slots:
+            if s.proc is not None:
+                self._kill(s)
+                s.proc = None
+            self._retire(s)
 
     # the loop
     def run(self) -> Summary:
@@ -378,7 +383,7 @@ class Supervisor:
                 self.group_times.append({"run_id": self.run_id, "shard": self.spec.shard, "group_key": slot.group.key,
                                          "kind": slot.group.kind, "wall_s": round(wall, 4)})
             self._assign(slot)
-            if slot.group is None:
+            if slot.group is None and not self.keep_alive:
                 slot.proc.join(10)
                 slot.conn.close()
                 slot.proc = None
