@@ -78,7 +78,7 @@ def bench(session: nox.Session) -> None:
     """Every benchmark (benchmarks/benchmarks.toml), one table of their figures at the end
     (about 15 minutes on 2 cores; ``-- --heavy`` adds the nightly cold and warm and the test suite
     idle and loaded, over an hour; ``-- --only item_cost.py`` for one, ``-- --list`` for what runs)."""
-    _install(session, "test")  # suite_time.py runs the test suite
+    _install(session, "test", "ray")  # suite_time.py runs the test suite; ray_executor.py needs Ray
     session.run("python", str(HERE / "benchmarks" / "run_all.py"), *session.posargs)
 
 

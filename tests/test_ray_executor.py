@@ -31,12 +31,19 @@ def _init(**kw) -> None:
     ray.init(runtime_env={"env_vars": {"PYTHONPATH": TESTS}}, log_to_driver=False, include_dashboard=False, **kw)
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    _init(num_cpus=2)
+@pytest.fixture(scope="module", autouse=True)
+def _ray_ends_with_the_module():
     yield
     ray.shutdown()
     ray_executor._IDLE.clear()
+
+
+@pytest.fixture
+def local_ray():
+    """A Ray on this machine (2 CPUs) whose workers import this folder's modules; started once,
+    again after the cluster test replaced it."""
+    if not ray.is_initialized() or "PYTHONPATH" not in str(ray.get_runtime_context().runtime_env):
+        _init(num_cpus=2)
 
 
 def _spec(**kw) -> RunSpec:
@@ -169,7 +176,67 @@ def test_a_node_taken_away_mid_group_loses_no_item_and_doubles_none():
                  sink=lambda row, table: local.append(row)).run()
         assert sorted(keys) == sorted(r["item_key"] for r in local)
         assert sorted(g["group_key"] for g in ex.group_times) == sorted(g.key for g in groups)
+        # --task-resources neuron_cores=1: actors only where a Neuron core is, each told which one
+        cluster.add_node(num_cpus=1, resources={"neuron_cores": 1})
+        cluster.wait_for_nodes()
+        rows.clear()
+        device = executor(Work(spec.replace(target="cpu", imports=(), task_resources=("neuron_cores=1",)), "d",
+                               [Group("neg", "float32"), Group("abs", "float32")]),
+                          sink=lambda row, table: rows.append(row))
+        device.run()
+        assert len(rows) == 2 and {r["status"] for r in rows} == {"pass"}
+        idle = ray_executor._IDLE[repr(sorted(device._options().items()))]
+        assert len(idle) == 1 and ray.get(idle[0].handle.where.remote())["neuron_cores"] == "0"
     finally:
         ray.shutdown()
         ray_executor._IDLE.clear()
         cluster.shutdown()
+
+
+def test_an_interrupted_ray_run_resumes_with_nothing_lost_doubled_or_changed(local_ray, tmp_path):
+    spec = _spec(target="test-slow-cpu", imports=("slow_targets",), max_samples=6, executor="ray",
+                 ops=("mul", "add", "sub", "exp"), run_id="stop-go")
+    db = tmp_path / "r.sqlite"
+
+    def stop(line: str) -> None:  # Ctrl-C at the first progress line that shows an item recorded
+        if " 0 items" not in line:
+            raise KeyboardInterrupt
+
+    first = execute_run(spec, db, progress=stop)
+    assert first.interrupted and 0 < first.items
+    second = execute_run(spec, db, resume="stop-go")
+    assert not second.interrupted
+    with Store.open(db, create=False) as st:
+        keys = [r["item_key"] for r in st.db.query("select item_key from op_results where variant != 'canary'")]
+    execute_run(spec.replace(executor="local", run_id="whole"), tmp_path / "whole.sqlite")
+    assert len(keys) == len(set(keys)) == second.items
+    assert _rows(db) == _rows(tmp_path / "whole.sqlite")
+
+
+def test_the_nightly_on_ray_is_the_local_nightly_in_one_queue(local_ray, tmp_path):
+    from click.testing import CliRunner
+
+    from conformance.cli import main
+
+    args = ["nightly", "--build", "2.32.0", "--build", "2.33.0", "--ops", "abs", "--ops", "cumsum",
+            "--ops", "nn.functional.gelu", "--dtypes", "float32", "--no-models", "--no-schema",
+            "--run-id-prefix", "n7"]
+    out = {}
+    for name in ("local", "ray"):
+        r = CliRunner().invoke(main, [*args, "--executor", name, "--db", str(tmp_path / f"{name}.sqlite"),
+                                      "--site", str(tmp_path / f"site-{name}")])
+        assert r.exit_code in (0, 1), r.output[-2000:]
+        assert (tmp_path / f"site-{name}" / "index.html").exists()
+        out[name] = r
+    assert "in one queue on ray" in out["ray"].output
+    assert out["ray"].exit_code == out["local"].exit_code
+    gates = [[ln for ln in out[n].output.splitlines() if ln.startswith("gate ")] for n in ("local", "ray")]
+    assert gates[0] == gates[1] and gates[0]
+    items = []
+    for name in ("local", "ray"):
+        with Store.open(tmp_path / f"{name}.sqlite") as st:
+            items.append(sorted((r["build"], r["item_key"], r["status"], r["fingerprint"]) for r in st.db.query(
+                "select runs.build, item_key, op_results.status, fingerprint from op_results join runs on "
+                "runs.id = run_id")))
+            assert {x["status"] for x in st.runs()} == {"finished"}
+    assert items[0] == items[1]

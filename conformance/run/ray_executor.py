@@ -65,6 +65,9 @@ HOSTS_PER_ACTOR = 4
 MAX_LOSSES = 3
 #: seconds between looks at the cluster's size (to start actors on nodes that joined)
 SCALE_EVERY_S = 5.0
+#: actors that may die while starting, before any started, until the run gives up (a node
+#: without this package, or whose worker server cannot start, would otherwise be retried forever)
+MAX_START_FAILURES = 3
 
 
 # -- the actor side -------------------------------------------------------------------------
@@ -219,6 +222,8 @@ class RayExecutor:
         self.actors: list[_Actor] = []
         self.losses: collections.Counter[tuple[int, str]] = collections.Counter()
         self.lost_tasks = 0
+        self.started_actors = 0
+        self.start_failures: list[str] = []
         self._start = time.monotonic()
         self._last_progress = 0.0
         self._last_scale = float("-inf")
@@ -297,8 +302,14 @@ class RayExecutor:
                 try:
                     actor.node = ray.get(actor.ready)["node"]
                     actor.ready = None
-                except ray_errors.RayError:  # it died before it started (its node went)
+                    self.started_actors += 1
+                except ray_errors.RayError as exc:  # it died before it started (its node went, or it could not)
                     self._drop(actor)
+                    self.start_failures.append(f"{type(exc).__name__}: {str(exc).strip()[:500]}")
+                    if not self.started_actors and len(self.start_failures) >= MAX_START_FAILURES:
+                        raise SelectionError(f"Ray actors die while starting ({len(self.start_failures)} so far; is "
+                                             "this package installed on every node?); the last: "
+                                             f"{self.start_failures[-1]}") from None
             else:
                 self._next(running[id(ref)])
 
