@@ -82,16 +82,19 @@ def test_run_spec_config_round_trips_through_a_runs_row():
                    shard="2/3", timeout_s=7.5, seed=3, max_samples=2, ledger="l.toml", variants=("out",),
                    opinfo=False, schema=True, models=("mlp",), model_limit=4, model_modes=("eager",), workers=5,
                    imports=("json",), contracts=("out", "errors"), corpus=False, compile_batch=4,
-                   refcache="refs.sqlite", contract_budget=3)
+                   refcache="refs.sqlite", contract_budget=3, executor="ray", ray_address="auto",
+                   task_resources=("neuron_cores=1",))
     # every field away from its default (a new field must join this test), the run id aside
     assert [f.name for f in dataclasses.fields(RunSpec) if getattr(spec, f.name) == f.default] == ["run_id"]
     config = spec.to_config()
     # what is not the run's (the session's worker count) or lives in a column of runs is not stored
     assert "workers" not in config and "target" not in config and "run_id" not in config
     assert "refcache" not in config  # where references come from, not what the run is
+    assert not {"executor", "ray_address", "task_resources"} & set(config)  # where it runs, the same
     assert config["build_spec"] == "2.33.0" and config["ops"] == ["abs", "aten::x*"] and config["contract_budget"] == 3
     back = RunSpec.from_run({"id": "r", "target": "cpu", "build": "2.33.0", "config": json.dumps(config)}, workers=5,
-                            refcache="refs.sqlite")
+                            refcache="refs.sqlite", executor="ray", ray_address="auto",
+                            task_resources=("neuron_cores=1",))
     assert back == dataclasses.replace(spec, run_id="r")
 
 
