@@ -12,6 +12,8 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
+from test_hardening_workers import MANIFEST  # noqa: E402 - its crash and hang build
+
 from conformance.run import ray_executor  # noqa: E402
 from conformance.run.executor import Work, executor  # noqa: E402
 from conformance.run.runner import execute_run  # noqa: E402
@@ -107,19 +109,7 @@ def test_a_dying_worker_gives_its_item_the_local_executors_verdict(local_ray, ta
 
 def test_device_crash_and_hang_defects_get_the_local_statuses(local_ray, tmp_path):
     manifest = tmp_path / "m.toml"
-    manifest.write_text(textwrap.dedent("""
-        [build]
-        name = "crash-hang"
-        inherits = "2.33.0"
-        [ops]
-        native = ["aten::neg.default", "aten::reciprocal.default"]
-        [[defects]]
-        op = "aten::neg.default"
-        kind = "crash"
-        [[defects]]
-        op = "aten::reciprocal.default"
-        kind = "hang"
-        """))
+    manifest.write_text(textwrap.dedent(MANIFEST))
     spec = RunSpec(target="neuron-emu", build=str(manifest), ops=("neg", "reciprocal", "abs"), dtypes=("float32",),
                    variants=("function",), max_samples=2, timeout_s=3.0, run_id="crash-hang")
     execute_run(spec, tmp_path / "local.sqlite")

@@ -33,7 +33,7 @@ import statistics
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TextIO
 
@@ -200,6 +200,27 @@ class Snapshot:
         eta = f", eta {duration(self.eta_s)}" if self.eta_s is not None else ""
         return (f"{self.stage} {bar(done, total)} {done * 100 // max(total, 1):>3}% {kinds} · {self.items:,} items, "
                 f"{self.failing:,} failing · {duration(self.elapsed_s)}{eta}" + (f" · {self.extra}" if self.extra else ""))
+
+
+class Reporter:
+    """An executor's progress: ``snapshot()`` made into a line and written at most every
+    ``every_s`` seconds; with ``force`` (the stage's last line) always, whatever the console's pace
+    (:meth:`Console.end`). Nothing is made when there is no ``progress``."""
+
+    def __init__(self, progress: Callable[[str], None] | None, snapshot: Callable[[], Snapshot],
+                 every_s: float = 2.0) -> None:
+        self.progress, self.snapshot, self.every_s = progress, snapshot, every_s
+        self._last = 0.0
+
+    def __call__(self, force: bool = False) -> None:
+        if self.progress is None:
+            return
+        t = time.monotonic()
+        if not force and t - self._last < self.every_s:
+            return
+        self._last = t
+        line = self.snapshot().line()
+        (getattr(self.progress, "end", self.progress) if force else self.progress)(line)
 
 
 class Console:

@@ -46,7 +46,7 @@ from conformance.work import Group
 
 from .executor import Recorder, Sink, Summary, Work
 from .kinds import TABLES
-from .progress import Eta, Pricer, Snapshot
+from .progress import Eta, Pricer, Reporter, Snapshot
 from .spec import RunSpec, parse_resources
 
 try:
@@ -225,7 +225,7 @@ class RayExecutor:
         self.started_actors = 0
         self.start_failures: list[str] = []
         self._start = time.monotonic()
-        self._last_progress = 0.0
+        self._report = Reporter(progress, self.snapshot)
         self._last_scale = float("-inf")
 
     # -- actors
@@ -415,16 +415,6 @@ class RayExecutor:
         return Snapshot(self.stage, dict(self.kind_done), dict(self.kind_total),
                         sum(s.items for s in self.summaries), sum(s.failures for s in self.summaries),
                         time.monotonic() - self._start, self.eta_s(), extra)
-
-    def _report(self, force: bool = False) -> None:
-        if self.progress is None:
-            return
-        t = time.monotonic()
-        if not force and t - self._last_progress < 2.0:
-            return
-        self._last_progress = t
-        line = self.snapshot().line()
-        (getattr(self.progress, "end", self.progress) if force else self.progress)(line)
 
 
 class _Stop(Exception):

@@ -37,7 +37,7 @@ from opdb import Store
 from .executor import Recorder, Sink, Summary, Work
 from .isolation import Inflight, read_output
 from .kinds import TABLES, kind_of
-from .progress import Eta, Pricer, Snapshot
+from .progress import Eta, Pricer, Reporter, Snapshot
 from .spec import RunSpec
 
 
@@ -198,8 +198,8 @@ class Supervisor:
         self.unbatched: set[str] = set()  # groups whose compiled batch killed or hung a worker
         self.kind_done: collections.Counter[str] = collections.Counter()
         self.groups_done = 0
-        self._last_progress = 0.0
         self._start = time.monotonic()
+        self._report = Reporter(progress, self.snapshot)
 
     # process management
     def _spawn(self, output: str | None = None, inflight: Inflight | None = None) -> _Slot:
@@ -496,14 +496,3 @@ class Supervisor:
     def snapshot(self) -> Snapshot:
         return Snapshot(self.stage, dict(self.kind_done), dict(self.kind_total), self.summary.items,
                         self.summary.failures, time.monotonic() - self._start, self.eta_s())
-
-    def _report(self, force: bool = False) -> None:
-        if self.progress is None:
-            return
-        t = time.monotonic()
-        if not force and t - self._last_progress < 2.0:
-            return
-        self._last_progress = t
-        line = self.snapshot().line()
-        # the stage's last line is written whatever the console's pace (Console.end)
-        (getattr(self.progress, "end", self.progress) if force else self.progress)(line)
