@@ -285,8 +285,14 @@ def trace_changes_cpu(info: Any, variant: str, sample: Any, tries: int = 3) -> b
 
     def call() -> Any:
         s = on_device(sample, "cpu")
-        ref = invoke(info.op, "function", s, "cpu", None) if variant == "out" else None
-        return to_cpu(invoke(fn, variant, s, "cpu", ref))
+        if variant != "out":
+            return to_cpu(invoke(fn, variant, s, "cpu", None))
+        # out= tensors of the result's shapes, filled with a value no kernel writes by chance: an
+        # out= the call leaves unwritten then differs every time (an empty one is resized into
+        # whatever memory the allocator hands back, often the plain call's result itself)
+        out = _filled(out_like(invoke(info.op, "function", s, "cpu", None), "cpu", sized=True))
+        ret = fn(s.input, *s.args, **s.kwargs, out=out)
+        return to_cpu(out if ret is None else ret)
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -300,6 +306,16 @@ def trace_changes_cpu(info: Any, variant: str, sample: Any, tries: int = 3) -> b
         except Exception:  # noqa: BLE001 - a reference that fails here says nothing about the trace
             return False
     return False
+
+
+def _filled(out: Any) -> Any:
+    """``out=`` tensors filled with a sentinel: NaN, or the dtype's largest value (True for bool)."""
+    def fill(t: torch.Tensor) -> torch.Tensor:
+        if t.dtype.is_floating_point or t.dtype.is_complex:
+            return t.fill_(float("nan"))
+        return t.fill_(True if t.dtype == torch.bool else torch.iinfo(t.dtype).max)
+
+    return tuple(fill(t) for t in out) if isinstance(out, tuple) else fill(out)
 
 
 def _eager_trace(target: Target, call: Callable[[], Any]) -> Any:
