@@ -365,7 +365,8 @@ def _start(spec: RunSpec, store: Store, resume: str | None, prepared: Prepared |
         return Summary(run_id, infra=infra)
     done = _done_by_group(set().union(*(store.done_keys(table, run_id) for table in TABLES)))
     history = group_seconds(store, target=spec.target, torch_version=torch.__version__, exclude_run=run_id)
-    return Work(spec, run_id, groups, done, history=history, stage=f"sweep {spec.target} {spec.build}".rstrip(),
+    build = (store.get_run(run_id) or {}).get("build") or str(spec.build)  # the build the target reported
+    return Work(spec, run_id, groups, done, history=history, stage=f"sweep {spec.target} {build}".rstrip(),
                 corpus=_corpus(spec, store, groups))
 
 
