@@ -12,33 +12,28 @@ Example::
 from __future__ import annotations
 
 import argparse
-import random
 import time
 import warnings
 
+import _opinfo_sample
 import torch
 
 from conformance.check import execute
-from conformance.inputs.opinfo import by_name
 from conformance.sweep import opinfo as sweep_mod
-from conformance.sweep.opinfo import OPINFO, SweepConfig, run_group
+from conformance.sweep.opinfo import SweepConfig, run_group
 from conformance.targets import get_target
-from conformance.work import Selection
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--ops", type=int, default=60, help="random OpInfos (seeded)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--dtypes", default="float32,bfloat16,int64")
+    _opinfo_sample.add_options(ap)
     ap.add_argument("--variants", default="function")
     ap.add_argument("--build", default="2.33.0")
     args = ap.parse_args()
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")
     target = get_target("neuron-emu", build=args.build)
-    chosen = random.Random(args.seed).sample(sorted(by_name()), args.ops)
-    groups = OPINFO.groups(Selection(ops=tuple(chosen), dtypes=(args.dtypes,)))  # the dtypes the CPU has
+    chosen, groups = _opinfo_sample.groups(args)
 
     spent = {"cpu": 0.0, "target": 0.0}
     current: list = [None, 0.0]

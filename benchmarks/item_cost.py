@@ -19,19 +19,18 @@ Example::
 from __future__ import annotations
 
 import argparse
-import random
 import statistics
 import time
 import warnings
 from collections import Counter
 
+import _opinfo_sample
 import torch
 
 from conformance.check import contracts, execute
 from conformance.inputs.opinfo import by_name, samples
-from conformance.sweep.opinfo import OPINFO, SweepConfig, run_group
+from conformance.sweep.opinfo import SweepConfig, run_group
 from conformance.targets import get_target
-from conformance.work import Selection
 
 
 def floor(groups: list) -> tuple[float, int]:
@@ -52,18 +51,14 @@ def floor(groups: list) -> tuple[float, int]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--ops", type=int, default=60, help="random OpInfos (seeded)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--dtypes", default="float32,bfloat16,int64")
+    _opinfo_sample.add_options(ap)
     ap.add_argument("--build", default="2.33.0")
     ap.add_argument("--reps", type=int, default=3)
     args = ap.parse_args()
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")
     target = get_target("neuron-emu", build=args.build)
-    names = sorted(by_name())
-    chosen = random.Random(args.seed).sample(names, min(args.ops, len(names)))
-    groups = OPINFO.groups(Selection(ops=tuple(chosen), dtypes=(args.dtypes,)))
+    chosen, groups = _opinfo_sample.groups(args)
     warm = SweepConfig(variants=("function",))
     for g in groups[:3]:  # first-use costs (emulator build, op_db, caches) outside the timing
         for _ in run_group(target, g, warm):

@@ -19,20 +19,18 @@ Example::
 from __future__ import annotations
 
 import argparse
-import random
 import statistics
 import tempfile
 import time
 import warnings
 from pathlib import Path
 
+import _opinfo_sample
 import torch
 
 from conformance.check import refcache
-from conformance.inputs.opinfo import by_name
-from conformance.sweep.opinfo import OPINFO, SweepConfig, run_group
+from conformance.sweep.opinfo import SweepConfig, run_group
 from conformance.targets import get_target
-from conformance.work import Selection
 
 VOLATILE = ("duration_s",)
 
@@ -46,9 +44,7 @@ def sweep(build: str, groups: list, config: SweepConfig) -> tuple[float, list[di
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--ops", type=int, default=60, help="random OpInfos (seeded)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--dtypes", default="float32,bfloat16,int64")
+    _opinfo_sample.add_options(ap)
     ap.add_argument("--variants", default="function,inplace,out")
     ap.add_argument("--contracts", default="default")
     ap.add_argument("--builds", default="2.32.0,2.33.0", help="A,B")
@@ -57,9 +53,7 @@ def main() -> None:
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")
     a, b = args.builds.split(",")
-    names = sorted(by_name())
-    chosen = random.Random(args.seed).sample(names, min(args.ops, len(names)))
-    groups = OPINFO.groups(Selection(ops=tuple(chosen), dtypes=(args.dtypes,)))
+    chosen, groups = _opinfo_sample.groups(args)
     base = dict(variants=tuple(args.variants.split(",")), contracts=(args.contracts,))
     sweep(b, groups[:3], SweepConfig(**base))  # first-use costs outside the timings
     with tempfile.TemporaryDirectory() as d:

@@ -87,7 +87,7 @@ def load(path: Path = CONFIG) -> list[Benchmark]:
 def unlisted(benchmarks: list[Benchmark]) -> list[str]:
     """Scripts in benchmarks/ that nothing runs."""
     listed = {b.script for b in benchmarks} | {Path(__file__).name}
-    return sorted(p.name for p in HERE.glob("*.py") if p.name not in listed)
+    return sorted(p.name for p in HERE.glob("*.py") if p.name not in listed and not p.name.startswith("_"))
 
 
 @dataclass

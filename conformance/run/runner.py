@@ -303,7 +303,7 @@ def run_together(runs: Sequence[tuple[RunSpec, str | None, Prepared | None]], st
     started = [_start(spec, store, resume, prepared) for spec, resume, prepared in runs]
     works = [w for w in started if isinstance(w, Work)]
     summaries: dict[str, Summary] = {}
-    if works and len(works) > 1 and works[0].spec.executor != "local":
+    if len(works) > 1 and works[0].spec.executor != "local":
         sup = executor(works[0], store, progress=progress, also=works[1:])
         for w, summary in zip(works, _execute(sup, store), strict=True):
             summaries[w.run_id] = summary
@@ -319,7 +319,8 @@ def run_together(runs: Sequence[tuple[RunSpec, str | None, Prepared | None]], st
         if not isinstance(w, Work):
             out.append(w)
             continue
-        summary = summaries.get(w.run_id) or Summary(w.run_id, interrupted=True)  # never reached: interrupted
+        # a run after an interrupted one (one after the other) was never swept: it is interrupted too
+        summary = summaries.get(w.run_id) or Summary(w.run_id, interrupted=True)
         store.finish_run(w.run_id, shard=w.spec.shard, status="interrupted" if summary.interrupted else "finished")
         _whole_run(store, w.run_id, w.spec.shard, summary)
         if not summary.items and not summary.interrupted and empty is None:
