@@ -322,3 +322,9 @@ def upstream_checks(path: Path = UPSTREAM_TRIAGE, facts: Path | tuple[Path, ...]
             out[key] = Checked(e["source"], op, dtype, outcome, _text(path, f"{where}.reason", e["reason"]),
                                _text(path, f"{where}.evidence", e["evidence"]), targets)
     return out
+
+
+# The validators other loaders of declarative data share (the knowledge file, the cause rules).
+bad_value = _bad
+check_keys = _keys
+nonblank = _text

@@ -222,7 +222,7 @@ def run_ops(store: Store, run_id: str) -> list[str]:
 SAMPLE_COLUMNS = ("id", "variant", "dtype", "sample", "status", "max_abs_err", "max_rel_err", "ulp_err",
                   "mismatch_frac", "worst", "arbiter_err", "cpu_arbiter_err", "atol", "rtol", "tol_source",
                   "comparator", "checks", "contracts", "native_ops", "fallback_ops", "signature", "error",
-                  "duration_s", "seed", "proof")
+                  "duration_s", "seed", "proof", "cause")
 
 
 def op_sample_stream(store: Store, run_id: str) -> Iterator[tuple[str, int, str, str, float | None, str]]:
@@ -253,7 +253,7 @@ def op_sample_stream(store: Store, run_id: str) -> Iterator[tuple[str, int, str,
                   case when json_valid(proof) then coalesce(
                       json_extract(proof, '$.backend') || ': ' || json_extract(proof, '$.graphs') || ' graphs on '
                           || coalesce(json_extract(proof, '$.device[0]'), 'no output'),
-                      json_extract(proof, '$.device[0]')) end)
+                      json_extract(proof, '$.device[0]')) end, cause)
            from op_results where run_id = ?
            order by op, status not in ({marks}), variant, dtype, sample, id""".replace(
             "{marks}", ", ".join("?" for _ in failing)).replace("{worst}", _WORST_TEXT), [run_id, *failing])

@@ -111,6 +111,7 @@ OP_RESULTS = {
     # JSON (schema v9): the element that failed worst, {"output": leaf, "index": [...], "target": x,
     # "cpu": y, "arbiter": float64 reference's value (when arbitrated)}; NULL when nothing failed
     "worst": str,
+    "cause": str,  # (schema v12) a failing item's cause (causes.key); NULL for the others
 }
 
 MODEL_RESULTS = {
@@ -145,6 +146,7 @@ MODEL_RESULTS = {
     # ||t - c|| / ||c|| over the float outputs (fwd_rtol bounds it); max_abs_err / max_rel_err
     # above are element-wise and meaningless near zero
     "fwd_rel_err": float,
+    "cause": str,  # (schema v12) a failing item's cause (causes.key); NULL for the others
 }
 
 # Per run and ATen overload: exercised (with counts) or not, with a reason from a fixed vocabulary.
@@ -219,6 +221,47 @@ SCHEMA_CORPUS = {
     "recorded_at": str,
 }
 
+# Error causes (schema v12; conformance/triage/causes.py): failing items grouped by their
+# normalised signature. Derived from the results, so never merged: a run whose causes are missing
+# or were computed by other normaliser rules is recomputed when read.
+CAUSES = {
+    "key": str,  # "C" + hash of kind, exc, pattern, locus: the same cause has the same key everywhere
+    "kind": str,  # the items' status, or contract:<name>
+    "exc": str,  # the exception type the messages start with ('' when none)
+    "pattern": str,  # the normalised message (placeholders: <n>, <op>, <shape>, ...), or a mismatch's class
+    "locus": str,  # the blamed ATen overload of a mismatch, the op or family of a crash; '' otherwise
+    # from the knowledge file (conformance/data/causes.toml or --knowledge) when an entry matches
+    "explanation": str,
+    "workaround": str,
+    "upstream": str,
+    "owner": str,
+    "knowledge": str,  # where the entry is: "FILE:[[cause]] N"; NULL: unexplained
+}
+
+# Per run and cause: its reach in that run.
+CAUSE_REACH = {
+    "run_id": str,
+    "cause": str,
+    "items": int,
+    "statuses": str,  # JSON {status: items}
+    "ops": str,  # JSON list: OpInfo names or ATen overloads of its op items
+    "dtypes": str,  # JSON list
+    "models": str,  # JSON list: model ids of its model items
+    "example": str,  # the first item's error as stored (not normalised)
+    "example_key": str,  # that item's key
+    "repro_id": int,  # op_results.id of its op item with the smallest input (conformance repro ID)
+    "repro_signature": str,  # that item's input signature
+}
+
+# Which runs have causes, computed by which rules.
+CAUSE_RUNS = {
+    "run_id": str,
+    "rules": str,  # the normaliser's version (a hash of cause_rules.toml)
+    "failing": int,  # failing items of the run
+    "causes": int,
+    "computed_at": str,
+}
+
 TABLES: dict[str, dict[str, type]] = {
     "runs": RUNS,
     "run_shards": RUN_SHARDS,
@@ -230,6 +273,9 @@ TABLES: dict[str, dict[str, type]] = {
     "gate_items": GATE_ITEMS,
     "group_times": GROUP_TIMES,
     "schema_corpus": SCHEMA_CORPUS,
+    "causes": CAUSES,
+    "cause_reach": CAUSE_REACH,
+    "cause_runs": CAUSE_RUNS,
 }
 
 
@@ -318,8 +364,18 @@ def _v11(db: sqlite_utils.Database) -> None:
     db["schema_corpus"].create(SCHEMA_CORPUS, pk="overload", if_not_exists=True)
 
 
+def _v12(db: sqlite_utils.Database) -> None:
+    db["causes"].create(CAUSES, pk="key", if_not_exists=True)
+    db["cause_reach"].create(CAUSE_REACH, pk=("run_id", "cause"), if_not_exists=True)
+    db["cause_reach"].create_index(["cause"], if_not_exists=True)
+    db["cause_runs"].create(CAUSE_RUNS, pk="run_id", if_not_exists=True)
+    for table in ("op_results", "model_results"):
+        if "cause" not in db[table].columns_dict:
+            db[table].add_column("cause", str)
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10,
-                                                             _v11]
+                                                             _v11, _v12]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -232,6 +232,7 @@ class GraphCard:
     native_ops: int
     fallback_ops: list[str]
     error: str
+    cause: str  # a failing graph's error cause (its key; ../causes.html#<key>), '' when it has none
 
 
 @dataclass
@@ -345,6 +346,21 @@ class RegressionsPage(Page):
     counts: list[tuple[str, int]]  # (category, items) as the console gate prints them
     groups: list[RegressionGroup]  # regressions and drift, the largest group first
     flaky: list[RegressionGroup]
+
+
+@dataclass
+class CausesPage(Page):
+    """``<build>/causes.html``: the build's failing items grouped into error causes (JS table)."""
+
+    info: BuildInfo
+    computed: bool  # the build's runs have causes (the report command computes them first)
+    n_causes: int
+    n_failing: int  # failing items the causes hold
+    n_new: int  # causes the previous build's runs do not have
+    n_explained: int  # causes the knowledge file explains
+    baseline: str  # the previous build ('' when none, or it has no causes)
+    top: list[tuple[str, int, str]]  # (key, items, one-line text) of the ten widest
+    table: Markup
 
 
 @dataclass

@@ -174,3 +174,30 @@ def test_canary_failure_is_infra_and_gate_refuses(tmp_path):
 def test_sign_test():
     assert sign_test_p(10, 10) == pytest.approx(1 / 1024)
     assert sign_test_p(0, 10) == 1.0
+
+
+def test_each_seeded_defect_is_one_new_cause_named_first(clean_and_defective):
+    """Every defect kind that fails items appears as one new error cause whose reach is exactly
+    the items it broke, and the gate's console names the new causes before its counts."""
+    db, base, cand = clean_and_defective
+    r = CliRunner().invoke(main, ["gate", "--db", str(db), "--baseline", base, "--candidate", cand])
+    lines = r.output.splitlines()
+    assert lines[1].startswith("  causes: 6 new causes"), r.output
+    with Store.open(db) as st:
+        result = run_gate(st, base, cand)
+        failing = {}
+        for row in st.db.query("select op, status, cause from op_results where run_id = ? and cause is not null", [cand]):
+            failing.setdefault(row["op"], set()).add(row["cause"])
+        broken = {row["op"]: row["n"] for row in st.db.query(
+            "select op, count(*) as n from op_results where run_id = ? and cause is not null group by op", [cand])}
+    new = result.causes["new"]
+    assert sorted(c["ops"][0] for c in new) == ["exp", "mul", "neg", "sigmoid", "sub", "tanh"]
+    assert all(len(c["ops"]) == 1 and c["items"] == broken[c["ops"][0]] for c in new), new
+    assert all(len(keys) == 1 for keys in failing.values()), failing  # one cause per broken op
+    texts = {c["ops"][0]: c["text"] for c in new}
+    assert texts["mul"] == "mismatch at aten::mul.Tensor: values differ"
+    assert texts["sub"] == "mismatch at aten::sub.Tensor: NaN/inf differ"
+    assert texts["neg"] == "mismatch at aten::neg.default: wrong dtype"
+    assert texts["tanh"].startswith("crash at tanh: ") and texts["sigmoid"].startswith("timeout at sigmoid: ")
+    assert texts["exp"].startswith("error: ") and "<op>" in texts["exp"]
+    assert result.causes["gone"] == []

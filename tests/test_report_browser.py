@@ -408,3 +408,24 @@ def test_cross_backend_page_matrix_and_fails_only_on(backends_site, page, shot):
     assert page.url.endswith("/2.33.0/ops/cumsum.html")
     assert page.locator("h1").inner_text().startswith("cumsum")
     assert "mismatch" in page.locator("#op-status").inner_text()
+
+
+def test_top_causes_page_filters_to_a_cause_and_op_pages_link_theirs(gated_site, page, shot):
+    out, db = gated_site
+    page.goto(url(out, "2.33.0/causes.html"))
+    n = int(page.locator('[data-k="causes"]').inner_text().replace(",", ""))
+    assert n >= 1 and shown(page) == n
+    key = page.locator("ol.causes li a").first.inner_text()
+    page.locator("ol.causes li a").first.click()
+    page.wait_for_function("() => document.querySelectorAll('tbody tr').length === 1")
+    assert shown(page) == 1 and page.locator('tbody td[data-col="key"]').inner_text() == key
+    shot(page, "causes-one-1440")
+    # a failing sample's cause links to its row on the causes page
+    page.goto(url(out, f"2.33.0/ops/{WIDE}.html"))
+    link = page.locator('#samples tbody td[data-col="cause"] a').first
+    cause = link.inner_text()
+    assert cause.startswith("C") and len(cause) == 11
+    link.click()
+    page.wait_for_url(re.compile(r".*/2\.33\.0/causes\.html#C[0-9a-f]{10}$"))
+    assert shown(page) == 1 and page.locator('tbody td[data-col="key"]').inner_text() == cause
+    assert f"{WIDE}" in page.locator('tbody td[data-col="ops"]').inner_text()

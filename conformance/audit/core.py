@@ -140,9 +140,30 @@ def _audit(model: nn.Module, inputs: tuple, target: Any, config: AuditConfig) ->
         timings["compile_s"] = time.perf_counter() - t0
 
     decide(res)
+    res.causes = causes_of(res)
     timings["total_s"] = time.perf_counter() - t_all
     res.timings = {k: round(v, 3) for k, v in timings.items()}
     return res
+
+
+def causes_of(res: AuditResult) -> list[dict[str, Any]]:
+    """The error causes of the audit's failures, as the sweep names them (the same signatures,
+    so a cause the nightly has met shows the builds it was seen in), with what the knowledge file
+    says about each."""
+    from conformance.triage.causes import explain
+    from conformance.triage.signature import Signature, op_signature
+
+    found = []
+    if res.target_error:
+        found.append((op_signature({"status": "error", "error": res.target_error}), "the model on the target"))
+    for o in res.ops:
+        if o.marked == "failing":
+            sig = (Signature("mismatch", "", "values differ", o.name) if o.status == "mismatch"
+                   else op_signature({"status": o.status, "error": o.detail, "op": o.name}))
+            found.append((sig, o.name))
+    if any(not o.ok for o in res.outputs) and res.first_divergent_op:
+        found.append((Signature("mismatch", "", "forward values differ", res.first_divergent_op), "forward parity"))
+    return explain(found, (res.db or {}).get("path"))
 
 
 def decide(res: AuditResult) -> None:

@@ -86,6 +86,15 @@ def text_lines(res: AuditResult, *, timings: bool = True) -> list[str]:
     L += ["", verdict_line(res)]
     for i, b in enumerate(res.blockers, 1):
         L.append(f"  {i}. {b[:400]}")
+    if res.causes:
+        L += ["", f"error causes ({len(res.causes)})"]
+        for c in res.causes:
+            seen = f"; the sweep saw it on {', '.join(c['seen_in'][-3:])}" if c["seen_in"] else ""
+            L.append(f"  {c['key']} {c['text'][:160]} ({', '.join(c['where'][:4])}{seen})")
+            if c["explanation"]:
+                L.append(f"      explained: {c['explanation'][:300]}")
+            if c["workaround"]:
+                L.append(f"      workaround: {c['workaround'][:300]}")
     if timings and res.timings:
         parts = ", ".join(f"{k.removesuffix('_s')} {v:.2f}" for k, v in res.timings.items() if k != "total_s")
         L.append(f"audit took {res.timings.get('total_s', 0):.1f} s ({parts})")

@@ -90,6 +90,9 @@ class AuditResult:
     blockers: list[str] = field(default_factory=list)
     fallbacks: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    # the error causes its failures fall into (conformance.triage.causes.explain): key, text,
+    # where, the knowledge file's explanation and workaround, the sweep's builds that show it
+    causes: list[dict[str, Any]] = field(default_factory=list)
     verdict: str = "ready"
     timings: dict[str, float] = field(default_factory=dict)
 

@@ -110,6 +110,8 @@ def run_cmd(variants: str, schema: bool | None, model_modes: str, resume: str | 
                    model_modes=_modes(model_modes))
     summary = execute_run(spec, db_path, resume=resume, progress=None if quiet else stderr_progress())
     click.echo(summary.render())
+    if summary.failures and not summary.interrupted and not summary.infra:
+        click.echo(causes_line(db_path, summary.run_id))
     if summary.infra:
         sys.exit(EXIT_USAGE)
     if summary.interrupted:
@@ -207,3 +209,13 @@ def ledger_propose(run_id: str, max_rel: float, db_path: str) -> None:
     for block in proposal.overrides:
         click.echo(block)
     click.echo(proposal.summary())
+
+
+def causes_line(db_path: str, run_id: str) -> str:
+    """The run's failing items grouped into causes, in one line (conformance/triage/causes.py)."""
+    from conformance.triage.causes import ensure
+
+    with Store.open(db_path) as st:
+        s = ensure(st, run_id)
+    return (f"causes: {s.failing} failing items in {s.causes} causes; "
+            f"list them with: conformance errors --db {db_path} --build {run_id}")

@@ -103,6 +103,9 @@ class GateResult:
     verdict: str = "pass"  # pass | fail | infra
     confirmation: Confirmation | None = None
     common: dict[str, int] | None = None  # with common_only: compared / only_baseline / only_candidate
+    # error causes (conformance/triage/causes.py): "new" (the candidate's causes the baseline does
+    # not have, widest first: key, text, items, ops, dtypes, models, explanation), "gone" (keys)
+    causes: dict[str, Any] | None = None
 
     def of(self, category: str) -> list[Finding]:
         return [f for f in self.findings if f.category == category]
@@ -129,6 +132,8 @@ class GateResult:
                "verdict": self.verdict}
         if self.common is not None:
             out["common_only"] = self.common
+        if self.causes is not None:
+            out["causes"] = self.causes
         return out
 
 
@@ -427,8 +432,20 @@ def run_gate(store: Store, baseline_ref: str, candidate_ref: str, *, attempts: i
 
     annotate(store, baseline, candidate, findings)
     result.verdict = "fail" if any(f.category in FAILS_GATE for f in findings) else "pass"
+    result.causes = new_causes(store, baseline, candidate)
     _store(store, result)
     return result
+
+
+def new_causes(store: Store, baseline: dict[str, Any], candidate: dict[str, Any]) -> dict[str, Any]:
+    """The error causes the candidate has and the baseline does not (and the reverse): a new
+    cause is usually one new bug, however many items it reaches, so the gate names them first."""
+    from conformance.triage.causes import new_causes as diff
+
+    new, gone = diff(store, baseline["id"], candidate["id"])
+    return {"new": [{"key": c.key, "text": c.text(), "items": c.items, "ops": c.ops, "dtypes": c.dtypes,
+                     "models": c.models, "explanation": c.explanation, "repro": c.repro_id} for c in new],
+            "new_items": sum(c.items for c in new), "gone": gone}
 
 
 def _store(store: Store, result: GateResult) -> None:

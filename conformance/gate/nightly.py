@@ -254,9 +254,11 @@ def gate_stage(store: Store, run_ids: Sequence[str], echo: Echo, verdicts: list[
 
 
 def report_stage(store: Store, site: Path, db_label: str, echo: Echo) -> Path:
+    from conformance.triage.causes import ensure_latest
     from conformance.triage.upstream import known_by_target
     from reports import render_site
 
+    ensure_latest(store)
     out = render_site(store, site, builds=[], db_label=db_label, upstream=known_by_target())
     echo(f"report: {out.pages} pages for {len(out.builds)} build(s): {site / 'index.html'}")
     return site

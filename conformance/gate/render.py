@@ -118,6 +118,7 @@ def summary_lines(result: GateResult, links: Links | None = None, top: int = CON
     links = links or Links()
     b, c = result.baseline, result.candidate
     lines = [f"gate {b['build']} ({b['id']}) -> {c['build']} ({c['id']}): {result.verdict.upper()}"]
+    lines += cause_lines(result, links)
     grouped = groups(result)
     for cat in CATEGORIES:
         n_groups = sum(1 for g in grouped if g.category == cat)
@@ -146,6 +147,27 @@ def summary_lines(result: GateResult, links: Links | None = None, top: int = CON
     return lines
 
 
+CONSOLE_CAUSES = 5  # new causes the console names
+
+
+def cause_lines(result: GateResult, links: Links | None = None, top: int = CONSOLE_CAUSES) -> list[str]:
+    """The new error causes, first: '3 new causes (212 items) since 2.32.0', then the widest."""
+    causes = result.causes
+    if not causes:
+        return []
+    new = causes["new"]
+    lines = [f"  causes: {len(new)} new causes ({causes['new_items']} items) since {result.baseline['build']}, "
+             f"{len(causes['gone'])} gone" + (f"; all: conformance errors --db {links.db} --build "
+                                              f"{result.candidate['id']} --new-since {result.baseline['id']}"
+                                              if links and links.db and new else "")]
+    for c in new[:top]:
+        reach = f"{c['items']} items, {len(c['ops'])} ops" + (f", {len(c['models'])} models" if c["models"] else "")
+        lines.append(f"    NEW {c['key']} ({reach}): {c['text'][:160]}")
+    if len(new) > top:
+        lines.append(f"    and {len(new) - top} more new causes")
+    return lines
+
+
 # -- Markdown ------------------------------------------------------------------------------
 def _md(text: Any) -> str:
     """Stored text as inert Markdown: no HTML, no markup, no table-cell or line breaks."""
@@ -171,6 +193,12 @@ def markdown(result: GateResult, links: Links | None = None, top: int = MD_GROUP
            "| category | items | groups |", "|---|---|---|"]
     for cat in CATEGORIES:
         out.append(f"| {cat} | {len(result.of(cat))} | {sum(1 for g in grouped if g.category == cat)} |")
+    if result.causes and result.causes["new"]:
+        new = result.causes["new"]
+        out = out[:2] + [f"**{len(new)} new error causes** ({result.causes['new_items']} items) since "
+                         f"{_md(b['build'])}:", "", "| cause | items | ops | what |", "|---|---|---|---|"] + [
+            f"| `{x['key']}` | {x['items']} | {len(x['ops'])} | `{_md_code(x['text'][:200])}` |" for x in new[:top]
+        ] + [""] + out[2:]
     if result.confirmation is not None:
         out += ["", _md(result.confirmation.line().strip()), "", _md(_explained(result, grouped).strip())]
     if links.report:

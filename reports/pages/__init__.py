@@ -27,10 +27,23 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from . import backends, diff, failing, fallbacks, family, index, matrix, models, op, regressions, summary
+from . import (
+    backends,
+    causes,
+    diff,
+    failing,
+    fallbacks,
+    family,
+    index,
+    matrix,
+    models,
+    op,
+    regressions,
+    summary,
+)
 
-PAGES: tuple[ModuleType, ...] = (index, backends, summary, matrix, fallbacks, failing, regressions, op, models, family,
-                                 diff)
+PAGES: tuple[ModuleType, ...] = (index, backends, summary, matrix, fallbacks, failing, regressions, causes, op, models,
+                                 family, diff)
 
 
 def name(page: ModuleType) -> str:

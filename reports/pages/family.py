@@ -99,7 +99,7 @@ def card(g: dict[str, Any]) -> GraphCard:
         first_divergent_op=g["first_divergent_op"] or "", first_divergent_detail=g["first_divergent_detail"] or "",
         native_ops=len(native) if isinstance(native, list) else 0,
         fallback_ops=[str(x) for x in fallback] if isinstance(fallback, list) else [str(fallback)],
-        error=g["error"] or "")
+        error=g["error"] or "", cause=g.get("cause") or "")
 
 
 def _shapes(text: Any) -> list[ShapeRow]:

@@ -32,7 +32,8 @@ COLUMNS = [{"key": "model", "label": "model", "kind": "link"},
            {"key": "recompiles", "label": "recompiles", "kind": "int"},
            {"key": "p50_ms", "label": "p50 ms", "kind": "num"},
            {"key": "p99_ms", "label": "p99 ms", "kind": "num"},
-           {"key": "graph", "label": "graph", "kind": "text"}]
+           {"key": "graph", "label": "graph", "kind": "text"},
+           {"key": "cause", "label": "cause", "kind": "link"}]
 FILTERS = [{"col": 4, "label": "status", "mode": "eq"}, {"col": 1, "label": "family", "mode": "eq"},
            {"col": 3, "label": "mode", "mode": "eq"}]
 
@@ -61,7 +62,8 @@ def pages(b: BuildScope) -> Iterator[tuple[str, ModelsPage]]:
             for c in chunk:
                 table.append([[f"models/{name}#{c.anchor}", c.model_id], fam.name, c.dtype, c.mode,
                               c.status, c.fwd_rel_err, c.grad_max_rel_err, c.first_divergent_op,
-                              c.compiles, c.recompiles, c.p50_ms, c.p99_ms, c.graph_hash[:12]])
+                              c.compiles, c.recompiles, c.p50_ms, c.p99_ms, c.graph_hash[:12],
+                              [f"causes.html#{c.cause}", c.cause] if c.cause else None])
     n_failing, n_localized = q.localized_counts(b.store, run["id"]) if run else (0, 0)
     yield f"{info.slug}/models.html", ModelsPage(
         **b.base(f"Models: {info.build}", "../", "models.html"), info=info, latency_note=latency_note(b),

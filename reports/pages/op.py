@@ -25,7 +25,7 @@ SAMPLE_KINDS = {"id": "int", "sample": "int", "status": "status", "max_abs_err":
                 "ulp_err": "num", "mismatch_frac": "num", "arbiter_err": "num", "cpu_arbiter_err": "num",
                 "atol": "num", "rtol": "num", "native_ops": "list", "fallback_ops": "list", "error": "pre",
                 "duration_s": "num", "seed": "text", "tol_source": "pre", "worst": "pre",  # a seed is an id: no digit grouping
-                "contracts": "list"}
+                "contracts": "list", "cause": "linkto"}
 SAMPLE_LABELS = {"worst": "worst element (target, CPU, float64)"}
 DETAIL_CHARS = 300  # of a contract's first detail, in its cell's tooltip
 REASON_CHARS = 80  # of an n/a contract's reason, in its cell
@@ -91,6 +91,7 @@ def _op_pages(b: BuildScope, op: str, rows: list[tuple], classes: list[str],
                             x_label="max_rel_err decade (0: exact, n/a: not measured)")
     dtype_counts = [(d, ordered(dict(c))) for d, c in sorted(by_dtype.items())]
     columns = [{"key": k, "label": SAMPLE_LABELS.get(k, k), "kind": SAMPLE_KINDS.get(k, "text")} for k in q.SAMPLE_COLUMNS]
+    columns[q.SAMPLE_COLUMNS.index("cause")].update(href="../causes.html#{}", after=q.SAMPLE_COLUMNS.index("error"))
     # the repro command beside the status it reproduces, not at the far end of a wide table
     columns.append({"key": "repro", "label": "repro", "kind": "repro", "ref": 0,
                     "after": q.SAMPLE_COLUMNS.index("status")})

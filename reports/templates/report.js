@@ -59,6 +59,15 @@
       this.text = decodeURIComponent(window.location.hash.slice(1)).toLowerCase();
       this.search.value = this.text;
     }
+    if (spec.hashFilter) {  // a link to #name on the same page filters too
+      var self = this;
+      window.addEventListener("hashchange", function () {
+        self.text = decodeURIComponent(window.location.hash.slice(1)).toLowerCase();
+        self.search.value = self.text;
+        self.page = 0;
+        self.apply();
+      });
+    }
     this.apply();
   }
 
@@ -202,6 +211,11 @@
       case "link":
         if (v && safeHref(v[0])) { var a = el("a", null, v[1]); a.setAttribute("href", safeHref(v[0])); td.appendChild(a); }
         else if (v) td.textContent = v[1] === null ? "" : String(v[1]);
+        break;
+      case "linkto":  // a value shown as a link to the column's "href" with {} replaced by the value
+        if (v !== null && v !== undefined && v !== "") {
+          var la = el("a", null, v); la.setAttribute("href", String(c.href).replace("{}", encodeURIComponent(String(v)))); td.appendChild(la);
+        }
         break;
       case "status":
         if (v !== null && v !== undefined) td.appendChild(el("span", "badge st-" + String(v).replace(/[^a-z_]/g, ""), v));

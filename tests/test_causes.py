@@ -1,0 +1,235 @@
+"""Error causes (conformance/triage): the normaliser's rules and their validation, signatures of
+real stored messages, blame of a mismatch, computing and storing a run's causes (recomputed when
+the rules change), the knowledge file, the ``errors`` command and the report's Top causes page."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from click.testing import CliRunner
+
+from conformance.cli import main
+from conformance.datafiles import DataFileError
+from conformance.triage import causes as ca
+from conformance.triage import knowledge as kn
+from conformance.triage.signature import CAUSE_RULES, model_signature, normalise, op_signature, rules
+from opdb import Store
+from opdb import queries_causes as qc
+
+# Real messages the sweeps stored (nightly of the shipped builds, schema lane, models), grouped:
+# the messages of one group are one cause; two groups are never one.
+SAME_CAUSE = [
+    [("unsupported_layout", "NotImplementedError: Could not run 'aten::dense_dim.default' on the neuron device with "
+      "sparse tensors: the neuron device of Neuron SDK build 2.33.0 supports only strided tensors"),
+     ("unsupported_layout", "NotImplementedError: Could not run 'aten::_to_sparse.default' on the neuron device with "
+      "sparse tensors: the neuron device of Neuron SDK build 2.31.0 supports only strided tensors")],
+    [("unsupported_layout", "RuntimeError: neuron: channels_last inputs are not supported by "
+      "aten::max_pool2d_with_indices.default on Neuron SDK build 2.33.0 (manifest rule dtypes.channels_last = 'error')"),
+     ("unsupported_layout", "RuntimeError: neuron: channels_last inputs are not supported by aten::cat.default on "
+      "Neuron SDK build 2.32.0 (manifest rule dtypes.channels_last = 'error')")],
+    [("unsupported_dtype", "NotImplementedError: \"avg_pool2d\" not implemented for 'Int'"),
+     ("unsupported_dtype", "NotImplementedError: \"slow_conv_dilated<>\" not implemented for 'Int'"),
+     ("unsupported_dtype", "minimal failing input after shrinking: b8[]; NotImplementedError: \"neg_cpu\" not "
+      "implemented for 'Bool'")],
+    [("error", "minimal failing input after shrinking: f32[1], f32[1], f32[1], f32[1]; RuntimeError: Expected scalars "
+      "to be on CPU, got neuron:0 instead."),
+     ("error", "minimal failing input after shrinking: f32[1], f32[1], f32[1], f32[1]; out=(f32[1]); RuntimeError: "
+      "Expected scalars to be on CPU, got neuron:0 instead.")],
+    [("error", "minimal failing input after shrinking: f32[], f32[]; memory_format=torch.contiguous_format, out=f32[0]; "
+      "RuntimeError: high must be a scalar tensor and on CPU"),
+     ("error", "minimal failing input after shrinking: f32[], f32[]; generator=None, dtype=torch.float32, "
+      "layout=torch.strided, device=<device>, pin_memory=False, memory_format=torch.contiguous_format; RuntimeError: "
+      "high must be a scalar tensor and on CPU")],
+    [("error", "RuntimeError: neuron: internal compiler/runtime error in aten::upsample_nearest2d.default (injected "
+      "defect 2.33.0.toml:defects[1] of Neuron SDK build 2.33.0: regression: NCC_EVRF009 unsupported bf16 resize in "
+      "the new upsample kernel)"),
+     ("error", "RuntimeError: neuron: internal compiler/runtime error in aten::upsample_nearest2d.vec (injected "
+      "defect 2.34.0.toml:defects[1] of Neuron SDK build 2.34.0: regression: NCC_EVRF009 unsupported bf16 resize in "
+      "the new upsample kernel)")],
+    [("contract", "contract metadata: output 0 (strides [36, 1, 12, 2]) is rejected by the target's own ops: "
+      "torch.eq(output, output) raises RuntimeError: neuron: channels_last inputs are not supported by "
+      "aten::eq.Tensor on Neuron SDK build 2.33.0 (manifest rule dtypes.channels_last = 'error')"),
+     ("contract", "contract metadata: output 0 (strides [125, 1, 25, 5]) is rejected by the target's own ops: "
+      "torch.eq(output, output) raises RuntimeError: neuron: channels_last inputs are not supported by "
+      "aten::eq.Tensor on Neuron SDK build 2.31.0 (manifest rule dtypes.channels_last = 'error')")],
+    [("error", "RuntimeError: Expected storage != nullptr to be true, but got false.  (Could this error message be "
+      "improved?  If so, please report an enhancement request to PyTorch.)"),
+     ("error", "minimal failing input after shrinking: f32[]; RuntimeError: Expected storage != nullptr to be true, "
+      "but got false.  (Could this error message be improved?  If so, please report an enhancement request to "
+      "PyTorch.)")],
+]
+APART = [
+    ("error", "RuntimeError: tensor_split expected tensor_indices_or_sections to be on cpu, but it's on neuron:0"),
+    ("error", "RuntimeError: invalid gradient at index 0 - expected device cpu but got neuron:0"),
+    ("error", "RuntimeError: neuron: internal compiler/runtime error in aten::topk.default (injected defect "
+     "2.32.0.toml:defects[0] of Neuron SDK build 2.32.0: NCC_ITOPK: intermittent sorting-network failure in float16)"),
+    ("error", "minimal failing input after shrinking: i32[], 0.0, 0; RuntimeError: empty_strided not supported on "
+     "quantized tensors yet see https://github.com/pytorch/pytorch/issues/74540"),
+    ("error", "NotImplementedError: Could not run 'aten::_thnn_fused_lstm_cell' with arguments from the 'CPU' backend."),
+]
+
+
+def _row(status, error, **kw):
+    row = {"status": status, "error": error, "op": kw.pop("op", "someop")}
+    if status == "contract":
+        row["contract_failed"] = error.split(":")[0].split()[-1]
+    row.update(kw)
+    return row
+
+
+def test_every_rule_loads_and_changes_its_example():
+    rx = rules()
+    assert rx.strips and rx.replaces and len(rx.version) == 12
+
+
+@pytest.mark.parametrize("group", SAME_CAUSE, ids=lambda g: g[0][1][:40])
+def test_real_messages_of_one_cause_share_it(group):
+    keys = {op_signature(_row(s, e)).key for s, e in group}
+    assert len(keys) == 1, [op_signature(_row(s, e)).text() for s, e in group]
+
+
+def test_different_causes_stay_apart():
+    sigs = [op_signature(_row(s, e)) for s, e in APART] + [op_signature(_row(*g[0])) for g in SAME_CAUSE]
+    assert len({s.key for s in sigs}) == len(sigs), [s.text() for s in sigs]
+
+
+def test_normalise_keeps_error_codes_and_drops_what_varies():
+    text = normalise("RuntimeError: bad shape [2, 3] at 0x7f00aa in /usr/lib/x/torch/_ops.py:42 (NCC_EVRF009, 1.5e-3)")
+    assert text == "RuntimeError: bad shape <shape> at <addr> in <path> (NCC_EVRF009, <n>)"
+    assert normalise("a; a; b") == "a; b"  # a repeated clause is said once
+
+
+def test_mismatch_signature_is_its_class_at_the_blamed_overload():
+    row = {"status": "mismatch", "error": "output 0: 3 of 8 values outside atol=1e-05 rtol=1e-05", "op": "addmm",
+           "dtype_ok": 1, "shape_ok": 1, "nan_agree": 1, "comparator": "allclose"}
+    assert op_signature(row, blamed="aten::mm.default").text() == "mismatch at aten::mm.default: values differ"
+    assert op_signature({**row, "nan_agree": 0}).text() == "mismatch at addmm: NaN/inf differ"
+    assert op_signature({**row, "dtype_ok": 0}).pattern == "wrong dtype"
+    model = {"status": "mismatch", "error": "forward: ||t - c|| / ||c|| = inf > fwd_rtol=0.015 (max abs err 0)",
+             "first_divergent_op": "aten::sin.default", "family": "mlp"}
+    assert model_signature(model).text() == "mismatch at aten::sin.default: forward NaN/inf differ"
+
+
+def test_a_contract_that_describes_the_op_is_the_ops_own():
+    variants = "contract variants: the out variant differs from the function variant on the target (output 0: 1 of 25 values outside atol=1e-07 rtol=1e-07)"
+    a = op_signature(_row("contract", variants, op="mvlgamma"))
+    b = op_signature(_row("contract", variants.replace("1 of 25", "4 of 25"), op="mvlgamma"))
+    c = op_signature(_row("contract", variants, op="cumsum"))
+    assert a.key == b.key != c.key and a.kind == "contract:variants" and a.locus == "mvlgamma"
+
+
+def test_blame_takes_the_overload_whose_items_fail_most():
+    counts = {"aten::mm.default": (40, 50), "aten::empty.memory_format": (40, 4000), "aten::view.default": (3, 900)}
+    assert ca.blame('["aten::empty.memory_format", "aten::mm.default", "aten::view.default"]', counts) == "aten::mm.default"
+    assert ca.blame("[]", counts) == "" and ca.blame(None, counts) == ""
+    assert ca.input_size("f32[2,3], i64[], 4; out=f32[0]") == 7
+
+
+def _store(tmp_path):
+    st = Store.open(tmp_path / "c.sqlite")
+    a = st.start_run(target="t", build="1.0", torch_version="x", config={})
+    b = st.start_run(target="t", build="2.0", torch_version="x", config={})
+    rows = []
+    for rid, extra in ((a, 0), (b, 1)):
+        for i in range(4):
+            rows.append({"run_id": rid, "item_key": f"cat|function|float32|{i}", "op": "cat", "variant": "function",
+                         "dtype": "float32", "status": "unsupported_layout", "signature": f"f32[{4 - i},2]",
+                         "error": f"RuntimeError: neuron: channels_last inputs are not supported by aten::cat.default "
+                                  f"on Neuron SDK build {extra + 1}.0.0 (manifest rule dtypes.channels_last = 'error')"})
+        rows.append({"run_id": rid, "item_key": "abs|function|float32|0", "op": "abs", "variant": "function",
+                     "dtype": "float32", "status": "pass"})
+    rows.append({"run_id": b, "item_key": "exp|function|bfloat16|0", "op": "exp", "variant": "function",
+                 "dtype": "bfloat16", "status": "error", "signature": "bf16[3]",
+                 "error": "RuntimeError: neuron: internal compiler/runtime error NCC_X123 in aten::exp.default"})
+    st.insert("op_results", rows)
+    for rid in (a, b):
+        st.finish_run(rid)
+    return st, a, b
+
+
+def test_a_runs_causes_are_stored_with_reach_repro_and_history(tmp_path):
+    st, a, b = _store(tmp_path)
+    with st:
+        assert ca.ensure(st, a).causes == 1 and ca.ensure(st, b).failing == 5
+        assert not ca.ensure(st, b).computed  # stored by the current rules: read back
+        found = qc.run_causes(st, b)
+        assert [(c.items, c.ops) for c in found] == [(4, ["cat"]), (1, ["exp"])]
+        layout = found[0]
+        assert layout.repro_signature == "f32[1,2]"  # the item with the smallest input
+        assert layout.trend == [("1.0", a, 4), ("2.0", b, 4)] and layout.first_seen == ("1.0", a)
+        assert layout.explanation and layout.knowledge.startswith("causes.toml:")  # the shipped knowledge file
+        assert st.count("op_results", run_id=b, cause=layout.key) == 4
+        new, gone = ca.new_causes(st, a, b)
+        assert [c.ops for c in new] == [["exp"]] and gone == []
+
+
+def test_new_rules_recompute_the_causes(tmp_path, monkeypatch):
+    st, a, _ = _store(tmp_path)
+    with st:
+        ca.ensure(st, a)
+        other = tmp_path / "rules.toml"
+        shutil.copy(CAUSE_RULES, other)
+        other.write_text(other.read_text() + "\n# edited\n")
+        monkeypatch.setattr(ca, "rules", lambda: rules(other))
+        assert ca.ensure(st, a).computed
+        assert qc.cause_run(st, a)["rules"] == rules(other).version != rules().version
+
+
+@pytest.mark.parametrize(("text", "where"), [
+    ('[[cause]]\nexplanation = "x"\n', "exactly one of key"),
+    ('[[cause]]\nkey = "C0123456789"\nmatch = "a"\nexplanation = "x"\n', "it has both"),
+    ('[[cause]]\nkey = "X1"\nexplanation = "x"\n', "cause[0].key = 'X1'"),
+    ('[[cause]]\nmatch = "("\nexplanation = "x"\n', "cause[0].match = '('"),
+    ('[[cause]]\nmatch = "a"\nexplanation = "x"\nupstream = "gh#1"\n', "cause[0].upstream"),
+    ('[[cause]]\nmatch = "a"\nexplanation = "x"\nseverity = 1\n', "cause[0].severity"),
+    ('[[cause]]\nmatch = "a"\n', "cause[0].explanation is missing"),
+    ('[[cause]]\nmatch = "a"\nexplanation = "x"\nkind = "Error!"\n', "cause[0].kind"),
+])
+def test_a_bad_knowledge_entry_is_one_clear_error(tmp_path, text, where):
+    p = tmp_path / "k.toml"
+    p.write_text(text)
+    with pytest.raises(DataFileError) as e:
+        kn.load(p)
+    assert str(p) in str(e.value) and where in str(e.value)
+
+
+def test_a_bad_rule_is_one_clear_error(tmp_path):
+    p = tmp_path / "r.toml"
+    p.write_text(CAUSE_RULES.read_text().replace("placeholder = \"<addr>\"", "placeholder = \"<addr>\"\nexample2 = 1", 1))
+    with pytest.raises(DataFileError, match=r"replace\[0\]\.example2"):
+        rules(p)
+    p.write_text('[[strip]]\npattern = "zzz"\nwhy = "w"\nexample = "abc"\n[[replace]]\npattern = "a"\nplaceholder = "b"\nexample = "a"\n')
+    with pytest.raises(DataFileError, match=r"strip\[0\]\.example = 'abc'.*a text the rule changes"):
+        rules(p)
+
+
+def test_the_errors_command(tmp_path):
+    st, a, b = _store(tmp_path)
+    st.close()
+    db = str(tmp_path / "c.sqlite")
+    r = CliRunner().invoke(main, ["errors", "--db", db, "--build", "2.0"])
+    assert r.exit_code == 0, r.output
+    assert "5 failing items in 2 causes" in r.output and "workaround:" in r.output
+    r = CliRunner().invoke(main, ["errors", "--db", db, "--build", "2.0", "--new-since", "1.0"])
+    assert r.exit_code == 1 and "1 new causes (1 items), 0 gone" in r.output
+    first = r.output.splitlines()[3]
+    assert "NEW" in first and "NCC_X<n>" not in first and "NCC_X123" in first
+    r = CliRunner().invoke(main, ["errors", "--db", db, "--build", b, "--new-since", a, "--json"])
+    data = json.loads(r.output)
+    assert [(c["items"], c["new"], c["first_build"]) for c in data] == [(4, False, "1.0"), (1, True, "2.0")]
+    assert data[0]["reach"] == {"1.0": {"run": a, "items": 4}, "2.0": {"run": b, "items": 4}}
+    r = CliRunner().invoke(main, ["errors", "--db", db, "--build", "9.9"])
+    assert r.exit_code == 2 and "--build '9.9': no run" in r.output and "t 1.0" in r.output
+
+
+def test_the_report_has_a_top_causes_page(tmp_path):
+    st, a, b = _store(tmp_path)
+    st.close()
+    db = str(tmp_path / "c.sqlite")
+    r = CliRunner().invoke(main, ["report", "--db", db, "--out", str(tmp_path / "site")])
+    assert r.exit_code == 0, r.output
+    page = (tmp_path / "site" / "2.0" / "causes.html").read_text()
+    assert "5</span> failing items in <span data-k=\"causes\">2</span> causes" in page
+    assert "1</span> new since 1.0" in page and "Top causes" in page
