@@ -233,3 +233,19 @@ def test_the_report_has_a_top_causes_page(tmp_path):
     page = (tmp_path / "site" / "2.0" / "causes.html").read_text()
     assert "5</span> failing items in <span data-k=\"causes\">2</span> causes" in page
     assert "1</span> new since 1.0" in page and "Top causes" in page
+
+
+def test_a_teams_knowledge_file_explains_by_key_and_replaces_the_shipped_one(tmp_path, monkeypatch):
+    st, a, b = _store(tmp_path)
+    with st:
+        ca.ensure(st, b)
+        exp = next(c for c in qc.run_causes(st, b) if c.ops == ["exp"])
+        team = tmp_path / "team.toml"
+        team.write_text(f'[[cause]]\nkey = "{exp.key}"\nexplanation = "known compiler bug"\n'
+                        'upstream = "https://example.invalid/issues/7"\nowner = "compiler team"\n')
+        monkeypatch.setenv(kn.ENV, str(team))
+        ca.ensure(st, b)
+        got = {c.ops[0]: c for c in qc.run_causes(st, b)}
+        assert (got["exp"].explanation, got["exp"].owner, got["exp"].knowledge) == (
+            "known compiler bug", "compiler team", "team.toml:[[cause]] 1")
+        assert got["cat"].explanation is None  # the shipped entries are not read any more

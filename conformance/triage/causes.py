@@ -171,7 +171,7 @@ def ensure_latest(store: Store, *, knowledge: Path | None = None) -> list[RunSum
 
 def apply_knowledge(store: Store, path: Path | None = None) -> None:
     """Write the knowledge file's fields into every stored cause (NULL where none matches)."""
-    k = kn.load(Path(path) if path else kn.KNOWLEDGE)
+    k = kn.load(Path(path) if path else kn.default_path())
     notes: dict[str, dict[str, str | None]] = {}
     for c in qc.all_causes(store):
         sig = Signature(c["kind"], c["exc"] or "", c["pattern"], c["locus"] or "")
@@ -188,7 +188,7 @@ def explain(found: list[tuple[Signature, str]], db_path: str | None = None,
     """What is known of the causes ``found`` ((signature, where) pairs, e.g. an audit's failing
     ops): one entry per cause with the places it was seen, the knowledge file's entry and, with
     a database, the builds of its target's runs that show it (the sweep has met it before)."""
-    k = kn.load(Path(knowledge) if knowledge else kn.KNOWLEDGE)
+    k = kn.load(Path(knowledge) if knowledge else kn.default_path())
     by: dict[str, dict[str, Any]] = {}
     for sig, where in found:
         entry = by.setdefault(sig.key, {**sig.as_json(), "text": sig.text(), "where": [], "seen_in": []})

@@ -1,6 +1,7 @@
 """The knowledge file: what a team knows about a cause (an explanation, a workaround, an upstream
 issue, an owner), kept beside the code so it survives across builds. The shipped one is
-``conformance/data/causes.toml``; ``--knowledge FILE`` names a team's own. A cause no entry
+``conformance/data/causes.toml``; ``$CONFORMANCE_KNOWLEDGE`` names a team's own for every
+command (``conformance errors --knowledge FILE`` for one call). A cause no entry
 matches is *unexplained*.
 
 An entry matches a cause by its ``key`` (the ``C…`` hash ``conformance errors`` prints), or by
@@ -20,6 +21,7 @@ Example::
 from __future__ import annotations
 
 import functools
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +33,8 @@ from conformance.datafiles import check_keys as _keys
 from conformance.datafiles import nonblank as _text
 
 KNOWLEDGE = DATA / "causes.toml"
+#: Names a team's own knowledge file for every command (``errors --knowledge`` overrides it).
+ENV = "CONFORMANCE_KNOWLEDGE"
 _KEY = re.compile(r"^C[0-9a-f]{10}$")
 _KIND = re.compile(r"^(?:[a-z_]+|contract(?::[a-z_]+)?)$")
 
@@ -66,6 +70,11 @@ class Knowledge:
     def find(self, key: str, text: str) -> Entry | None:
         """The first entry matching the cause ``key`` whose one-line text is ``text``."""
         return next((e for e in self.entries if e.matches(key, text)), None)
+
+
+def default_path() -> Path:
+    """The knowledge file every command uses: ``$CONFORMANCE_KNOWLEDGE``, else the shipped one."""
+    return Path(os.environ[ENV]) if os.environ.get(ENV) else KNOWLEDGE
 
 
 def _optional(path: Path, key: str, value: Any) -> str | None:
