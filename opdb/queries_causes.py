@@ -36,9 +36,12 @@ FAILING_COLUMNS = {
 
 
 def failing_rows(store: Store, run_id: str, table: str) -> Iterator[dict[str, Any]]:
-    """The failing rows of a run in ``table``, in id order, with :data:`FAILING_COLUMNS`."""
+    """The failing rows of a run in ``table``, in id order, with :data:`FAILING_COLUMNS` (and
+    ``output`` for a crash or a timeout)."""
     cols = ", ".join(FAILING_COLUMNS[table])
-    return store.db.query(f"select {cols} from [{table}] where run_id = ? and status in {_IN} order by id",
+    # what a crashed or hung worker printed (its native crash report), for those items only
+    output = "case when status in ('crash', 'timeout') then output end as output"
+    return store.db.query(f"select {cols}, {output} from [{table}] where run_id = ? and status in {_IN} order by id",
                           [run_id, *_FAILING])
 
 

@@ -249,3 +249,22 @@ def test_a_teams_knowledge_file_explains_by_key_and_replaces_the_shipped_one(tmp
         assert (got["exp"].explanation, got["exp"].owner, got["exp"].knowledge) == (
             "known compiler bug", "compiler team", "team.toml:[[cause]] 1")
         assert got["cat"].explanation is None  # the shipped entries are not read any more
+
+
+def test_a_crash_is_named_by_its_native_frames_when_the_worker_printed_them():
+    from conformance.triage.signature import crash_report
+
+    error = "the worker died (signal SIGABRT) while running this item"
+    stack = ("noise\nterminate called after throwing an instance of 'c10::Error'\n"
+             "frame #0: c10::Error::Error(c10::SourceLocation, std::string) + 0x8b (0x7f1 in /x/libc10.so)\n"
+             "frame #1: at::native::index_kernel(at::TensorIterator&) + 0x3c2 (0x7f2 in /x/libtorch_cpu.so)\n"
+             "frame #2: f3 + 0x1 (0x7f3 in /x/a.so)\nframe #3: f4 + 0x1 (0x7f4 in /x/a.so)\n")
+    frames, abort = crash_report(stack)
+    assert frames == ["c10::Error::Error", "at::native::index_kernel", "f3"]
+    assert abort == "terminate called after throwing an instance of 'c10::Error'"
+    a = op_signature({"status": "crash", "error": error, "op": "index", "output": stack})
+    b = op_signature({"status": "crash", "error": error, "op": "gather", "output": stack.replace("0x7f2", "0x9")})
+    assert a.key == b.key and a.locus == "" and "at c10::Error::Error < at::native::index_kernel < f3" in a.pattern
+    heap = op_signature({"status": "crash", "error": error, "op": "index", "output": "munmap_chunk(): invalid pointer"})
+    assert heap.locus == "index" and heap.pattern.endswith("| munmap_chunk(): invalid pointer")
+    assert op_signature({"status": "crash", "error": error, "op": "index"}).key != heap.key

@@ -65,6 +65,7 @@ class Rules:
     strips: tuple[re.Pattern[str], ...]
     replaces: tuple[tuple[re.Pattern[str], str], ...]
     version: str
+    crashes: tuple[tuple[re.Pattern[str], bool], ...] = ()  # (line pattern, is a stack frame)
 
 
 def _regex(path: Path, key: str, value: Any) -> re.Pattern[str]:
@@ -79,7 +80,7 @@ def _regex(path: Path, key: str, value: Any) -> re.Pattern[str]:
 def rules(path: Path = CAUSE_RULES) -> Rules:
     """The validated rules of ``path``; a bad rule is one DataFileError naming file, rule and value."""
     raw = read_toml(path)
-    _keys(path, "", raw, {"strip", "replace"})
+    _keys(path, "", raw, {"strip", "replace"}, {"crash"})
     strips, replaces = [], []
     for kind, out in (("strip", strips), ("replace", replaces)):
         if not isinstance(raw[kind], list) or not raw[kind]:
@@ -104,8 +105,54 @@ def rules(path: Path = CAUSE_RULES) -> Rules:
                 out.append((rx, placeholder))
             if not changed:
                 raise _bad(path, f"{where}.example", example, "a text the rule changes (it shows what the rule is for)")
+    crashes = []
+    for i, entry in enumerate(raw.get("crash", [])):
+        where = f"crash[{i}]"
+        _keys(path, where, entry, {"pattern", "frame", "example"})
+        rx = _regex(path, f"{where}.pattern", entry["pattern"])
+        if not isinstance(entry["frame"], bool):
+            raise _bad(path, f"{where}.frame", entry["frame"], "true (a stack frame) or false (an abort message)")
+        example = _text(path, f"{where}.example", entry["example"])
+        if not rx.search(example):
+            raise _bad(path, f"{where}.example", example, "a line the pattern matches (it shows what the rule is for)")
+        crashes.append((rx, entry["frame"]))
     version = hashlib.blake2b(path.read_bytes(), digest_size=6).hexdigest()
-    return Rules(tuple(strips), tuple(replaces), version)
+    return Rules(tuple(strips), tuple(replaces), version, tuple(crashes))
+
+
+MAX_FRAMES = 3  # top frames of a native stack that name a crash
+
+
+def crash_report(output: str | None, rx: Rules | None = None) -> tuple[list[str], str]:
+    """What a crashed worker's output says of the crash: its top native stack frames (at most
+    :data:`MAX_FRAMES`) and the first abort message, each normalised."""
+    rx = rx or rules()
+    frames: list[str] = []
+    abort = ""
+    for line in (output or "").splitlines():
+        line = line.strip()
+        for pattern, is_frame in rx.crashes:
+            m = pattern.search(line)
+            if m is None:
+                continue
+            text = normalise(m.group(1) if m.groups() else m.group(0), rx)
+            if is_frame and len(frames) < MAX_FRAMES:
+                frames.append(text)
+            elif not is_frame and not abort:
+                abort = text
+            break
+    return frames, abort
+
+
+def _crash(status: str, row: dict[str, Any], where: str, rx: Rules | None) -> Signature:
+    """A crash or timeout: named by its top native frames when the worker printed a stack, else
+    by the op (or family) that died; an abort message joins the pattern either way."""
+    sig = _message(status, row.get("error") or "", rx=rx)
+    frames, abort = crash_report(row.get("output"), rx)
+    pattern = sig.pattern + (f" | {abort}" if abort else "")
+    if frames:
+        return Signature(status, sig.exc, f"{pattern} | at {' < '.join(frames)}")
+    return Signature(status, sig.exc, pattern, where)
 
 
 def normalise(text: str, rx: Rules | None = None) -> str:
@@ -204,7 +251,7 @@ def op_signature(row: dict[str, Any], *, blamed: str = "", rx: Rules | None = No
         locus = blamed or row.get("op") or ""
         return Signature("mismatch", "", mismatch_class(row), locus)
     if status in ("crash", "timeout"):
-        return _message(status, error, row.get("op") or "", rx)
+        return _crash(status, row, row.get("op") or "", rx)
     return _message(status, error, rx=rx)
 
 
@@ -216,7 +263,7 @@ def model_signature(row: dict[str, Any], *, rx: Rules | None = None) -> Signatur
         locus = row.get("first_divergent_op") or row.get("family") or ""
         return Signature("mismatch", "", model_mismatch_class(row), locus)
     if status in ("crash", "timeout"):
-        return _message(status, error, row.get("family") or "", rx)
+        return _crash(status, row, row.get("family") or "", rx)
     return _message(status, error, rx=rx)
 
 
@@ -241,5 +288,5 @@ def signature_of(table: str, row: dict[str, Any], *, blamed: str = "", rx: Rules
     return op_signature(row, blamed=blamed, rx=rx)
 
 
-__all__ = ["CAUSE_RULES", "MISMATCH_CLASSES", "Rules", "Signature", "DataFileError", "first_contract",
+__all__ = ["CAUSE_RULES", "MISMATCH_CLASSES", "Rules", "Signature", "DataFileError", "crash_report", "first_contract",
            "mismatch_class", "model_signature", "normalise", "op_signature", "rules", "signature_of"]
