@@ -229,6 +229,10 @@ def test_the_report_has_a_top_causes_page(tmp_path):
     st.close()
     db = str(tmp_path / "c.sqlite")
     r = CliRunner().invoke(main, ["report", "--db", db, "--out", str(tmp_path / "site")])
+    assert "No error causes computed" in (tmp_path / "site" / "2.0" / "causes.html").read_text()
+    for build in ("1.0", "2.0"):  # the report only reads: `errors` (or run, gate, nightly) computes them
+        assert CliRunner().invoke(main, ["errors", "--db", db, "--build", build]).exit_code == 0
+    r = CliRunner().invoke(main, ["report", "--db", db, "--out", str(tmp_path / "site")])
     assert r.exit_code == 0, r.output
     page = (tmp_path / "site" / "2.0" / "causes.html").read_text()
     assert "5</span> failing items in <span data-k=\"causes\">2</span> causes" in page

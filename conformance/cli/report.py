@@ -29,7 +29,6 @@ def report_cmd(db_path: str, builds: tuple[str, ...], out_dir: str, jobs: int | 
 
     Example: conformance report --db results/opdb.sqlite --out site && xdg-open site/index.html
     """
-    from conformance.triage.causes import ensure_latest
     from conformance.triage.upstream import known_by_target
     from reports import UnknownBuild, publish_site
     from reports.site import check_site_dir
@@ -37,7 +36,6 @@ def report_cmd(db_path: str, builds: tuple[str, ...], out_dir: str, jobs: int | 
     out = Path(out_dir)
     check_site_dir(out)  # before the database is opened: a refused folder is left as it is
     with Store.open(db_path, create=False) as st:
-        ensure_latest(st)  # the Top causes pages read them
         try:
             result = publish_site(st, out, builds=list(builds), db_label=db_path, jobs=jobs or None,
                                   upstream=known_by_target())

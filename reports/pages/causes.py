@@ -5,8 +5,9 @@ new since the previous build, what the knowledge file says about it, and the rep
 its item with the smallest input. ``causes.html#<key>`` shows that cause alone (op and model
 pages link each failing item's cause there).
 
-Causes are computed by ``conformance.triage.causes`` before the report renders (the report
-command and the nightly's report stage do it); a build whose runs have none says so.
+Causes are computed by ``conformance.triage.causes`` when a run finishes, is gated, or is
+listed by ``conformance errors`` (the nightly's report stage computes any missing); the report
+only reads, so a build whose runs have none says so and names the command.
 """
 
 from __future__ import annotations
