@@ -33,7 +33,7 @@ def small_db(folder: Path) -> Path:
     for build in ("2.31.0", "2.32.0", "2.33.0"):
         subprocess.run([sys.executable, "-m", "conformance", "run", "--target", "neuron-emu", "--build", build,
                         "--ops", "nn.functional.*", "--ops", "aten::upsample*", "--dtypes", "float32,bfloat16",
-                        "--no-models", "--db", str(db), "--quiet", "--exit-zero", "-n", "2"], check=True)
+                        "--db", str(db), "--quiet", "--exit-zero", "-n", "2"], check=True)
     return db
 
 
