@@ -60,7 +60,26 @@ SAME_CAUSE = [
       "but got false.  (Could this error message be improved?  If so, please report an enhancement request to "
       "PyTorch.)")],
 ]
+# The same, from the other targets' stored runs (onnxruntime, openvino, inductor)
+SAME_CAUSE += [
+    [("unsupported", "TargetUnsupported: torch.onnx: DispatchError: No ONNX function found for "
+      "<OpOverload(op='aten.special_zeta', overload='x_scalar')>. Failure message: No decompositions registered"),
+     ("unsupported", "minimal failing input after shrinking: f32[2], 3; out=f32[0]; TargetUnsupported: torch.onnx: "
+      "DispatchError: No ONNX function found for <OpOverload(op='prims.zeta', overload='default')>. Failure message: "
+      "No decompositions registered")],
+    [("error", "NotImplemented: [ONNXRuntimeError] : 9 : NOT_IMPLEMENTED : Could not find an implementation for "
+      "Mul(14) node with name 'node_mul'"),
+     ("error", "NotImplemented: [ONNXRuntimeError] : 9 : NOT_IMPLEMENTED : Could not find an implementation for "
+      "Mul(13) node with name ''")],
+    [("error", "AssertionError: sources must not be empty for symbol s96"),
+     ("error", "AssertionError: sources must not be empty for symbol s7")],
+]
 APART = [
+    ("error", "NotImplemented: [ONNXRuntimeError] : 9 : NOT_IMPLEMENTED : Could not find an implementation for "
+     "Sub(14) node with name 'node_sub'"),
+    ("error", "TargetError: backend 'inductor' failed to compile a graph: MissingOperatorWithoutDecomp: missing lowering"),
+    ("error", "TargetError: backend 'inductor' failed to compile a graph: RuntimeError: expand: the requested shape has "
+     "too few dimensions!"),
     ("error", "RuntimeError: tensor_split expected tensor_indices_or_sections to be on cpu, but it's on neuron:0"),
     ("error", "RuntimeError: invalid gradient at index 0 - expected device cpu but got neuron:0"),
     ("error", "RuntimeError: neuron: internal compiler/runtime error in aten::topk.default (injected defect "

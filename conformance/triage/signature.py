@@ -55,7 +55,8 @@ PATTERN_CHARS = 300  # of a normalised message: what a cause is named by (long l
 #: The contracts in the order a ``contract`` item's first failure is taken (opdb.queries_contracts.CONTRACTS).
 CONTRACT_ORDER = ("metadata", "aliasing", "noncontiguous", "variants", "out", "errors", "determinism")
 _RAISES = re.compile(r"\b(?:[A-Z]\w*(?:Error|Exception)|raises?)\b")
-_EXC = re.compile(r"^((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt|Warning|Failure))(?::\s*|\s*$)")
+# the exception type a message starts with: a (dotted) CamelCase name right before ": "
+_EXC = re.compile(r"^((?:[A-Za-z_]\w*\.)*[A-Z][A-Za-z0-9_]*)(?::\s+|:?\s*$)")
 
 
 @dataclass(frozen=True)
