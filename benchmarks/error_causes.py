@@ -1,5 +1,6 @@
 """Error causes over stored runs: how many causes the failing items collapse into, per target and
-build, what is new and gone between consecutive builds of a target, what computing them costs,
+build, what is new and gone against the previous run of the same target (meaningful between
+runs of one selection, as a nightly's builds are), what computing them costs,
 and (``--sample N``) a seeded random sample of causes with some of their items, for the hand
 check of purity (one real cause per group) and splits (one group per real cause).
 
@@ -60,7 +61,7 @@ def main() -> None:
 
 
 def report(st: Store, runs: list[dict], took: list[float]) -> None:
-    print(f"{'target':<12} {'build':<10} {'run':<50} {'failing':>8} {'causes':>7} {'ratio':>7} {'new':>4} "
+    print(f"{'target':<15} {'build':<20} {'run':<44} {'failing':>8} {'causes':>7} {'ratio':>7} {'new':>4} "
           f"{'gone':>4} {'explained':>9} {'s':>5}")
     prev: dict[str, str] = {}
     for r, s in zip(runs, took, strict=True):
@@ -74,7 +75,7 @@ def report(st: Store, runs: list[dict], took: list[float]) -> None:
             new, gone = str(len(keys - old)), str(len(old - keys))
         prev[r["target"]] = r["id"]
         ratio = f"{summary['failing'] / summary['causes']:.0f}:1" if summary["causes"] else "-"
-        print(f"{r['target']:<12} {r['build']:<10} {r['id'][:50]:<50} {summary['failing']:>8,} {summary['causes']:>7,} "
+        print(f"{r['target'][:15]:<15} {r['build'][:20]:<20} {r['id'][-44:]:<44} {summary['failing']:>8,} {summary['causes']:>7,} "
               f"{ratio:>7} {new:>4} {gone:>4} {sum(1 for c in found if c.explanation):>9} {s:>5.1f}")
     total_f = sum(qc.cause_run(st, r["id"])["failing"] for r in runs)
     total_c = sum(qc.cause_run(st, r["id"])["causes"] for r in runs)
