@@ -28,7 +28,7 @@ _FAILING = tuple(sorted(s.value for s in FAILING))
 _IN = f"({', '.join('?' * len(_FAILING))})"
 #: Columns a cause is computed from, per results table.
 FAILING_COLUMNS = {
-    "op_results": ("id", "item_key", "op", "variant", "dtype", "status", "error", "contracts", "contract_failed",
+    "op_results": ("id", "item_key", "op", "variant", "dtype", "sample", "status", "error", "contracts", "contract_failed",
                    "dtype_ok", "shape_ok", "nan_agree", "fingerprint", "comparator", "native_ops", "signature"),
     "model_results": ("id", "item_key", "model_id", "family", "dtype", "mode", "status", "error",
                       "first_divergent_op", "fwd_rel_err"),
@@ -51,6 +51,14 @@ def native_counts(store: Store, run_id: str, status: str = "mismatch") -> dict[s
     return {r[0]: (r[1], r[2]) for r in store.db.execute(
         """select j.value, sum(o.status = ?), count(*) from op_results o, json_each(o.native_ops) j
            where o.run_id = ? and json_valid(o.native_ops) group by j.value""", [status, run_id])}
+
+
+def float32_passing(store: Store, run_id: str) -> dict[tuple[str, str, int], float | None]:
+    """{(op, variant, sample): RMS error in eps against the CPU (None: not measured)} of a run's
+    float32 op items that pass."""
+    return {(r[0], r[1], r[2]): r[3] for r in store.db.execute(
+        "select op, variant, sample, case when json_valid(fingerprint) then json_extract(fingerprint, '$.rms') end "
+        "from op_results where run_id = ? and dtype = 'float32' and status in ('pass', 'pass_fallback')", [run_id])}
 
 
 def cause_run(store: Store, run_id: str) -> dict[str, Any] | None:

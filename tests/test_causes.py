@@ -28,7 +28,11 @@ SAME_CAUSE = [
     [("unsupported_layout", "RuntimeError: neuron: channels_last inputs are not supported by "
       "aten::max_pool2d_with_indices.default on Neuron SDK build 2.33.0 (manifest rule dtypes.channels_last = 'error')"),
      ("unsupported_layout", "RuntimeError: neuron: channels_last inputs are not supported by aten::cat.default on "
-      "Neuron SDK build 2.32.0 (manifest rule dtypes.channels_last = 'error')")],
+      "Neuron SDK build 2.32.0 (manifest rule dtypes.channels_last = 'error')"),
+     # a contract check that failed because the target raised the same: the same cause
+     ("contract", "contract noncontiguous: channels_last inputs: on the target they raise RuntimeError: neuron: "
+      "channels_last inputs are not supported by aten::index.Tensor on Neuron SDK build 2.33.0 (manifest rule "
+      "dtypes.channels_last = 'error')")],
     [("unsupported_dtype", "NotImplementedError: \"avg_pool2d\" not implemented for 'Int'"),
      ("unsupported_dtype", "NotImplementedError: \"slow_conv_dilated<>\" not implemented for 'Int'"),
      ("unsupported_dtype", "minimal failing input after shrinking: b8[]; NotImplementedError: \"neg_cpu\" not "
@@ -49,6 +53,11 @@ SAME_CAUSE = [
       "defect 2.34.0.toml:defects[1] of Neuron SDK build 2.34.0: regression: NCC_EVRF009 unsupported bf16 resize in "
       "the new upsample kernel)")],
     [("contract", "contract metadata: output 0 (strides [36, 1, 12, 2]) is rejected by the target's own ops: "
+      "torch.eq(output, output) raises RuntimeError: neuron: channels_last inputs are not supported by "
+      "aten::eq.Tensor on Neuron SDK build 2.33.0 (manifest rule dtypes.channels_last = 'error')"),
+     ("unsupported_layout", "RuntimeError: neuron: channels_last inputs are not supported by aten::eq.Tensor on "
+      "Neuron SDK build 2.30.0 (manifest rule dtypes.channels_last = 'error')"),
+     ("contract", "contract metadata: output 0 (strides [36, 1, 12, 2]) is rejected by the target's own ops: "
       "torch.eq(output, output) raises RuntimeError: neuron: channels_last inputs are not supported by "
       "aten::eq.Tensor on Neuron SDK build 2.33.0 (manifest rule dtypes.channels_last = 'error')"),
      ("contract", "contract metadata: output 0 (strides [125, 1, 25, 5]) is rejected by the target's own ops: "
@@ -110,7 +119,8 @@ def test_real_messages_of_one_cause_share_it(group):
 
 
 def test_different_causes_stay_apart():
-    sigs = [op_signature(_row(s, e)) for s, e in APART] + [op_signature(_row(*g[0])) for g in SAME_CAUSE]
+    groups = [g for g in SAME_CAUSE if not g[0][1].startswith("contract metadata")]  # one cause with channels_last
+    sigs = [op_signature(_row(s, e)) for s, e in APART] + [op_signature(_row(*g[0])) for g in groups]
     assert len({s.key for s in sigs}) == len(sigs), [s.text() for s in sigs]
 
 
@@ -291,3 +301,46 @@ def test_a_crash_is_named_by_its_native_frames_when_the_worker_printed_them():
     heap = op_signature({"status": "crash", "error": error, "op": "index", "output": "munmap_chunk(): invalid pointer"})
     assert heap.locus == "index" and heap.pattern.endswith("| munmap_chunk(): invalid pointer")
     assert op_signature({"status": "crash", "error": error, "op": "index"}).key != heap.key
+
+
+def _mismatch(rid, op, dtype, sample, native, variant="function", rms=None, status="mismatch"):
+    fp = json.dumps({"rms": rms, "nonfinite": 0}) if rms is not None else None
+    return {"run_id": rid, "item_key": f"{op}|{variant}|{dtype}|{sample}", "op": op, "variant": variant,
+            "dtype": dtype, "sample": sample, "status": status, "native_ops": json.dumps(native),
+            "dtype_ok": 1, "shape_ok": 1, "nan_agree": 1, "comparator": "allclose", "fingerprint": fp,
+            "error": "output 0: 1 of 4 values outside atol=1e-05 rtol=1e-05" if status == "mismatch" else None}
+
+
+def test_mismatches_are_blamed_split_by_precision_merged_by_sample_and_by_dtype(tmp_path):
+    st = Store.open(tmp_path / "m.sqlite")
+    rid = st.start_run(target="t", build="1", torch_version="x", config={})
+    rows = [
+        # mm is wrong in single precision (float32 fails) and its double-precision items fail too
+        _mismatch(rid, "matmul", "float32", 0, ["aten::mm.default", "aten::view.default"]),
+        _mismatch(rid, "matmul", "float32", 0, ["aten::mm.out"], variant="out"),  # the same wrong value, met again
+        _mismatch(rid, "matmul", "float64", 0, ["aten::mm.default", "aten::view.default"]),
+        _mismatch(rid, "addmm", "float32", 0, ["aten::mm.default", "aten::add.Tensor"]),
+        # only a view and an allocation ran natively: nothing to blame, the op is the locus
+        _mismatch(rid, "unfold", "float32", 0, ["aten::unfold.default", "aten::empty.memory_format"]),
+    ]
+    # float64 fails where float32 passes exactly, over five overloads: the dtype's own cause
+    for op in ("exp", "log", "sin", "cos", "tanh"):
+        rows.append(_mismatch(rid, op, "float64", 0, [f"aten::{op}.default"]))
+        rows.append(_mismatch(rid, op, "float32", 0, [f"aten::{op}.default"], rms=0.5, status="pass"))
+    # ... but not where float32 passes only within its tolerance (a kernel of reduced precision)
+    rows.append(_mismatch(rid, "erf", "float64", 0, ["aten::erf.default"]))
+    rows.append(_mismatch(rid, "erf", "float32", 0, ["aten::erf.default"], rms=300.0, status="pass"))
+    st.insert("op_results", rows)
+    with st:
+        ca.compute(st, rid)
+        got = {r["item_key"]: r["text"] for r in st.db.query(
+            "select o.item_key, c.kind || coalesce(' at ' || nullif(c.locus, ''), '') || ': ' || c.pattern as text "
+            "from op_results o join causes c on c.key = o.cause where o.run_id = ?", [rid])}
+    assert got["matmul|function|float32|0"] == "mismatch at aten::mm.default: values differ"
+    assert got["matmul|out|float32|0"] == got["matmul|function|float32|0"]
+    assert got["addmm|function|float32|0"] == got["matmul|function|float32|0"]
+    assert got["matmul|function|float64|0"] == "mismatch at aten::mm.default: values differ in double precision"
+    assert got["unfold|function|float32|0"] == "mismatch at unfold: values differ"
+    assert {got[f"{op}|function|float64|0"] for op in ("exp", "log", "sin", "cos", "tanh")} == {
+        "mismatch: values differ in float64 only (float32 passes exactly)"}
+    assert got["erf|function|float64|0"] == "mismatch at aten::erf.default: values differ in double precision"

@@ -30,7 +30,10 @@ Example::
 
 from __future__ import annotations
 
+import fnmatch
+import functools
 import json
+import math
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -41,7 +44,7 @@ from opdb import Store
 from opdb import queries_causes as qc
 
 from . import knowledge as kn
-from .signature import Rules, Signature, rules, signature_of
+from .signature import Rules, Signature, op_signature, rules, signature_of
 
 _TENSOR = re.compile(r"\b[a-z]+\d*\[([\d,]*)\]")
 
@@ -54,21 +57,57 @@ class RunSummary:
     computed: bool  # False: the stored causes were current
 
 
-def blame(native_ops: Any, counts: dict[str, tuple[int, int]]) -> str:
-    """The native overload a mismatching item is blamed on: of those it ran on the device, the
-    one whose items mismatch at the highest rate in the run (then the most mismatches, then the
-    name); '' when it ran none natively."""
+def blame(native_ops: Any, counts: dict[str, tuple[int, int]], never: tuple[str, ...] = ()) -> str:
+    """The native overload a mismatching item is blamed on: of those it ran on the device that
+    can change values (not a view, nor an allocation ``never`` names), the most suspicious by
+    the Ochiai score of spectrum-based fault localisation, ``bad / sqrt(bad + good)`` over the
+    run's items that reached it (so an overload failing often *and* mostly outranks one that
+    failed once in one item), then the name; '' when it ran none natively."""
     try:
         ops = json.loads(native_ops) if isinstance(native_ops, str) else (native_ops or [])
     except ValueError:
         ops = []
-    best, score = "", (-1.0, -1, "")
-    for op in ops:
+    best, score = "", -1.0
+    for op in sorted(ops):
+        if not isinstance(op, str) or _no_values(op, never):
+            continue
         bad, total = counts.get(op, (0, 0))
-        s = (bad / total if total else 0.0, bad, op)
-        if (s[0], s[1]) > (score[0], score[1]) or ((s[0], s[1]) == (score[0], score[1]) and op < score[2]):
+        s = bad / math.sqrt(total) if total else 0.0
+        if s > score:
             best, score = op, s
     return best
+
+
+@functools.lru_cache(maxsize=4096)
+def _no_values(op: str, never: tuple[str, ...]) -> bool:
+    """Whether an overload cannot change values: ``never`` names it, or its schema is a view's
+    (it returns an alias of an input and writes none)."""
+    if any(fnmatch.fnmatchcase(op, g) for g in never):
+        return True
+    import torch  # only for mismatches: listing causes otherwise needs no torch
+
+    name, _, overload = op.removeprefix("aten::").partition(".")
+    try:
+        schema = getattr(getattr(torch.ops.aten, name), overload or "default")._schema
+    except (AttributeError, RuntimeError):
+        return False
+    if any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments):
+        return False
+    return bool(schema.returns) and all(r.alias_info is not None and not r.alias_info.is_write
+                                        for r in schema.returns)
+
+
+#: A dtype whose value mismatches (where float32 passes on the same sample) reach at least this
+#: many blamed overloads is wrong as a dtype, not per kernel: a device that computes float64 in
+#: float32, or narrows int64. Its items share one cause, "<dtype> only", without an overload.
+DTYPE_LEVEL_OVERLOADS = 5
+#: A float32 item that passes within this RMS error (eps of float32, against the CPU) is exact:
+#: its kernel is right in float32.
+EXACT_EPS = 2.0
+#: Double-precision dtypes: a mismatch there is kept apart from the same overload's mismatches
+#: in single precision (a device that computes float64 in float32 and one whose kernel is wrong
+#: fail the same overload for different reasons, fixed in different places).
+DOUBLE = ("float64", "complex128")
 
 
 def input_size(signature: str | None) -> int:
@@ -116,18 +155,71 @@ class _Cause:
                 "repro_id": self.repro[1] if self.repro else None, "repro_signature": self.repro[2] if self.repro else None}
 
 
+def _op_signatures(store: Store, run_id: str, rows: list[dict[str, Any]], rx: Rules) -> list[Signature]:
+    """The signatures of a run's failing op rows, with three steps that need the whole run:
+
+    - a value mismatch is blamed on its most suspicious native overload (:func:`blame`);
+    - a mismatch in double precision is kept apart from the overload's single-precision ones;
+    - a mismatch in a dtype where the float32 item of the same op, variant and sample passes
+      exactly (:func:`_exact32`) is that dtype's own ("<dtype> only") when such mismatches reach
+      :data:`DTYPE_LEVEL_OVERLOADS` overloads or more (the device's handling of the dtype, not one
+      kernel);
+    - an in-place or out= item, or a variants contract, whose function item on the same sample
+      mismatches takes that item's cause (it is the same wrong value, met again)."""
+    counts = qc.native_counts(store, run_id)
+    passes32 = qc.float32_passing(store, run_id)
+    sigs: list[Signature] = []
+    dtype_only: dict[str, set[str]] = {}
+    for row in rows:
+        if row["status"] != "mismatch":
+            sigs.append(op_signature(row, rx=rx))
+            continue
+        sig = op_signature(row, blamed=blame(row.get("native_ops"), counts, rx.never_blamed), rx=rx)
+        if row["dtype"] in DOUBLE:
+            sig = Signature(sig.kind, sig.exc, sig.pattern + " in double precision", sig.locus)
+        if row["dtype"] not in ("float32", "any") and _exact32(passes32, row):
+            dtype_only.setdefault(row["dtype"], set()).add(sig.locus)
+        sigs.append(sig)
+    wide = {d for d, loci in dtype_only.items() if len(loci) >= DTYPE_LEVEL_OVERLOADS}
+    function: dict[tuple[str, str, Any], Signature] = {}
+    for i, (row, sig) in enumerate(zip(rows, sigs, strict=True)):
+        if sig.kind == "mismatch" and row["dtype"] in wide and _exact32(passes32, row):
+            what = sig.pattern.removesuffix(" in double precision")
+            sigs[i] = sig = Signature("mismatch", "", f"{what} in {row['dtype']} only (float32 passes exactly)")
+        if row["variant"] == "function" and sig.kind == "mismatch":
+            function[(row["op"], row["dtype"], row["sample"])] = sig
+    for i, (row, sig) in enumerate(zip(rows, sigs, strict=True)):
+        same = function.get((row["op"], row["dtype"], row["sample"]))
+        if same is not None and (sig.kind == "contract:variants"
+                                 or (sig.kind == "mismatch" and row["variant"] in ("inplace", "out"))):
+            sigs[i] = same
+    return sigs
+
+
+def _exact32(passes32: dict[tuple[str, str, int], float | None], row: dict[str, Any]) -> bool:
+    """Whether the float32 item of the row's op, variant and sample passes with the CPU's own
+    precision (RMS error within :data:`EXACT_EPS` eps): the kernel is right in float32, so a
+    mismatch in another dtype is that dtype's. A float32 item that passes only within its
+    tolerance (a kernel of reduced precision) says nothing of the sort."""
+    key = (row["op"], row["variant"], row["sample"])
+    if key not in passes32:
+        return False
+    rms = passes32[key]
+    return rms is None or rms <= EXACT_EPS
+
+
 def compute(store: Store, run_id: str, rx: Rules | None = None) -> RunSummary:
     """Compute and store the causes of a run (replacing what it had)."""
     rx = rx or rules()
-    counts = qc.native_counts(store, run_id)
     found: dict[str, _Cause] = {}
     assigned: dict[str, list[tuple[str, int]]] = {"op_results": [], "model_results": []}
     failing = 0
     for table in assigned:
-        for row in qc.failing_rows(store, run_id, table):
+        rows = list(qc.failing_rows(store, run_id, table))
+        sigs = (_op_signatures(store, run_id, rows, rx) if table == "op_results"
+                else [signature_of(table, row, rx=rx) for row in rows])
+        for row, sig in zip(rows, sigs, strict=True):
             failing += 1
-            blamed = blame(row.get("native_ops"), counts) if row["status"] == "mismatch" and table == "op_results" else ""
-            sig = signature_of(table, row, blamed=blamed, rx=rx)
             cause = found.get(sig.key)
             if cause is None:
                 cause = found[sig.key] = _Cause(sig)

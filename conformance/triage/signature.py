@@ -4,8 +4,10 @@ groups them, stores them and keeps their history).
 
 A signature has four parts:
 
-- ``kind``: the item's status (``error``, ``crash``, ``mismatch``, ...), or ``contract:<name>``
-  for the first contract a ``contract`` item failed;
+- ``kind``: ``error`` for an item the target refused by raising (statuses error and
+  unsupported*, and a contract check that failed because the target raised), else the item's
+  status (``crash``, ``mismatch``, ...), or ``contract:<name>`` for the first contract a
+  ``contract`` item failed otherwise;
 - ``exc``: the exception type its message starts with (``RuntimeError``), when it has one;
 - ``pattern``: the message normalised by the rules of ``conformance/data/cause_rules.toml``
   (numbers, shapes, addresses, paths, versions and op names become placeholders; repeated
@@ -54,6 +56,12 @@ CAUSE_RULES = DATA / "cause_rules.toml"
 PATTERN_CHARS = 300  # of a normalised message: what a cause is named by (long lists vary in their tail)
 #: The contracts in the order a ``contract`` item's first failure is taken (opdb.queries_contracts.CONTRACTS).
 CONTRACT_ORDER = ("metadata", "aliasing", "noncontiguous", "variants", "out", "errors", "determinism")
+#: Statuses whose items the target refused by raising: one kind, ``error``, so that the same
+#: exception is one cause whichever status the verdict gave it (the statuses stay in its reach).
+_RAISING = {"unsupported": "error", "unsupported_dtype": "error", "unsupported_layout": "error"}
+# a contract detail that quotes what the target raised: "on the target they raise X: ...",
+# "torch.eq(output, output) raises X: ...", "the method raises on the target: X: ..."
+_TARGET_RAISES = re.compile(r"\braises?(?: on the target)?:? ((?:[A-Za-z_]\w*\.)*[A-Z]\w*: .*)$", re.S)
 _RAISES = re.compile(r"\b(?:[A-Z]\w*(?:Error|Exception)|raises?)\b")
 # the exception type a message starts with: a (dotted) CamelCase name right before ": "
 _EXC = re.compile(r"^((?:[A-Za-z_]\w*\.)*[A-Z][A-Za-z0-9_]*)(?::\s+|:?\s*$)")
@@ -67,6 +75,7 @@ class Rules:
     replaces: tuple[tuple[re.Pattern[str], str], ...]
     version: str
     crashes: tuple[tuple[re.Pattern[str], bool], ...] = ()  # (line pattern, is a stack frame)
+    never_blamed: tuple[str, ...] = ()  # globs of overloads a mismatch is never blamed on
 
 
 def _regex(path: Path, key: str, value: Any) -> re.Pattern[str]:
@@ -81,7 +90,7 @@ def _regex(path: Path, key: str, value: Any) -> re.Pattern[str]:
 def rules(path: Path = CAUSE_RULES) -> Rules:
     """The validated rules of ``path``; a bad rule is one DataFileError naming file, rule and value."""
     raw = read_toml(path)
-    _keys(path, "", raw, {"strip", "replace"}, {"crash"})
+    _keys(path, "", raw, {"strip", "replace"}, {"crash", "blame"})
     strips, replaces = [], []
     for kind, out in (("strip", strips), ("replace", replaces)):
         if not isinstance(raw[kind], list) or not raw[kind]:
@@ -117,8 +126,16 @@ def rules(path: Path = CAUSE_RULES) -> Rules:
         if not rx.search(example):
             raise _bad(path, f"{where}.example", example, "a line the pattern matches (it shows what the rule is for)")
         crashes.append((rx, entry["frame"]))
+    never: tuple[str, ...] = ()
+    if "blame" in raw:
+        blame = _keys(path, "blame", raw["blame"], {"never", "why"})
+        _text(path, "blame.why", blame["why"])
+        if not isinstance(blame["never"], list) or not all(isinstance(g, str) and g.startswith("aten::")
+                                                           for g in blame["never"]):
+            raise _bad(path, "blame.never", blame["never"], "a list of globs over ATen overloads (aten::...)")
+        never = tuple(blame["never"])
     version = hashlib.blake2b(path.read_bytes(), digest_size=6).hexdigest()
-    return Rules(tuple(strips), tuple(replaces), version, tuple(crashes))
+    return Rules(tuple(strips), tuple(replaces), version, tuple(crashes), never)
 
 
 MAX_FRAMES = 3  # top frames of a native stack that name a crash
@@ -244,16 +261,20 @@ def op_signature(row: dict[str, Any], *, blamed: str = "", rx: Rules | None = No
     error = row.get("error") or ""
     if status == "contract":
         name, detail = first_contract(row)
+        raised = _TARGET_RAISES.search(detail)
+        if raised and "the CPU raises" not in detail:
+            # the contract failed because the target raised: the same cause as an item whose
+            # plain call raises that (a channels_last rule is one cause, whichever check met it)
+            return _message("error", raised.group(1), rx=rx)
         sig = _message(f"contract:{name}" if name else "contract", detail, rx=rx)
-        # a contract whose detail quotes an exception is named by it (it names its op, or needs
-        # none); one that describes how the op's results behave is the op's own
+        # one that describes how the op's results behave is the op's own
         return sig if _RAISES.search(sig.pattern) else Signature(sig.kind, sig.exc, sig.pattern, row.get("op") or "")
     if status == "mismatch" and not error.startswith("infra:"):
         locus = blamed or row.get("op") or ""
         return Signature("mismatch", "", mismatch_class(row), locus)
     if status in ("crash", "timeout"):
         return _crash(status, row, row.get("op") or "", rx)
-    return _message(status, error, rx=rx)
+    return _message(_RAISING.get(status, status), error, rx=rx)
 
 
 def model_signature(row: dict[str, Any], *, rx: Rules | None = None) -> Signature:
@@ -265,7 +286,7 @@ def model_signature(row: dict[str, Any], *, rx: Rules | None = None) -> Signatur
         return Signature("mismatch", "", model_mismatch_class(row), locus)
     if status in ("crash", "timeout"):
         return _crash(status, row, row.get("family") or "", rx)
-    return _message(status, error, rx=rx)
+    return _message(_RAISING.get(status, status), error, rx=rx)
 
 
 def model_mismatch_class(row: dict[str, Any]) -> str:
