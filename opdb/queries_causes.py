@@ -29,7 +29,7 @@ _IN = f"({', '.join('?' * len(_FAILING))})"
 #: Columns a cause is computed from, per results table.
 FAILING_COLUMNS = {
     "op_results": ("id", "item_key", "op", "variant", "dtype", "sample", "status", "error", "contracts", "contract_failed",
-                   "dtype_ok", "shape_ok", "nan_agree", "fingerprint", "comparator", "native_ops", "signature"),
+                   "dtype_ok", "shape_ok", "nan_agree", "fingerprint", "comparator", "native_ops", "signature", "proof"),
     "model_results": ("id", "item_key", "model_id", "family", "dtype", "mode", "status", "error",
                       "first_divergent_op", "fwd_rel_err"),
 }

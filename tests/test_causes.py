@@ -344,3 +344,26 @@ def test_mismatches_are_blamed_split_by_precision_merged_by_sample_and_by_dtype(
     assert {got[f"{op}|function|float64|0"] for op in ("exp", "log", "sin", "cos", "tanh")} == {
         "mismatch: values differ in float64 only (float32 passes exactly)"}
     assert got["erf|function|float64|0"] == "mismatch at aten::erf.default: values differ in double precision"
+
+
+def test_a_double_precision_error_of_single_precision_is_the_dtypes_cause():
+    import torch
+
+    from conformance.check.compare import TWIN_FACTOR, twin_errors
+
+    x = torch.linspace(0.1, 3, 64, dtype=torch.float64)
+    cpu, twin = x.exp(), x.float().exp()
+    downcast = x.float().exp().double()  # a device computing float64 in float32
+    t_err, w_err = twin_errors(cpu, downcast, twin)
+    assert 0 < t_err <= TWIN_FACTOR * w_err
+    rounded = (x.exp() * (1 + 2.0 ** -16))  # a 16-bit kernel: far worse than single precision
+    t_err, w_err = twin_errors(cpu, rounded, twin)
+    assert t_err > TWIN_FACTOR * w_err
+    assert twin_errors(cpu, downcast, (twin, twin)) is None  # another structure: no evidence
+    row = {"status": "mismatch", "op": "exp", "dtype_ok": 1, "shape_ok": 1, "nan_agree": 1, "comparator": "allclose",
+           "error": "output 0: 3 of 64 values outside atol=1e-07 rtol=1e-07",
+           "proof": json.dumps({"single_precision": {"target_err": 1e-8, "twin_err": 1e-8, "explains": True}})}
+    sig = op_signature(row, blamed="aten::exp.default")
+    assert sig.text() == "mismatch: values of single precision in double precision" and sig.locus == ""
+    sig = op_signature({**row, "proof": None}, blamed="aten::exp.default")
+    assert sig.text() == "mismatch at aten::exp.default: values differ"

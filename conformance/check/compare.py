@@ -451,6 +451,34 @@ def arbitrate(ev: Evidence, cpu: Any, target: Any, arbiter: Any, *, atol: float)
     return replace(ev, close=ok, arbiter_err=t_err, cpu_arbiter_err=c_err, detail=detail, worst=worst)
 
 
+#: The target's error is explained by single precision when it is at most this many times the
+#: error of the CPU computing the same double-precision sample in single precision.
+TWIN_FACTOR = 4.0
+
+
+def twin_errors(cpu: Any, target: Any, twin: Any) -> tuple[float, float] | None:
+    """(the target's, the single-precision twin's) worst normwise error ``||x - c|| / ||c||``
+    against the CPU's double-precision result over the floating outputs; None when the twin has
+    another structure or no floating output is comparable."""
+    c_l, t_l, w_l = leaves(cpu), leaves(target), leaves(twin)
+    if not (len(c_l) == len(t_l) == len(w_l)):
+        return None
+    t_err = w_err = -1.0
+    for c, t, w in zip(c_l, t_l, w_l, strict=True):
+        if not (isinstance(c, torch.Tensor) and isinstance(t, torch.Tensor) and isinstance(w, torch.Tensor)):
+            continue
+        if not (c.is_floating_point() or c.is_complex()) or not (c.shape == t.shape == w.shape) or c.is_sparse:
+            continue
+        c64 = c.to(torch.complex128 if c.is_complex() else torch.float64)
+        finite = torch.isfinite(c64) & torch.isfinite(t.to(c64.dtype)) & torch.isfinite(w.to(c64.dtype))
+        if not finite.any():
+            continue
+        norm = float(torch.linalg.vector_norm(c64[finite])) or 1.0
+        t_err = max(t_err, float(torch.linalg.vector_norm(t.to(c64.dtype)[finite] - c64[finite])) / norm)
+        w_err = max(w_err, float(torch.linalg.vector_norm(w.to(c64.dtype)[finite] - c64[finite])) / norm)
+    return None if t_err < 0 else (t_err, w_err)
+
+
 _SAME_WIDTH_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 

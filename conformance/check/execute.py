@@ -36,6 +36,8 @@ from .compare import Meta, bitwise_equal, leaves
 from .refcache import SharedCpu, unchanged_sample
 
 _FLOAT_LOW = (torch.float32, torch.bfloat16, torch.float16)
+#: Double precision and its single-precision twin (:func:`_twin`).
+_DOUBLE = {torch.float64: torch.float32, torch.complex128: torch.complex64}
 
 
 @dataclass
@@ -51,6 +53,8 @@ class Outcome:
     duration_s: float = 0.0
     arbiter: Callable[[], Any] | None = None
     arbiter_result: Any = None  # what the sweep got from ``arbiter`` (shared with the sample's other variants)
+    # a double-precision sample computed on the CPU in single precision (None: not double)
+    twin: Callable[[], Any] | None = None
     # Proof the target ran the item: "device" (of the outputs) and, on a compiler target,
     # what its backend compiled (Compiled.evidence()); stored as op_results.proof.
     proof: dict[str, Any] = field(default_factory=dict)
@@ -268,6 +272,8 @@ def run_item(target: Target, info: Any, variant: str, sample: Any, *, want_arbit
             return out
     if want_arbiter and sample_dtype(sample) in _FLOAT_LOW:
         out.arbiter = lambda: shared.get("f64", lambda: _arbiter(fn, variant, info, sample))
+    if want_arbiter and sample_dtype(sample) in _DOUBLE:
+        out.twin = lambda: _twin(fn, variant, info, sample)
     return out
 
 
@@ -365,6 +371,25 @@ def _arbiter(fn: Callable[..., Any], variant: str, info: Any, sample: Any) -> An
                 ref = invoke(info.op, "function", clone_sample(s64, torch.clone), "cpu", None)
             return invoke(fn, variant, s64, "cpu", ref)
         except Exception:  # noqa: BLE001 - no arbiter for this sample
+            return None
+
+
+def _twin(fn: Callable[..., Any], variant: str, info: Any, sample: Any) -> Any:
+    """The same double-precision sample computed on the CPU in single precision (float64 tensors
+    as float32, complex128 as complex64; None when the op cannot): what a device that computes
+    double precision in single precision would return."""
+    def down(t: torch.Tensor) -> torch.Tensor:
+        return t.to(_DOUBLE[t.dtype], copy=True) if t.dtype in _DOUBLE else t.clone()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            s32 = clone_sample(sample, down)
+            ref = None
+            if variant == "out":
+                ref = invoke(info.op, "function", clone_sample(s32, torch.clone), "cpu", None)
+            return invoke(fn, variant, s32, "cpu", ref)
+        except Exception:  # noqa: BLE001 - no twin for this sample
             return None
 
 

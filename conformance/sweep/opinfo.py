@@ -23,7 +23,7 @@ import torch
 
 from conformance.check import comparators, contracts
 from conformance.check.batching import OpBatches
-from conformance.check.compare import arbitrate, compare, leaves
+from conformance.check.compare import TWIN_FACTOR, arbitrate, compare, leaves, twin_errors
 from conformance.check.contracts import DEFAULT_BUDGET
 from conformance.check.execute import run_backward, run_item, signature, trace_changes_cpu
 from conformance.check.fingerprint import fingerprint
@@ -186,7 +186,21 @@ def _values(out: Any, tol: Any, kind: str, per_tensor: Any, peer: dict[str, Any]
         judged = arbitrate(ev, out.cpu, out.target, arb, atol=tol.atol)
         ev = judged if not ev.close else replace(ev, arbiter_err=judged.arbiter_err,
                                                  cpu_arbiter_err=judged.cpu_arbiter_err)
+    if measurable and not ev.close and out.twin is not None:
+        _single_precision(out)
     return ev, (arb if not ev.close else None), measurable
+
+
+def _single_precision(out: Any) -> None:
+    """A double-precision item that fails: whether its error is what computing it in single
+    precision gives (the CPU's single-precision twin of the sample errs as much, within
+    ``TWIN_FACTOR``). Evidence for the error cause (a device that computes float64 in float32 is
+    one cause, not one per op), recorded in the proof; the verdict does not change."""
+    errs = twin_errors(out.cpu, out.target, out.twin())
+    if errs is not None:
+        t_err, w_err = errs
+        out.proof = {**out.proof, "single_precision": {
+            "target_err": t_err, "twin_err": w_err, "explains": bool(w_err > 0 and t_err <= TWIN_FACTOR * w_err)}}
 
 
 def _untraced(target: Target, info: Any, variant: str, sample: Any, out: Any, values: tuple[Any, Any, bool],

@@ -175,15 +175,15 @@ def _op_signatures(store: Store, run_id: str, rows: list[dict[str, Any]], rx: Ru
             sigs.append(op_signature(row, rx=rx))
             continue
         sig = op_signature(row, blamed=blame(row.get("native_ops"), counts, rx.never_blamed), rx=rx)
-        if row["dtype"] in DOUBLE:
+        if row["dtype"] in DOUBLE and sig.locus:
             sig = Signature(sig.kind, sig.exc, sig.pattern + " in double precision", sig.locus)
-        if row["dtype"] not in ("float32", "any") and _exact32(passes32, row):
+        if row["dtype"] not in ("float32", "any") and sig.locus and _exact32(passes32, row):
             dtype_only.setdefault(row["dtype"], set()).add(sig.locus)
         sigs.append(sig)
     wide = {d for d, loci in dtype_only.items() if len(loci) >= DTYPE_LEVEL_OVERLOADS}
     function: dict[tuple[str, str, Any], Signature] = {}
     for i, (row, sig) in enumerate(zip(rows, sigs, strict=True)):
-        if sig.kind == "mismatch" and row["dtype"] in wide and _exact32(passes32, row):
+        if sig.kind == "mismatch" and sig.locus and row["dtype"] in wide and _exact32(passes32, row):
             what = sig.pattern.removesuffix(" in double precision")
             sigs[i] = sig = Signature("mismatch", "", f"{what} in {row['dtype']} only (float32 passes exactly)")
         if row["variant"] == "function" and sig.kind == "mismatch":

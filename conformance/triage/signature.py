@@ -224,8 +224,11 @@ def _json(value: Any) -> Any:
         return None
 
 
+#: A double-precision item whose error is what computing it in single precision gives (the sweep's
+#: single-precision twin, ``proof.single_precision``): the dtype's cause, at no overload.
+SINGLE_PRECISION = "values of single precision in double precision"
 #: What an op item's value mismatch is, from its stored evidence (the first that holds).
-MISMATCH_CLASSES = ("wrong dtype", "wrong shape", "NaN/inf differ", "values differ")
+MISMATCH_CLASSES = ("wrong dtype", "wrong shape", "NaN/inf differ", SINGLE_PRECISION, "values differ")
 
 
 def mismatch_class(row: dict[str, Any]) -> str:
@@ -238,6 +241,8 @@ def mismatch_class(row: dict[str, Any]) -> str:
     fp = _json(row.get("fingerprint")) or {}
     if row.get("nan_agree") == 0 or fp.get("nonfinite"):
         return "NaN/inf differ"
+    if ((_json(row.get("proof")) or {}).get("single_precision") or {}).get("explains"):
+        return SINGLE_PRECISION
     comparator = row.get("comparator") or "allclose"
     return "values differ" if comparator == "allclose" else f"values differ ({comparator} comparator)"
 
@@ -270,8 +275,8 @@ def op_signature(row: dict[str, Any], *, blamed: str = "", rx: Rules | None = No
         # one that describes how the op's results behave is the op's own
         return sig if _RAISES.search(sig.pattern) else Signature(sig.kind, sig.exc, sig.pattern, row.get("op") or "")
     if status == "mismatch" and not error.startswith("infra:"):
-        locus = blamed or row.get("op") or ""
-        return Signature("mismatch", "", mismatch_class(row), locus)
+        what = mismatch_class(row)
+        return Signature("mismatch", "", what, "" if what == SINGLE_PRECISION else (blamed or row.get("op") or ""))
     if status in ("crash", "timeout"):
         return _crash(status, row, row.get("op") or "", rx)
     return _message(_RAISING.get(status, status), error, rx=rx)
