@@ -359,18 +359,22 @@ def sample_dtype(sample: Any) -> torch.dtype | None:
 
 def _arbiter(fn: Callable[..., Any], variant: str, info: Any, sample: Any) -> Any:
     """The same sample computed in float64 on the CPU (None when the op cannot)."""
-    def up(t: torch.Tensor) -> torch.Tensor:
-        return t.to(torch.float64, copy=True) if t.dtype in _FLOAT_LOW else t.clone()
+    return _recast(fn, variant, info, sample, lambda t: t.to(torch.float64, copy=True) if t.dtype in _FLOAT_LOW
+                   else t.clone())
 
+
+def _recast(fn: Callable[..., Any], variant: str, info: Any, sample: Any,
+            cast: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """The sample with every tensor ``cast`` computed on the CPU (None when the op cannot)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            s64 = clone_sample(sample, up)
+            recast = clone_sample(sample, cast)
             ref = None
             if variant == "out":
-                ref = invoke(info.op, "function", clone_sample(s64, torch.clone), "cpu", None)
-            return invoke(fn, variant, s64, "cpu", ref)
-        except Exception:  # noqa: BLE001 - no arbiter for this sample
+                ref = invoke(info.op, "function", clone_sample(recast, torch.clone), "cpu", None)
+            return invoke(fn, variant, recast, "cpu", ref)
+        except Exception:  # noqa: BLE001 - the op cannot take the recast sample
             return None
 
 
@@ -378,19 +382,8 @@ def _twin(fn: Callable[..., Any], variant: str, info: Any, sample: Any) -> Any:
     """The same double-precision sample computed on the CPU in single precision (float64 tensors
     as float32, complex128 as complex64; None when the op cannot): what a device that computes
     double precision in single precision would return."""
-    def down(t: torch.Tensor) -> torch.Tensor:
-        return t.to(_DOUBLE[t.dtype], copy=True) if t.dtype in _DOUBLE else t.clone()
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            s32 = clone_sample(sample, down)
-            ref = None
-            if variant == "out":
-                ref = invoke(info.op, "function", clone_sample(s32, torch.clone), "cpu", None)
-            return invoke(fn, variant, s32, "cpu", ref)
-        except Exception:  # noqa: BLE001 - no twin for this sample
-            return None
+    return _recast(fn, variant, info, sample, lambda t: t.to(_DOUBLE[t.dtype], copy=True) if t.dtype in _DOUBLE
+                   else t.clone())
 
 
 def signature(sample: Any) -> str:
