@@ -159,7 +159,8 @@ def _op_signatures(store: Store, run_id: str, rows: list[dict[str, Any]], rx: Ru
     """The signatures of a run's failing op rows, with three steps that need the whole run:
 
     - a value mismatch is blamed on its most suspicious native overload (:func:`blame`);
-    - a mismatch in double precision is kept apart from the overload's single-precision ones;
+    - a mismatch in double precision (or a contract failure at an op) is kept apart from the
+      single-precision ones;
     - a mismatch in a dtype where the float32 item of the same op, variant and sample passes
       exactly (:func:`_exact32`) is that dtype's own ("<dtype> only") when such mismatches reach
       :data:`DTYPE_LEVEL_OVERLOADS` overloads or more (the device's handling of the dtype, not one
@@ -172,7 +173,10 @@ def _op_signatures(store: Store, run_id: str, rows: list[dict[str, Any]], rx: Ru
     dtype_only: dict[str, set[str]] = {}
     for row in rows:
         if row["status"] != "mismatch":
-            sigs.append(op_signature(row, rx=rx))
+            sig = op_signature(row, rx=rx)
+            if row["dtype"] in DOUBLE and sig.locus and sig.kind.startswith("contract:"):
+                sig = Signature(sig.kind, sig.exc, sig.pattern + " in double precision", sig.locus)
+            sigs.append(sig)
             continue
         sig = op_signature(row, blamed=blame(row.get("native_ops"), counts, rx.never_blamed), rx=rx)
         if row["dtype"] in DOUBLE and sig.locus:
