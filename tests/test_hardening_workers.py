@@ -97,7 +97,8 @@ def test_a_too_deep_tmpdir_is_one_clear_error(tmp_path):
 
 
 PROGRESS = LINE
-SUMMARY = re.compile(r"^(run \S+: \d+ items in [\d.]+ s.*|  \w+\s+\d+|slowest ops \(target time, s\):|  \S+\s+[\d.]+)$")
+SUMMARY = re.compile(r"^(run \S+: \d+ items in [\d.]+ s.*|  \w+\s+\d+|slowest ops \(target time, s\):|  \S+\s+[\d.]+"
+                     r"|causes: \d+ failing items in \d+ causes; list them with: conformance errors .*)$")
 
 
 def test_worker_output_goes_to_its_item_not_to_the_console(tmp_path):
