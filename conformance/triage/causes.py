@@ -4,10 +4,11 @@ read back with its history across builds and targets.
 A sweep of one build records thousands of failing items; behind them stand a few dozen causes.
 Each failing item (op or model result) gets a :class:`conformance.triage.signature.Signature`;
 items with equal signatures share a cause, named by the signature's stable key. A value mismatch
-is localised first: it is blamed on the native ATen overload of the item that fails most often
-across the run (:func:`blame`, spectrum-based fault localisation: among the overloads an item
-ran on the device, the one whose items mismatch at the highest rate), so that a wrong kernel
-reached by twenty OpInfos is one cause, not twenty.
+is localised first: it is blamed on the native ATen overload most suspicious across the run
+(:func:`blame`, spectrum-based fault localisation: among the overloads an item ran on the device
+that can change values, the one with the highest Ochiai score), so that a wrong kernel reached
+by twenty OpInfos is one cause, not twenty; then the rules of :func:`_op_signatures` that need
+the whole run (double precision apart, dtype-level causes, variants of one sample together).
 
 Causes are derived data: :func:`ensure` computes a run's causes when they are missing or were
 computed by other normaliser rules (``cause_rules.toml`` changed), and re-applies the knowledge
