@@ -242,7 +242,7 @@ def test_the_errors_command(tmp_path):
     assert r.exit_code == 0, r.output
     assert "5 failing items in 2 causes" in r.output and "workaround:" in r.output
     r = CliRunner().invoke(main, ["errors", "--db", db, "--build", "2.0", "--new-since", "1.0"])
-    assert r.exit_code == 1 and "1 new causes (1 items), 0 gone" in r.output
+    assert r.exit_code == 1 and "1 new cause (1 item), 0 gone" in r.output
     first = r.output.splitlines()[3]
     assert "NEW" in first and "NCC_X<n>" not in first and "NCC_X123" in first
     r = CliRunner().invoke(main, ["errors", "--db", db, "--build", b, "--new-since", a, "--json"])

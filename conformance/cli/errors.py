@@ -98,8 +98,9 @@ def lines(run: dict[str, Any], base: dict[str, Any] | None, summary: Any, found:
     if before is not None and base is not None:
         new = [c for c in found if c.key not in before]
         gone = len(set(before) - {c.key for c in found})
-        out.append(f"  since {base['build']} ({base['id']}): {len(new)} new causes "
-                   f"({sum(c.items for c in new):,} items), {gone} gone")
+        n_items = sum(c.items for c in new)
+        out.append(f"  since {base['build']} ({base['id']}): {len(new)} new cause{'' if len(new) == 1 else 's'} "
+                   f"({n_items:,} item{'' if n_items == 1 else 's'}), {gone} gone")
         found = new + [c for c in found if c.key in before]  # the new ones first
     if not found:
         return out

@@ -150,21 +150,25 @@ def summary_lines(result: GateResult, links: Links | None = None, top: int = CON
 CONSOLE_CAUSES = 5  # new causes the console names
 
 
+def _n(n: int, what: str) -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
+
+
 def cause_lines(result: GateResult, links: Links | None = None, top: int = CONSOLE_CAUSES) -> list[str]:
     """The new error causes, first: '3 new causes (212 items) since 2.32.0', then the widest."""
     causes = result.causes
     if not causes:
         return []
     new = causes["new"]
-    lines = [f"  causes: {len(new)} new causes ({causes['new_items']} items) since {result.baseline['build']}, "
+    lines = [f"  causes: {_n(len(new), 'new cause')} ({_n(causes['new_items'], 'item')}) since {result.baseline['build']}, "
              f"{len(causes['gone'])} gone" + (f"; all: conformance errors --db {links.db} --build "
                                               f"{result.candidate['id']} --new-since {result.baseline['id']}"
                                               if links and links.db and new else "")]
     for c in new[:top]:
-        reach = f"{c['items']} items, {len(c['ops'])} ops" + (f", {len(c['models'])} models" if c["models"] else "")
+        reach = f"{_n(c['items'], 'item')}, {_n(len(c['ops']), 'op')}" + (f", {_n(len(c['models']), 'model')}" if c["models"] else "")
         lines.append(f"    NEW {c['key']} ({reach}): {c['text'][:160]}")
     if len(new) > top:
-        lines.append(f"    and {len(new) - top} more new causes")
+        lines.append(f"    and {_n(len(new) - top, 'more new cause')}")
     return lines
 
 
