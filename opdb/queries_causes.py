@@ -189,18 +189,6 @@ def cause_keys(store: Store, run_id: str) -> dict[str, int]:
     return dict(store.db.execute("select cause, items from cause_reach where run_id = ?", [run_id]).fetchall())
 
 
-def item_causes(store: Store, run_id: str, table: str, item_keys: Sequence[str]) -> dict[str, str]:
-    """{item key: cause} of those items of a run that have one."""
-    out: dict[str, str] = {}
-    keys = list(item_keys)
-    for start in range(0, len(keys), 500):
-        part = keys[start:start + 500]
-        out.update(store.db.execute(
-            f"select item_key, cause from [{table}] where run_id = ? and cause is not null "
-            f"and item_key in ({', '.join('?' * len(part))})", [run_id, *part]).fetchall())
-    return out
-
-
 def cause_members(store: Store, run_id: str, table: str, cause: str) -> list[dict[str, Any]]:
     """The items of a run in ``table`` that have ``cause`` (key, status, error), in id order."""
     return list(store.db.query(f"select item_key, status, error from [{table}] where run_id = ? and cause = ? "

@@ -75,11 +75,9 @@ def errors_cmd(db_path: str, build: str | None, target: str | None, since: str |
         base = _run(st, since, run["target"], "--new-since") if since else None
         if base is not None and base["id"] == run["id"]:
             raise UsageProblem(f"--new-since {since!r} is the same run as --build ({run['id']})")
-        summary = ca.ensure(st, run["id"], knowledge=Path(knowledge) if knowledge else None)
-        before = None
-        if base is not None:
-            ca.ensure(st, base["id"], knowledge=Path(knowledge) if knowledge else None)
-            before = qc.cause_keys(st, base["id"])
+        summary = ca.ensure_runs(st, [run["id"]] + ([base["id"]] if base else []),
+                                 knowledge=Path(knowledge) if knowledge else None)[0]
+        before = qc.cause_keys(st, base["id"]) if base is not None else None
         found = qc.run_causes(st, run["id"])
     new = [c for c in found if before is not None and c.key not in before]
     if as_json:

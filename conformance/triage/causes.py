@@ -236,22 +236,20 @@ def compute(store: Store, run_id: str, rx: Rules | None = None) -> RunSummary:
     return RunSummary(run_id, failing, len(found), True)
 
 
-def ensure(store: Store, run_id: str, *, knowledge: Path | None = None, rx: Rules | None = None) -> RunSummary:
+def ensure(store: Store, run_id: str, *, knowledge: Path | None = None) -> RunSummary:
     """A run's causes, computed unless stored by the current rules; the knowledge file is applied
     to every stored cause each time."""
-    rx = rx or rules()
-    have = qc.cause_run(store, run_id)
-    if have is not None and have["rules"] == rx.version:
-        summary = RunSummary(run_id, have["failing"], have["causes"], False)
-    else:
-        summary = compute(store, run_id, rx)
-    apply_knowledge(store, knowledge)
-    return summary
+    return ensure_runs(store, [run_id], knowledge=knowledge)[0]
 
 
 def ensure_runs(store: Store, run_ids: list[str], *, knowledge: Path | None = None) -> list[RunSummary]:
+    """:func:`ensure` for several runs, the knowledge file applied once at the end."""
     rx = rules()
-    out = [ensure(store, rid, knowledge=None, rx=rx) for rid in run_ids]
+    out = []
+    for run_id in run_ids:
+        have = qc.cause_run(store, run_id)
+        out.append(RunSummary(run_id, have["failing"], have["causes"], False)
+                   if have is not None and have["rules"] == rx.version else compute(store, run_id, rx))
     apply_knowledge(store, knowledge)
     return out
 
