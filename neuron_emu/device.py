@@ -161,7 +161,8 @@ _EXPLICIT = {
 }
 # Composite kernels that call a DispatchStub with the device's own tensors (which has no stub
 # kernel for PrivateUse1 and asserts): the device runs them as a direct CPU kernel instead.
-_STUB_CALLERS = ("conj_physical_",)
+_STUB_CALLERS = ("conj_physical_", "kaiser_window", "kaiser_window.periodic", "kaiser_window.beta",
+                 "kaiser_window.out", "kaiser_window.periodic_out", "kaiser_window.beta_out")
 
 
 def _direct_kernel_ops() -> list[str]:
@@ -185,6 +186,25 @@ def _sparse_kernel_ops(key: str) -> list[str]:
             if n.startswith("aten::") and has(n, key)]
 
 
+_PY_KERNELS: torch.library.Library | None = None
+
+
+def _lazy_clone(self: torch.Tensor) -> torch.Tensor:
+    # Copy-on-write needs a storage whose data pointer is its own context; the device's storages
+    # that fallback kernels produce borrow a CPU storage and are not, so PyTorch's own kernel
+    # fails ("Expected storage != nullptr"). A clone now is what a lazy clone is once written.
+    return self.clone()
+
+
+def _register_python_kernels() -> None:
+    """Device kernels written in Python: where PyTorch's own kernel for every backend assumes
+    something of the storage that the emulated device does not give."""
+    global _PY_KERNELS
+    if _PY_KERNELS is None:
+        _PY_KERNELS = torch.library.Library("aten", "IMPL")
+        _PY_KERNELS.impl("_lazy_clone", _lazy_clone, "PrivateUse1")
+
+
 def register() -> None:
     """Makes ``torch.device("neuron")`` usable.  Idempotent."""
     global _registered
@@ -195,6 +215,7 @@ def register() -> None:
     ext.register_kernels(_direct_kernel_ops())
     ext.register_sparse_kernels(_sparse_kernel_ops("SparseCPU"), _sparse_kernel_ops("SparseCsrCPU"))
     ext.fix_autograd_device_threads()  # a CPU backward may have run before this import
+    _register_python_kernels()
     if torch._C._get_privateuse1_backend_name() != "neuron":
         torch.utils.rename_privateuse1_backend("neuron")
     if not hasattr(torch, "neuron"):

@@ -618,12 +618,20 @@ static void run_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack, boo
   auto count = [&work](const at::Tensor& t) {
     if (t.defined()) work += t.numel();
   };
+  // A CPU kernel may look at whether an input requires grad (a sparse mm with max/min reduction
+  // computes the argmax its backward needs only then): the CPU view says what the tensor says.
+  auto grad_flag = [](const at::Tensor& from, at::Tensor to) {
+    if (from.defined() && to.defined() && from.requires_grad() && !to.requires_grad() && to.is_leaf() &&
+        (at::isFloatingType(to.scalar_type()) || at::isComplexType(to.scalar_type())))
+      to.set_requires_grad(true);
+    return to;
+  };
   for (size_t i = 0; i < nargs; ++i) {
     c10::IValue& v = (*stack)[base + i];
     if (v.isTensor()) {
-      const at::Tensor& t = v.toTensor();
+      const at::Tensor t = v.toTensor();
       count(t);
-      if (t.defined() && t.device().type() == kNeuron) v = ctx.to_cpu(t);
+      if (t.defined() && t.device().type() == kNeuron) v = grad_flag(t, ctx.to_cpu(t));
       else ctx.to_cpu(t);
     } else if (v.isTensorList()) {
       auto in = v.toTensorList();
@@ -631,7 +639,7 @@ static void run_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack, boo
       out.reserve(in.size());
       for (const at::Tensor& t : in) {
         count(t);
-        out.push_back(ctx.to_cpu(t));
+        out.push_back(grad_flag(t, ctx.to_cpu(t)));
       }
       v = out;
     } else if (v.isOptionalTensorList()) {
