@@ -25,15 +25,26 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
-from torch.utils._pytree import tree_map
 
 from conformance.inputs.opinfo import variant_fn
 from conformance.targets import Target
 from conformance.targets.base import Dispatched, OpTrace
 
 from .compare import Meta, bitwise_equal, leaves
+from .placement import (
+    active_guards,
+    clone_sample,
+    cpu_args,
+    guarded_inputs,
+    leafify,
+    on_cpu_where_wanted,
+    on_device,
+    placed,
+    to_cpu,
+    unguarded,
+)
 from .refcache import SharedCpu, unchanged_sample
+from .selfcheck import again_on_poisoned
 
 _FLOAT_LOW = (torch.float32, torch.bfloat16, torch.float16)
 #: Double precision and its single-precision twin (:func:`_twin`).
@@ -55,6 +66,9 @@ class Outcome:
     arbiter_result: Any = None  # what the sweep got from ``arbiter`` (shared with the sample's other variants)
     # a double-precision sample computed on the CPU in single precision (None: not double)
     twin: Callable[[], Any] | None = None
+    # the reference run again on poisoned memory (conformance.check.selfcheck):
+    # ([results], the error of a run that raised)
+    again: Callable[[], tuple[list[Any], str | None]] | None = None
     # Proof the target ran the item: "device" (of the outputs) and, on a compiler target,
     # what its backend compiled (Compiled.evidence()); stored as op_results.proof.
     proof: dict[str, Any] = field(default_factory=dict)
@@ -91,86 +105,6 @@ def err(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {head}"[:2000]
 
 
-def _whole_storage(t: torch.Tensor) -> torch.Tensor:
-    """A 1-D tensor over all of ``t``'s storage."""
-    return t.new_empty(0).set_(t.untyped_storage(), 0, (t.untyped_storage().nbytes() // t.element_size(),), (1,))
-
-
-def on_device(sample: Any, device: str | torch.device) -> Any:
-    """``sample`` with every tensor copied to ``device`` in the layout it has: strides, storage
-    offset and the rest of its storage (``as_strided`` reads it), memory overlap (an expanded
-    tensor stays expanded) and storage shared between
-    arguments (``cat([x, y], out=x)`` stays aliased), which ``Tensor.to`` keeps only for one dense
-    tensor at a time. The target must see the input the CPU saw: an op may reject an overlapping
-    or aliased ``out=``."""
-    strided = [x for x in leaves((sample.input, sample.args, sample.kwargs))
-               if isinstance(x, torch.Tensor) and x.layout == torch.strided and x.numel() > 0]
-    uses: dict[int, int] = {}
-    for x in strided:
-        uses[x.untyped_storage().data_ptr()] = uses.get(x.untyped_storage().data_ptr(), 0) + 1
-    copies: dict[int, torch.Tensor] = {}
-
-    def one(t: torch.Tensor) -> torch.Tensor:
-        if t.layout != torch.strided or t.numel() == 0:
-            return t.to(device, copy=True)
-        ptr = t.untyped_storage().data_ptr()
-        whole = t.storage_offset() == 0 and t.untyped_storage().nbytes() == t.numel() * t.element_size()
-        if uses.get(ptr, 0) < 2 and whole and (t.is_contiguous() or is_non_overlapping_and_dense(t)):
-            return t.to(device, copy=True)
-        if ptr not in copies:
-            copies[ptr] = _whole_storage(t).to(device, copy=True)
-        return copies[ptr].as_strided(t.shape, t.stride(), t.storage_offset())
-
-    return clone_sample(sample, one, device)
-
-
-def clone_sample(sample: Any, fn: Callable[[torch.Tensor], torch.Tensor], device: str | torch.device | None = None) -> Any:
-    """Copy a sample's tensors through ``fn``; schema-generated ``device`` arguments become
-    ``device`` (the CPU for the reference run, the target's device for the target run). A tensor
-    passed twice (``cat([x, y], out=x)``) is copied once, so the copies alias as the originals do."""
-    from conformance.inputs.schema import DeviceArg
-
-    done: dict[int, torch.Tensor] = {}
-
-    def one(t: Any) -> Any:
-        if isinstance(t, torch.Tensor):
-            if id(t) not in done:
-                done[id(t)] = fn(t.detach())
-            return done[id(t)]
-        if isinstance(t, DeviceArg):
-            return torch.device(device or "cpu")
-        return t
-
-    if device is None and not _has_device_arg(sample):
-        return sample.transform(one)
-    mapped = _map_sample(sample, one)
-    # Factory samples name the device they were generated for ("cpu"): the target run must
-    # create its tensors on the target, or it would silently be a CPU-vs-CPU comparison.
-    if device is not None and _is_cpu(mapped.kwargs.get("device")):
-        mapped.kwargs["device"] = torch.device(device)
-    return mapped
-
-
-def _is_cpu(value: Any) -> bool:
-    return (isinstance(value, str) and value == "cpu") or (isinstance(value, torch.device) and value.type == "cpu")
-
-
-def _has_device_arg(sample: Any) -> bool:
-    from conformance.inputs.schema import DeviceArg
-
-    return any(isinstance(v, DeviceArg) for v in list(sample.args) + list(sample.kwargs.values()))
-
-
-def _map_sample(sample: Any, one: Callable[[Any], Any]) -> Any:
-    def walk(v: Any) -> Any:
-        if isinstance(v, (list, tuple)):
-            return type(v)(walk(x) for x in v)
-        return one(v)
-
-    return type(sample)(walk(sample.input), args=tuple(walk(a) for a in sample.args),
-                        kwargs={k: walk(v) for k, v in sample.kwargs.items()})
-
-
 def out_like(value: Any, device: str | torch.device, sized: bool = False) -> Any:
     """Empty ``out=`` tensors for the result ``value`` (the kernel resizes them), or with its
     shapes when ``sized``."""
@@ -195,19 +129,18 @@ def invoke(fn: Callable[..., Any], variant: str, s: Any, device: str | torch.dev
     return fn(s.input, *s.args, **s.kwargs)
 
 
-def to_cpu(value: Any) -> Any:
-    return tree_map(lambda x: x.detach().to("cpu", copy=True) if isinstance(x, torch.Tensor) else x, value)
-
-
 def run_item(target: Target, info: Any, variant: str, sample: Any, *, want_arbiter: bool = True,
-             traced: bool = True, computed: Any = None, refs: Any = None, ref_hint: str | None = None) -> Outcome:
+             traced: bool = True, computed: Any = None, refs: Any = None, ref_hint: str | None = None,
+             guard: bool = False) -> Outcome:
     """Run one sample of one OpInfo variant on the CPU and on ``target``. ``traced=False`` runs
     the target's call outside its op trace (no overloads are named): for checking whether the
     trace itself changed the result (:func:`conformance.sweep.evaluate` does). ``computed``: on
     a compiler target, the sample's result from a compiled batch
     (:class:`conformance.check.batching.Computed`), taken instead of compiling the item on its own.
     ``refs``: a :class:`conformance.check.refcache.RefCache` holding the CPU side (the reference
-    and the float64 arbiter) of samples seen before, found by ``ref_hint`` and the sample's content."""
+    and the float64 arbiter) of samples seen before, found by ``ref_hint`` and the sample's content.
+    ``guard``: the CPU reference runs on copies between guard regions (:func:`guarded_inputs`),
+    and one that writes into them fails (:data:`conformance.check.selfcheck.WRITES_PAST`)."""
     fn = variant_fn(info, variant)
     if fn is None:
         return Outcome(cpu_error=f"OpInfo {info.name} has no {variant} variant")
@@ -217,22 +150,43 @@ def run_item(target: Target, info: Any, variant: str, sample: Any, *, want_arbit
         warnings.simplefilter("ignore")
         phase("cpu")
 
+        def call() -> tuple[Any, Any]:
+            # A copy: the call may change its inputs (in-place variants, batch norm's running
+            # statistics), and the target must start from the sample as generated.
+            s_cpu = on_device(sample, "cpu")
+            ref = invoke(info.op, "function", s_cpu, "cpu", None) if variant == "out" else None
+            # a compiler target's out= tensors come sized (below): the CPU gets the same kind, so
+            # that the layouts compared are of one call (an empty out= is restrided by the kernel,
+            # a sized one is kept: linalg.inv's result is column-major in one, row-major in the other)
+            return invoke(fn, variant, s_cpu, "cpu", ref, sized_out=target.compiler), s_cpu
+
         def reference() -> tuple[Any, Any, str | None]:
             try:
-                # A copy: the call may change its inputs (in-place variants, batch norm's running
-                # statistics), and the target must start from the sample as generated.
-                s_cpu = on_device(sample, "cpu")
-                ref = invoke(info.op, "function", s_cpu, "cpu", None) if variant == "out" else None
-                # a compiler target's out= tensors come sized (below): the CPU gets the same kind, so
-                # that the layouts compared are of one call (an empty out= is restrided by the kernel,
-                # a sized one is kept: linalg.inv's result is column-major in one, row-major in the other)
-                return invoke(fn, variant, s_cpu, "cpu", ref, sized_out=target.compiler), s_cpu, None
+                # guarded by the caller (a self-consistency re-run), or here when asked
+                with guarded_inputs() if guard and active_guards() is None else contextlib.nullcontext():
+                    guards = active_guards()
+                    try:
+                        got, s_cpu = call()
+                    except Exception:
+                        if guards is None:
+                            raise
+                        # a guarded copy's storage is numpy's: it cannot grow (resize_) nor be
+                        # shared copy-on-write (_lazy_clone); such an op runs on a plain copy
+                        guards = None
+                        with unguarded():
+                            got, s_cpu = call()
+                if guards is not None and not guards.intact():
+                    from .selfcheck import WRITES_PAST
+
+                    return None, None, WRITES_PAST
+                return got, s_cpu, None
             except Exception as exc:  # noqa: BLE001 - the CPU reference failed: the item is skipped
                 return None, None, err(exc)
 
         out.cpu, out.cpu_sample, out.cpu_error = shared.get("cpu", reference, unchanged_sample(sample, lambda: on_device(sample, "cpu")))
         if out.cpu_error is not None:
             return out
+        out.again = lambda: again_on_poisoned(reference, out.cpu)
         dev = target.device
         phase("target")
         trace = None
@@ -253,14 +207,26 @@ def run_item(target: Target, info: Any, variant: str, sample: Any, *, want_arbit
                 trace = _eager_trace(target, lambda: invoke(
                     fn, variant, on_device(sample, dev), dev, out.cpu, sized_out=True))
             else:
-                s_dev = on_device(sample, dev)
-                wrapped = target.wrap(fn)
-                with target.trace() if traced else contextlib.nullcontext() as trace:
-                    t0 = time.perf_counter()
-                    result = invoke(wrapped, variant, s_dev, dev, out.cpu)
-                    target.synchronize()
-                    out.duration_s = time.perf_counter() - t0
+                traces: list[Any] = [None]
+
+                def eager() -> tuple[Any, Any]:
+                    s = on_device(sample, dev)
+                    wrapped = target.wrap(fn)
+                    with target.trace() if traced else contextlib.nullcontext() as traces[0]:
+                        t0 = time.perf_counter()
+                        got = invoke(wrapped, variant, s, dev, out.cpu)
+                        target.synchronize()
+                        out.duration_s = time.perf_counter() - t0
+                    return got, s
+
+                try:
+                    placed(sample, f"{info.name}|{variant}")
+                    result, s_dev = on_cpu_where_wanted(sample, f"{info.name}|{variant}", eager)
+                finally:
+                    trace = traces[0]
                 out.proof = proof(target, result)
+                if cpu_args(sample):
+                    out.proof["cpu_args"] = list(cpu_args(sample))
             out.device_meta = [Meta.of(x) for x in leaves(result) if isinstance(x, torch.Tensor)]
             out.device_result, out.device_sample = result, s_dev
             out.target = to_cpu(result)
@@ -418,11 +384,6 @@ def grad_inputs(sample: Any) -> list[torch.Tensor]:
             if isinstance(x, torch.Tensor) and x.requires_grad]
 
 
-def leafify(sample: Any, device: str | torch.device) -> Any:
-    return sample.transform(lambda t: t.detach().to(device, copy=True).requires_grad_(t.requires_grad)
-                            if isinstance(t, torch.Tensor) else t)
-
-
 def backward_grads(fn: Callable[..., Any], sample: Any, upstream: list[torch.Tensor] | None, device: str | torch.device
               ) -> tuple[list[Any], list[torch.Tensor]]:
     out = fn(sample.input, *sample.args, **sample.kwargs)
@@ -432,7 +393,9 @@ def backward_grads(fn: Callable[..., Any], sample: Any, upstream: list[torch.Ten
     if upstream is None:
         gen = torch.Generator().manual_seed(len(outs))
         upstream = [torch.randn(o.shape, generator=gen, dtype=torch.float32).to(o.dtype) for o in outs]
-    grads = torch.autograd.grad(outs, grad_inputs(sample), [g.to(device) for g in upstream], allow_unused=True)
+    # each upstream gradient where its output is (``to`` moves its result off the device)
+    grads = torch.autograd.grad(outs, grad_inputs(sample), [g.to(o.device, o.dtype) for g, o in zip(upstream, outs, strict=True)],
+                                allow_unused=True)
     return list(grads), upstream
 
 
@@ -469,14 +432,26 @@ def run_backward(target: Target, info: Any, sample: Any, *, computed: Any = None
                 out.proof = proof(target, grads_dev)
                 trace = _eager_trace(target, lambda: backward_grads(info.op, leafify(sample, dev), upstream, dev))
             else:
-                s_dev = leafify(sample, dev)
-                wrapped = target.wrap(info.op)
-                with target.trace() as trace:
-                    t0 = time.perf_counter()
-                    grads_dev, _ = backward_grads(wrapped, s_dev, upstream, dev)
-                    target.synchronize()
-                    out.duration_s = time.perf_counter() - t0
+                traces: list[Any] = [None]
+
+                def eager() -> tuple[Any, Any]:
+                    s = leafify(sample, dev)
+                    wrapped = target.wrap(info.op)
+                    with target.trace() as traces[0]:
+                        t0 = time.perf_counter()
+                        got, _ = backward_grads(wrapped, s, upstream, dev)
+                        target.synchronize()
+                        out.duration_s = time.perf_counter() - t0
+                    return got, s
+
+                try:
+                    placed(sample, f"{info.name}|backward")
+                    grads_dev, s_dev = on_cpu_where_wanted(sample, f"{info.name}|backward", eager)
+                finally:
+                    trace = traces[0]
                 out.proof = proof(target, grads_dev)
+                if cpu_args(sample):
+                    out.proof["cpu_args"] = list(cpu_args(sample))
             out.device_meta = [Meta.of(g) for g in grads_dev if isinstance(g, torch.Tensor)]
             out.device_result = grads_dev
             out.target = to_cpu(grads_dev)
@@ -485,4 +460,25 @@ def run_backward(target: Target, info: Any, sample: Any, *, computed: Any = None
             out.target_error = err(exc)
             out.proof = out.proof or proof(target, None)
             out.native, out.fallback, out.reached = _trace_of(trace)
+            return out
+    if sample_dtype(sample) in _FLOAT_LOW:
+        out.arbiter = lambda: _backward_arbiter(info, sample, upstream)
     return out
+
+
+def _backward_arbiter(info: Any, sample: Any, upstream: list[torch.Tensor]) -> Any:
+    """The gradients of the same sample and upstream gradient computed in float64 on the CPU
+    (None when the op cannot): an op may compute its gradient differently on another device (a
+    chunked loss accumulates in float32 off the CPU), and a target closer to the exact gradient
+    than the CPU is not wrong."""
+    def cast(t: torch.Tensor) -> torch.Tensor:
+        return t.detach().to(torch.float64 if t.dtype in _FLOAT_LOW else t.dtype, copy=True).requires_grad_(t.requires_grad)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            grads, _ = backward_grads(info.op, sample.transform(lambda t: cast(t) if isinstance(t, torch.Tensor) else t),
+                                      [g.to(torch.float64) if g.dtype in _FLOAT_LOW else g for g in upstream], "cpu")
+            return grads
+        except Exception:  # noqa: BLE001 - the op cannot take float64
+            return None

@@ -17,6 +17,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 from collections.abc import Callable
@@ -238,7 +239,10 @@ def _make_drawer(arg: Any) -> Drawer | None:
             inner = _arg_drawer(_Fake(name, t.getElementType(), arg.kwarg_only, None))
             if inner is None:
                 return None
-            return lambda draw, ctx: [inner(draw, ctx) for _ in range(ctx.list_len)]
+            # the lists of a foreach or fused-optimizer call pair up by index (params[i] with
+            # grads[i]): every tensor of a list takes the call's common shape, so that the i-th
+            # tensors agree (a kernel reading a grad as long as its param reads past a shorter one)
+            return lambda draw, ctx: [inner(draw, dataclasses.replace(ctx, uniform=True)) for _ in range(ctx.list_len)]
         lo, hi = (n, n) if n else (0, 3)
         if el in ("IntType", "SymIntType"):
             if "dim" in name:

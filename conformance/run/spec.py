@@ -136,7 +136,8 @@ class RunSpec:
 
     def sweep_config(self) -> SweepConfig:
         """What a worker needs of the spec: the fields SweepConfig shares with it, the ledger loaded."""
-        shared = {f.name: getattr(self, f.name) for f in dataclasses.fields(SweepConfig) if f.name != "ledger"}
+        shared = {f.name: getattr(self, f.name) for f in dataclasses.fields(SweepConfig)
+                  if f.name != "ledger" and hasattr(self, f.name)}  # the rest: a work kind's own (reference_check)
         # "auto" means beside the database, which only the runner knows (it resolves it first)
         shared["refcache"] = self.refcache_for(None)
         return SweepConfig(**shared, ledger=Ledger.load(self.ledger))

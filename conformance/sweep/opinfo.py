@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from conformance.check import comparators, contracts
+from conformance.check import comparators, contracts, selfcheck
 from conformance.check.batching import OpBatches
 from conformance.check.compare import TWIN_FACTOR, arbitrate, compare, leaves, twin_errors
 from conformance.check.contracts import DEFAULT_BUDGET
@@ -53,6 +53,11 @@ class SweepConfig:
     # samples per op x variant x dtype the budgeted contracts are checked on before only new
     # shape classes are (conformance.check.contracts.Budget); 0: every sample
     contract_budget: int = DEFAULT_BUDGET
+    # where the CPU reference is run again to see that it agrees with itself
+    # (conformance.check.selfcheck): "failing", on items whose values fail, whose elements the
+    # CPU does not reproduce are left out; "every", on every item, and one with any such
+    # element is skipped (the schema search: an input outside the op's contract is no test)
+    reference_check: str = "failing"
 
     def describe(self) -> dict[str, Any]:
         """The settings as JSON values (the ledger, a loaded file, and the cache's path aside)."""
@@ -96,16 +101,17 @@ def _decided(target: Target, info: Any, op: str, variant: str, dtype: str, index
     hint = f"opinfo|{ItemKey(op, variant, dtype, index)}|{config.seed}|{int(config.thorough)}"
     out = (run_backward(target, info, sample, computed=computed) if variant == "backward"
            else run_item(target, info, variant, sample, computed=computed, refs=open_cache(config.refcache),
-                         ref_hint=None if kind == "random" else hint))
+                         ref_hint=None if kind == "random" else hint, guard=config.reference_check == "every"))
     # Tolerances follow the dtype of the result: exp of an int64 tensor is a float and is not
     # compared exactly.
     tol = config.ledger.tolerance(op, variant, _result_dtype(out.cpu, dtype), target.name)
     inp = sample.input if isinstance(sample.input, torch.Tensor) else None
     per_tensor = comparators.per_tensor_fn(kind, inp)
-    values = _values(out, tol, kind, per_tensor, peer)
+    strict = config.reference_check == "every"
+    values = _values(out, tol, kind, per_tensor, peer, strict)
     if (values is not None and not values[0].close and variant != "backward" and not target.compiler
             and kind != "random" and trace_changes_cpu(info, variant, sample)):
-        out, values = _untraced(target, info, variant, sample, out, values, tol, kind, per_tensor, peer)
+        out, values = _untraced(target, info, variant, sample, out, values, tol, kind, per_tensor, peer, strict)
     row: dict[str, Any] = {
         "item_key": str(ItemKey(op, variant, dtype, index)), "op": op, "variant": variant, "dtype": dtype,
         "sample": index, "atol": tol.atol, "rtol": tol.rtol, "tol_source": tol.source, "comparator": kind,
@@ -115,7 +121,8 @@ def _decided(target: Target, info: Any, op: str, variant: str, dtype: str, index
         "seed": config.seed,
     }
     close = False
-    error = out.cpu_error and f"CPU reference failed: {out.cpu_error}"
+    error = out.cpu_error and (out.cpu_error if out.cpu_error.startswith(selfcheck.NOT_REPRODUCIBLE)
+                               else f"CPU reference failed: {out.cpu_error}")
     checks: dict[str, contracts.Check] = {}
     if values is not None:
         ev, ref, measurable = values
@@ -162,7 +169,7 @@ def _decided(target: Target, info: Any, op: str, variant: str, dtype: str, index
 ARBITER_MARGIN = 0.5
 
 
-def _values(out: Any, tol: Any, kind: str, per_tensor: Any, peer: dict[str, Any] | None
+def _values(out: Any, tol: Any, kind: str, per_tensor: Any, peer: dict[str, Any] | None, strict: bool = False
             ) -> tuple[Any, Any, bool] | None:
     """The value comparison of an item that ran on both sides: (evidence, the reference of its
     error fingerprint, whether the error is measurable); None when a side failed.
@@ -172,14 +179,31 @@ def _values(out: Any, tol: Any, kind: str, per_tensor: Any, peer: dict[str, Any]
     target more accurate than the CPU) or come within :data:`ARBITER_MARGIN` of failing it. The
     fingerprint of an item whose values pass is taken against the CPU's result, which is the
     same for every build (so drift between builds shows); of an item that fails, against the
-    float64 result (the gate explains how far from exact a failing item is)."""
+    float64 result (the gate explains how far from exact a failing item is).
+
+    Where the values fail (or on every item when ``strict``), the CPU reference is run again
+    (:func:`_reference_again`): its elements it does not reproduce are left out; when none is
+    defined (when ``strict``: when any is undefined) the item is skipped (None, with
+    ``out.cpu_error`` saying why)."""
     if out.cpu_error is not None or out.target_error is not None:
         return None
     ev = compare(out.cpu, out.target, atol=tol.atol, rtol=tol.rtol, device_meta=out.device_meta,
                  per_tensor=per_tensor, comparator=kind)
+    undefined = None
+    if (strict or not ev.close) and kind != "random" and out.again is not None:
+        undefined = _reference_again(out)
+        if undefined is None:  # nothing of the reference is defined: the item says nothing
+            return None
+        if strict and undefined.any:
+            out.cpu_error = undefined.describe()
+            return None
+        if undefined.any:
+            ev = compare(out.cpu, out.target, atol=tol.atol, rtol=tol.rtol, device_meta=out.device_meta,
+                         per_tensor=per_tensor, comparator=kind)
     measurable = ev.dtype_ok and ev.shape_ok and kind == "allclose"
     arb = None
-    if measurable and (not ev.close or ev.tol_used > ARBITER_MARGIN):
+    # the float64 arbiter computes the undefined elements anew: where some are, it cannot judge
+    if measurable and (not ev.close or ev.tol_used > ARBITER_MARGIN) and not (undefined and undefined.any):
         arb = _arbiter(out, peer)
     out.arbiter_result = arb
     if arb is not None:
@@ -189,6 +213,27 @@ def _values(out: Any, tol: Any, kind: str, per_tensor: Any, peer: dict[str, Any]
     if measurable and not ev.close and out.twin is not None:
         _single_precision(out)
     return ev, (arb if not ev.close else None), measurable
+
+
+def _reference_again(out: Any) -> selfcheck.Undefined | None:
+    """Reference self-consistency (:mod:`conformance.check.selfcheck`) of an item whose values
+    failed: the CPU reference computed once more, with its new allocations filled and its inputs
+    between guard regions (:func:`conformance.check.execute.guarded_inputs`). The elements
+    it does not reproduce are left out of the comparison (``out.target`` takes the reference's
+    values there) and counted in ``proof.undefined``. None when nothing of the reference is
+    defined, or the second run raises: ``out.cpu_error`` then says so, and the item is skipped."""
+    runs, error = out.again()
+    if error is not None:  # the same input, its surroundings poisoned, and the CPU raises
+        out.cpu_error = f"{selfcheck.NOT_REPRODUCIBLE}: another CPU run of the same input raises {error}"[:2000]
+        return None
+    u = selfcheck.undefined(out.cpu, *runs)
+    if u.everything:
+        out.cpu_error = u.describe()
+        return None
+    if u.any:
+        out.proof = {**out.proof, "undefined": u.as_json()}
+        out.target = selfcheck.masked(u, out.target, out.cpu)
+    return u
 
 
 def _single_precision(out: Any) -> None:
@@ -204,7 +249,8 @@ def _single_precision(out: Any) -> None:
 
 
 def _untraced(target: Target, info: Any, variant: str, sample: Any, out: Any, values: tuple[Any, Any, bool],
-              tol: Any, kind: str, per_tensor: Any, peer: dict[str, Any] | None) -> tuple[Any, tuple[Any, Any, bool]]:
+              tol: Any, kind: str, per_tensor: Any, peer: dict[str, Any] | None, strict: bool = False
+              ) -> tuple[Any, tuple[Any, Any, bool]]:
     """An item whose values failed and whose result a dispatch mode changes on the CPU
     (:func:`conformance.check.execute.trace_changes_cpu`), run once more with the target's call outside
     the op trace.
@@ -218,7 +264,7 @@ def _untraced(target: Target, info: Any, variant: str, sample: Any, out: Any, va
     changes on the CPU is re-run: a re-run of anything else would turn a device's flaky failure
     into a pass."""
     plain = run_item(target, info, variant, sample, traced=False)
-    again = _values(plain, tol, kind, per_tensor, peer)
+    again = _values(plain, tol, kind, per_tensor, peer, strict)
     if again is None or not again[0].close:
         return out, values
     plain.native, plain.fallback, plain.reached = out.native, out.fallback, out.reached

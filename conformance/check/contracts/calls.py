@@ -16,8 +16,9 @@ import torch
 from conformance.check import execute
 from conformance.check.compare import bitwise_equal, leaves
 from conformance.check.execute import err, phase, signature, to_cpu
+from conformance.check.placement import filler
 
-from .layout import filler, noncontiguous_copy
+from .layout import noncontiguous_copy
 from .terms import CPU_DETERMINISM_TRIES, DETERMINISM_SAMPLES, PASS, Check, Subject, fail, na
 
 # -- variants --------------------------------------------------------------------------------
@@ -203,7 +204,7 @@ def check_out(s: Subject) -> Check | None:
             if not ok:
                 problems.append(f"{label}: values differ from the target's own out= result ({why})"
                                 if own else f"{label}: values differ from the CPU's ({why})")
-    if str(torch.device(dev).type) != "cpu" and _has_tensor(s.sample):
+    if str(torch.device(dev).type) != "cpu" and _has_tensor(s.sample) and not _out_fails_upstream(s.info):
         wrong = [("an out on the CPU",
                   lambda: _tensors_like(ref, lambda v: torch.empty(v.shape, dtype=v.dtype)))]
         if any(x.dim() > 0 for x in flat):
@@ -215,6 +216,21 @@ def check_out(s: Subject) -> Check | None:
             if not t.raised:
                 problems.append(f"{label} for inputs on {dev}: accepted, a device must raise")
     return fail("; ".join(problems)) if problems else PASS
+
+
+def _out_fails_upstream(info: Any) -> bool:
+    """Whether PyTorch's OpInfo expects its own ``TestCommon.test_out`` to fail on every device
+    (``torch.lu``: a Python function that copies into ``out``, across devices too). The rule that a
+    device must refuse an ``out=`` on another device is that test's; where PyTorch says no device
+    keeps it, the harness does not hold the device to it."""
+    import unittest
+
+    for d in getattr(info, "decorators", ()) or ():
+        if (getattr(d, "cls_name", None) == "TestCommon" and getattr(d, "test_name", None) == "test_out"
+                and getattr(d, "device_type", None) is None and getattr(d, "active_if", True)
+                and unittest.expectedFailure in (getattr(d, "decorators", ()) or ())):
+            return True
+    return False
 
 
 def _has_tensor(sample: Any) -> bool:

@@ -15,7 +15,6 @@ Example::
 
 from __future__ import annotations
 
-import math
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -25,6 +24,7 @@ import torch
 from conformance.check import execute
 from conformance.check.compare import Meta, bitwise_equal, leaves
 from conformance.check.execute import clone_sample, err, phase, to_cpu
+from conformance.check.placement import filler
 
 from .terms import PASS, Check, Subject, fail, na
 
@@ -174,16 +174,6 @@ def check_aliasing(s: Subject) -> Check | None:
 
 
 # -- noncontiguous ---------------------------------------------------------------------------
-
-def filler(dtype: torch.dtype) -> Any:
-    """What fills the gaps of a non-contiguous copy and a pre-filled ``out=``: NaN, ``True`` or
-    the dtype's largest value."""
-    if dtype.is_floating_point or dtype.is_complex:
-        return math.nan
-    if dtype == torch.bool:
-        return True
-    return torch.iinfo(dtype).max
-
 
 def noncontiguous_copy(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
     """``t`` on ``device`` as a non-contiguous view (every other element of a buffer twice its

@@ -140,6 +140,9 @@ def run_schema_group(target: Any, group: Group, config: Any, *, skip: Container[
         yield {**base_row, "status": decide_unrun("cpu").value, "error": f"no valid input: {exc}",
                "duration_s": 0.0}
         return
+    # an input whose CPU result the CPU does not reproduce (memory left unwritten, read past an
+    # input, garbage from arguments outside the op's contract) is no test of the target: rejected
+    config = dataclasses.replace(config, reference_check="every")
     crash_safe = bool(getattr(skip, "crash_safe", False))
     # The contracts are checked on the first accepted input (each example again would multiply
     # the search's cost); "errors" on the first inputs the CPU rejects.
@@ -172,7 +175,8 @@ def search_basis() -> dict[str, Any]:
 
 
 BUDGETS = {"max_examples": MAX_EXAMPLES, "rejected_checked": REJECTED_CHECKED, "reject_cap": REJECT_CAP,
-           "steered_passes": STEERED_PASSES, "crash_safe_shrink_steps": CRASH_SAFE_SHRINK_STEPS}
+           "steered_passes": STEERED_PASSES, "crash_safe_shrink_steps": CRASH_SAFE_SHRINK_STEPS,
+           "reference_check": "every"}
 
 
 def _search(target: Any, info: Any, group: Group, config: Any, *, crash_safe: bool, check_errors: bool) -> _Found:

@@ -11,13 +11,17 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from conformance.check.execute import clone_sample, on_device
+from conformance.check.execute import guarded_inputs, on_device
 
 PREFLIGHT_TIMEOUT_S = 30.0
 
 
-def _in_child(run: Callable[[], None]) -> str | None:
-    """Run ``run`` in a forked child; how it died ("crashed (signal X)", "hung"), or None."""
+_WROTE_PAST = 3  # a child's exit status: the CPU kernel wrote into the guards around its inputs
+
+
+def _in_child(run: Callable[[], Any]) -> str | None:
+    """Run ``run`` in a forked child; how it died ("crashed (signal X)", "hung"), or None. A
+    ``run`` that returns False exits with :data:`_WROTE_PAST`."""
     pid = os.fork()
     if pid == 0:  # child: run, then leave without cleanup (exceptions are reported by the real run)
         import faulthandler
@@ -28,12 +32,13 @@ def _in_child(run: Callable[[], None]) -> str | None:
         # devices, compiler pools, threads' locks) could crash or hang the child for reasons that
         # have nothing to do with the input, and turn a valid input into a "crash"
         gc.freeze()
+        code = 0
         try:
-            run()
+            code = _WROTE_PAST if run() is False else 0
             gc.collect()  # free now: heap corruption often only shows when memory is freed
         except BaseException:  # noqa: BLE001, S110
             pass
-        os._exit(0)
+        os._exit(code)
     deadline = time.monotonic() + PREFLIGHT_TIMEOUT_S
     while True:
         done, status = os.waitpid(pid, os.WNOHANG)
@@ -46,14 +51,23 @@ def _in_child(run: Callable[[], None]) -> str | None:
         time.sleep(0.002)
     if os.WIFSIGNALED(status):
         return f"crashed (signal {signal.Signals(os.WTERMSIG(status)).name})"
+    if os.WIFEXITED(status) and os.WEXITSTATUS(status) == _WROTE_PAST:
+        return "wrote past its inputs"
     return None
 
 
 def cpu_preflight(info: Any, sample: Any) -> str | None:
-    """Run the CPU reference on ``sample`` in a forked child first; the reason when the child
-    died (a crashing reference kernel is a rejected input, not the end of the search)."""
-    cpu = clone_sample(sample, lambda t: t.clone())
-    died = _in_child(lambda: info.op(cpu.input, *cpu.args, **cpu.kwargs))
+    """Run the CPU reference on ``sample`` in a forked child first, its inputs between guard
+    regions (:func:`conformance.check.execute.guarded_inputs`); the reason when the child died or
+    the kernel wrote into the guards (a crashing reference kernel, or one writing past an input
+    outside its contract, is a rejected input, not the end of the search)."""
+    def run() -> bool:
+        with guarded_inputs() as guards:
+            cpu = on_device(sample, "cpu")
+        info.op(cpu.input, *cpu.args, **cpu.kwargs)
+        return guards.intact()
+
+    died = _in_child(run)
     return None if died is None else f"CPU reference {died}"
 
 

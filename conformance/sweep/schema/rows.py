@@ -15,6 +15,7 @@ import torch
 from conformance.check import contracts
 from conformance.check.compare import leaves
 from conformance.check.execute import on_device, phase, signature
+from conformance.check.selfcheck import NOT_REPRODUCIBLE
 from conformance.check.verdict import Status, decide, decide_unrun
 from conformance.inputs import corpus
 from conformance.inputs.schema import Call, DeviceArg
@@ -70,7 +71,11 @@ def row_of(found: Found, base_row: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_rejected(target: Any, info: Any, sample: Any, cpu_error: str) -> contracts.Check:
-    """Contract ``errors`` for one input the CPU rejected: the target must raise too."""
+    """Contract ``errors`` for one input the CPU rejected: the target must raise too. An input
+    skipped because the CPU does not reproduce its own result was not rejected: it runs, and
+    nothing is asked of the target (n/a)."""
+    if cpu_error.startswith(NOT_REPRODUCIBLE):
+        return contracts.na(cpu_error)
     phase("target")
     try:
         moved = on_device(sample, target.device)
@@ -86,6 +91,7 @@ def check_rejected(target: Any, info: Any, sample: Any, cpu_error: str) -> contr
 
 def with_rejections(row: dict[str, Any], rejections: list[contracts.Check]) -> None:
     """Put the rejected inputs' ``errors`` contract on the search's row (and into its status)."""
+    rejections = [c for c in rejections if c.outcome != "n/a"]
     if not rejections:
         return
     bad = [c for c in rejections if c.outcome == "fail"]

@@ -1,0 +1,160 @@
+"""False alarms: what the harness reports where nothing is wrong (issue #48).
+
+**Part 1, ideal.** The sweep on the ``ideal`` build, the emulator as a perfect twin of the CPU
+(every op the CPU's own kernel over the device's memory, no numerics rules, no defects): the
+OpInfo sweep (every variant), the schema search and the model graphs. Anything that fails there is
+the harness's own doing or an emulator fidelity gap. Prints the failing items per lane and
+status, then every cause with its items; a cause the knowledge file (``conformance/data/causes.toml``)
+explains as a known fidelity gap shows the fix it needs, any other is UNEXPLAINED.
+
+**Part 2, A/A.** Two independent runs of one shipped build (no shared CPU results, the schema
+search run afresh in each) gated against each other: regressions and flaky groups, both of
+which must be 0. Also what the self-consistency re-runs cost: the items that paid them.
+
+Examples::
+
+    python benchmarks/false_alarms.py                   # everything (about 40 minutes on 2 cores)
+    python benchmarks/false_alarms.py --quick           # a slice (a few minutes)
+    python benchmarks/false_alarms.py --skip-aa --keep results/false_alarms
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+from conformance.triage import causes as ca
+from opdb import Store
+from opdb import queries_causes as qc
+from opdb.status import FAILING, Status
+
+QUICK_OPS = ["nn.functional.*", "tensor_split", "linalg.*", "aten::_foreach_*", "aten::resize*",
+             "aten::grid_sampler*", "aten::_fused_*", "aten::kaiser*", "aten::_lazy_clone*",
+             "aten::_pack_padded*", "aten::randint_like*", "aten::_log_softmax_backward*"]
+
+
+def conformance(*args: str) -> float:
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "conformance", *args], check=True)
+    return time.perf_counter() - t0
+
+
+def selection(args: argparse.Namespace) -> list[str]:
+    ops = QUICK_OPS if args.quick and not args.ops else args.ops
+    out = [x for op in ops for x in ("--ops", op)]
+    out += ["--dtypes", args.dtypes]
+    if args.models != "none":
+        out += ["--models", args.models] + (["--model-limit", str(args.model_limit)] if args.model_limit else [])
+    return out
+
+
+def lane(row: dict) -> str:
+    if row.get("family") is not None:
+        return "models"
+    return "schema" if row.get("variant") == "schema" else "opinfo"
+
+
+def ideal(args: argparse.Namespace, folder: Path) -> int:
+    db = folder / "ideal.sqlite"
+    took = conformance("run", "--build", "ideal", *selection(args), "--db", str(db), "--exit-zero", "--quiet",
+                       "-n", str(args.workers))
+    with Store.open(db) as st:
+        run = next(r for r in st.runs() if r["status"] == "finished")
+        rid = run["id"]
+        ca.ensure(st, rid)
+        ops = [dict(r) for r in st.db.execute("select * from op_results where run_id = ?", [rid])]
+        models = [dict(r) for r in st.db.execute("select * from model_results where run_id = ?", [rid])] \
+            if "model_results" in st.db.table_names() else []
+        print(f"## ideal: run {rid} ({took:.0f} s, {args.workers} workers)")
+        totals: dict[str, Counter] = defaultdict(Counter)
+        for r in ops + models:
+            totals[lane(r)][r["status"]] += 1
+        bad = 0
+        for name in ("opinfo", "schema", "models"):
+            c = totals.get(name, Counter())
+            fails = {s: n for s, n in c.items() if Status(s) in FAILING}
+            bad += sum(fails.values())
+            print(f"{name:7s} {sum(c.values()):7d} items, {sum(fails.values()):5d} failing"
+                  + (f"  ({', '.join(f'{s} {n}' for s, n in sorted(fails.items()))})" if fails else ""))
+        undefined = sum(1 for r in ops if '"undefined"' in (r.get("proof") or ""))
+        placed = sum(1 for r in ops if '"cpu_args"' in (r.get("proof") or ""))
+        unrepro = sum(1 for r in ops if r["status"] == "skip" and "not reproducible" in (r.get("error") or ""))
+        print(f"self-consistency: {undefined} items compared without their undefined elements, "
+              f"{unrepro} skipped as not reproducible; {placed} items with an argument kept on the CPU")
+        print()
+        for c in ca.run_cause_list(st, rid, history=False):
+            _print_cause(st, rid, c)
+        return bad
+
+
+def _print_cause(st: Store, rid: str, c: qc.CauseReach) -> None:
+    tag = (f"known: {c.explanation}" + (f" Fix: {c.workaround}" if c.workaround else "")) if c.explanation \
+        else "UNEXPLAINED"
+    print(f"- {c.key} {c.items} item(s) {c.kind} at {c.locus or '-'}: {c.pattern[:160]}")
+    print(f"    {tag[:400]}")
+    for table in ("op_results", "model_results"):
+        try:
+            rows = st.db.execute(f"select item_key, status, substr(error, 1, 160) from {table} "
+                                 "where run_id = ? and cause = ? limit 4", [rid, c.key]).fetchall()
+        except Exception:  # noqa: BLE001 - no such table in an op-only database
+            continue
+        for k, s, e in rows:
+            print(f"    {s:10s} {k}  {e or ''}")
+
+
+def aa(args: argparse.Namespace, folder: Path) -> int:
+    db = folder / "aa.sqlite"
+    sel = selection(args) if args.aa_same else (
+        [x for op in (QUICK_OPS if args.quick else ["*", "aten::*"]) for x in ("--ops", op)] + ["--dtypes", args.dtypes])
+    ids = []
+    for i in (1, 2):
+        rid = f"aa{i}-{args.aa_build}"
+        took = conformance("run", "--build", args.aa_build, *sel, "--db", str(db), "--exit-zero", "--quiet",
+                           "--refcache", "none", "--no-corpus", "--run-id", rid, "-n", str(args.workers))
+        print(f"A/A run {i}: {rid} ({took:.0f} s)")
+        ids.append(rid)
+    out = folder / "aa_gate.json"
+    gate = subprocess.run([sys.executable, "-m", "conformance", "gate", "--db", str(db), "--baseline", ids[0],
+                           "--candidate", ids[1], "--json", str(out)], capture_output=True, text=True)
+    print(gate.stdout[-3000:])
+    data = json.loads(out.read_text()) if out.exists() else {}
+    regressions = len(data.get("regression") or data.get("regressions") or [])
+    flaky = len(data.get("flaky_groups") or [])
+    print(f"A/A {args.aa_build}: gate exit {gate.returncode}, {regressions} regression finding(s), {flaky} flaky group(s)")
+    return regressions + flaky + (gate.returncode != 0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ops", action="append", default=[], help="op globs (default: every OpInfo and overload)")
+    ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--models", default="all", help="model families, 'all', or 'none'")
+    ap.add_argument("--model-limit", type=int, default=0)
+    ap.add_argument("--quick", action="store_true", help="a slice of ops, one graph per model family")
+    ap.add_argument("--aa-build", default="2.33.0")
+    ap.add_argument("--aa-same", action="store_true", help="A/A on part 1's selection (default: the sweep, no models)")
+    ap.add_argument("--skip-ideal", action="store_true")
+    ap.add_argument("--skip-aa", action="store_true")
+    ap.add_argument("-n", "--workers", type=int, default=2)
+    ap.add_argument("--keep", help="keep the databases in this folder")
+    args = ap.parse_args()
+    if args.quick and not args.model_limit:
+        args.model_limit = 1
+    if not args.ops and not args.quick:
+        args.ops = ["*", "aten::*"]
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(args.keep or tmp)
+        folder.mkdir(parents=True, exist_ok=True)
+        bad = 0 if args.skip_ideal else ideal(args, folder)
+        alarms = 0 if args.skip_aa else aa(args, folder)
+        print(f"\nfalse alarms: {bad} failing item(s) on ideal, {alarms} A/A finding(s)")
+
+
+if __name__ == "__main__":
+    main()

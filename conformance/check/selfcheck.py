@@ -1,0 +1,251 @@
+"""Reference self-consistency: does the CPU reference agree with itself on the same inputs?
+
+An op may return memory it never wrote (``resize_as_`` growing a tensor, ``_reshape_alias`` with
+strides past its storage, ``empty``-like results, an ``out=`` a kernel leaves unwritten), or read
+past its inputs on arguments outside its contract. Those elements of the CPU's result are not a
+reference: they differ from one call to the next, and a target that returns other garbage there
+is not wrong. Before an item is called a mismatch, the sweep runs its reference a second time
+(:func:`again`) with every fresh allocation filled (PyTorch's
+``torch.utils.deterministic.fill_uninitialized_memory``: NaN for floating point, the largest
+value for integers; the first run got whatever the allocator handed back) and each input between
+guard regions of the same fill (:func:`conformance.check.execute.guarded_inputs`: a kernel that
+reads past an input reads those), and :func:`undefined` finds the elements that differ. A second
+run that raises says the first depended on memory past its inputs: nothing of it is a reference. Those are left out of the comparison (:func:`masked`), counted
+and shown; an item whose whole result is undefined is ``skip``, with that reason
+(:data:`NOT_REPRODUCIBLE`). It runs only where a comparison failed, so an item that passes pays
+nothing.
+
+Example::
+
+    >>> import torch
+    >>> first = torch.tensor([1.0, 2.0, 3.0])
+    >>> second = torch.tensor([1.0, 2.0, float("nan")])
+    >>> u = undefined(first, second)
+    >>> u.elements, u.total, u.everything
+    (1, 3, False)
+    >>> masked(u, torch.tensor([1.0, 2.0, 9.0]), first)
+    tensor([1., 2., 3.])
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from .compare import bitwise_equal, leaves
+from .placement import guarded_inputs, to_cpu
+
+#: How an item whose every result element is undefined (the CPU returns other values on every
+#: call with the same inputs) is skipped: it says nothing about the target.
+NOT_REPRODUCIBLE = "the CPU reference is not reproducible"
+#: How an item whose CPU reference wrote into the guard regions around its inputs is skipped
+#: (:func:`conformance.check.execute.guarded_inputs`): its input is outside the op's contract.
+WRITES_PAST = f"{NOT_REPRODUCIBLE}: the CPU kernel writes past its inputs (an input outside the op's contract)"
+
+
+@contextlib.contextmanager
+def filled_allocations() -> Iterator[None]:
+    """Every tensor allocated inside is filled (NaN, or the largest integer), not left holding
+    what the allocator hands back. PyTorch fills only under deterministic algorithms; with
+    ``warn_only`` an op that has no deterministic implementation still runs (its warning is
+    silenced by the caller's ``warnings`` filter)."""
+    import torch.utils.deterministic as det
+
+    was_on, was_warn = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    was_fill = det.fill_uninitialized_memory
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    det.fill_uninitialized_memory = True
+    try:
+        yield
+    finally:
+        det.fill_uninitialized_memory = was_fill
+        torch.use_deterministic_algorithms(was_on, warn_only=was_warn)
+
+
+def again(reference: Callable[[], Any], *, fill: bool = True) -> tuple[Any, str | None]:
+    """``reference()`` (a fresh CPU run of the item, its inputs copied anew), with every new
+    allocation filled when ``fill``: (result, None), or (None, the error) when this run raises."""
+    try:
+        with filled_allocations() if fill else contextlib.nullcontext():
+            return reference(), None
+    except Exception as exc:  # noqa: BLE001 - a reference that raises on its second run is not reproducible
+        return None, f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+
+
+@dataclass
+class Undefined:
+    """The elements of a reference that differ between two CPU runs of one item."""
+
+    masks: list[Any] = field(default_factory=list)  # per pytree leaf: a bool tensor, True/False, or None (not masked)
+    elements: int = 0  # undefined elements (a scalar leaf counts one)
+    total: int = 0  # elements of the result
+    structure: bool = True  # False: the two runs differ in structure, dtype, shape or layout
+
+    @property
+    def everything(self) -> bool:
+        """Nothing of the result is defined (or its structure differs between runs)."""
+        return not self.structure or (self.total > 0 and self.elements >= self.total)
+
+    @property
+    def any(self) -> bool:
+        return not self.structure or self.elements > 0
+
+    def as_json(self) -> dict[str, Any]:
+        return {"elements": self.elements, "of": self.total, **({} if self.structure else {"structure": "differs"})}
+
+    def describe(self) -> str:
+        if not self.structure:
+            return f"{NOT_REPRODUCIBLE}: CPU runs of the same input return results of different structure, dtype or shape"
+        return (f"{NOT_REPRODUCIBLE}: {self.elements} of {self.total} result elements differ between CPU runs "
+                "of the same input (memory the op leaves unwritten, or reads past its inputs)")
+
+
+def _same(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Element by element: the same value (NaN equal to NaN; complex: both parts)."""
+    if x.dtype == torch.complex32:
+        x, y = x.to(torch.complex64), y.to(torch.complex64)
+    if x.is_complex():
+        xr, yr = torch.view_as_real(x.resolve_conj()), torch.view_as_real(y.resolve_conj())
+        return _same(xr, yr).all(dim=-1)
+    if x.dtype == torch.bool:  # by the byte: uninitialised bools hold any byte, and 7 == 1 as bools
+        x, y = x.view(torch.uint8), y.view(torch.uint8)
+    eq = x == y
+    if x.is_floating_point():
+        eq |= torch.isnan(x) & torch.isnan(y)
+    return eq
+
+
+def undefined(first: Any, second: Any, *more: Any) -> Undefined:
+    """Which elements of ``first`` (a CPU result) ``second`` (another CPU run of the same item),
+    or any of ``more`` runs, does not reproduce."""
+    if more:
+        u = undefined(first, second)
+        for other in more:
+            if not u.structure:
+                return u
+            v = undefined(first, other)
+            if not v.structure:
+                return v
+            u = _union(u, v)
+        return u
+    la, sa = tree_flatten(first)
+    lb, sb = tree_flatten(second)
+    u = Undefined()
+    if sa != sb or len(la) != len(lb):
+        u.structure = False
+        return u
+    for x, y in zip(la, lb, strict=True):
+        if isinstance(x, torch.Tensor) != isinstance(y, torch.Tensor):
+            u.structure = False
+            return u
+        if not isinstance(x, torch.Tensor):
+            differs = x != y and not (isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y))
+            u.masks.append(bool(differs))
+            u.elements += int(differs)
+            u.total += 1
+            continue
+        if x.dtype != y.dtype or x.shape != y.shape or x.layout != y.layout:
+            u.structure = False
+            return u
+        u.total += x.numel()
+        if x.layout != torch.strided:  # sparse: the whole tensor agrees or not
+            differs = not bitwise_equal(x, y)
+            u.masks.append(differs)
+            u.elements += x.numel() if differs else 0
+            continue
+        bad = ~_same(x.detach(), y.detach())
+        n = int(bad.sum())
+        u.masks.append(bad if n else None)
+        u.elements += n
+    return u
+
+
+def _union(a: Undefined, b: Undefined) -> Undefined:
+    """Undefined where either is (both of the same result)."""
+    u = Undefined(total=a.total)
+    for x, y in zip(a.masks, b.masks, strict=True):
+        if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
+            m = x | y
+        elif isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor):
+            t = x if isinstance(x, torch.Tensor) else y
+            other = y if t is x else x
+            m = torch.ones_like(t) if other is True else t
+        else:
+            m = bool(x) or bool(y)
+            m = True if m else (None if x is None and y is None else False)
+        u.masks.append(m)
+        u.elements += (int(m.sum()) if isinstance(m, torch.Tensor) else int(m is True))
+    return u
+
+
+def masked(u: Undefined, target: Any, cpu: Any) -> Any:
+    """``target`` with its elements at ``u``'s undefined places taken from ``cpu`` (so a
+    comparison leaves them out); ``target`` itself when its structure is not the CPU's."""
+    lt, st = tree_flatten(target)
+    lc, sc = tree_flatten(cpu)
+    if st != sc or len(lt) != len(lc) or len(lt) != len(u.masks):
+        return target
+    out = []
+    for t, c, m in zip(lt, lc, u.masks, strict=True):
+        if m is None or m is False:
+            out.append(t)
+        elif m is True:
+            out.append(c)
+        elif isinstance(t, torch.Tensor) and isinstance(c, torch.Tensor) and t.shape == c.shape and t.dtype == c.dtype:
+            t = t.clone()
+            t[m] = c[m]
+            out.append(t)
+        else:
+            out.append(t)
+    return tree_unflatten(out, st)
+
+
+_POISONED_BLOCKS = 16  # per size: the run's other allocations of that size may take some first ...
+_POISON_BYTES = 64 << 20  # ... as far as this many bytes a size allows
+
+
+def _poison_heap(result: Any) -> None:
+    """Allocate and free blocks the sizes of ``result``'s tensors, filled with zero bytes: the
+    allocator hands the same blocks to the next run's allocations of those sizes, so an element
+    a kernel leaves unwritten holds zeros (0, 0.0, False), the complement of the other re-run's
+    fill (NaN, the largest integer, True): whatever the first run found there, one of the two
+    differs from it."""
+    sizes = [x.untyped_storage().nbytes() for x in leaves(result)
+             if isinstance(x, torch.Tensor) and x.layout == torch.strided and x.untyped_storage().nbytes()]
+    blocks = [torch.zeros((n,), dtype=torch.uint8) for n in sizes
+              for _ in range(max(1, min(_POISONED_BLOCKS, _POISON_BYTES // n)))]
+    del blocks
+
+
+def again_on_poisoned(reference: Callable[[], tuple[Any, Any, str | None]], first: Any
+                      ) -> tuple[list[Any], str | None]:
+    """An item's CPU reference (``reference()``: result, its sample, its error) computed twice
+    more on fresh copies of its inputs: with every new allocation filled and the inputs between
+    NaN guards, then with the heap poisoned (:func:`_poison_heap`) and the inputs between guards
+    of another value: ([results], None), or ([], the error of a run that raised). ``first``: the
+    reference's first result (the sizes to poison)."""
+    results = []
+    for kind, fill in (("nan", True), ("other", False)):
+        if not fill:
+            _poison_heap(first)
+        with warnings.catch_warnings(), guarded_inputs(kind):
+            warnings.simplefilter("ignore")
+            got, raised = again(reference, fill=fill)
+        if raised is not None:
+            return [], raised
+        result, _, error = got
+        if error is not None:
+            return [], error
+        results.append(to_cpu(result))
+    return results, None
+
+
+
+__all__ = ["NOT_REPRODUCIBLE", "WRITES_PAST", "Undefined", "again_on_poisoned", "again", "filled_allocations", "masked", "undefined"]
