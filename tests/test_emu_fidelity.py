@@ -255,3 +255,44 @@ def test_meta_dtype_cache_key_keeps_what_decides_a_dtype():
     assert _dtype_key("floor") != _dtype_key("trunc")
     with pytest.raises(TypeError):
         _dtype_key(object())  # unknown arguments: the call is not cached
+
+
+# issue 48 ---------------------------------------------------------- what ideal reported as the target's
+def test_kaiser_window_runs_on_the_device(emu_build):
+    """Its composite kernel calls a DispatchStub, which had no kernel for the device (an INTERNAL
+    ASSERT on every build)."""
+    assert torch.allclose(torch.kaiser_window(5, device=D).cpu(), torch.kaiser_window(5))
+    assert torch.allclose(torch.kaiser_window(6, False, 2.0, device=D).cpu(), torch.kaiser_window(6, False, 2.0))
+    out = torch.empty(0, device=D)
+    torch.ops.aten.kaiser_window.out(4, out=out)
+    assert torch.allclose(out.cpu(), torch.kaiser_window(4))
+
+
+def test_lazy_clone_is_a_clone_on_the_device(emu_build):
+    """Copy-on-write needs a storage whose data pointer is its own context: the fallback's
+    borrowed storages are not ("Expected storage != nullptr")."""
+    x = torch.arange(3.0, device=D)
+    y = torch._lazy_clone(x)
+    y.add_(1)
+    assert torch.equal(x.cpu(), torch.arange(3.0)) and torch.equal(y.cpu(), torch.arange(3.0) + 1)
+
+
+def test_sparse_mm_reduce_backward_does_not_crash():
+    """The CPU fallback's views lost requires_grad, so the forward computed no argmax and the
+    backward read an empty one (SIGSEGV): run it in a subprocess."""
+    code = """
+import torch, neuron_emu, warnings
+warnings.simplefilter("ignore")
+neuron_emu.use_build("ideal")
+torch.manual_seed(0)
+a0, w0 = torch.randn(5, 5).relu().to_sparse_csr(), torch.randn(5, 3)
+grads = []
+for dev in ("cpu", "neuron"):
+    a = a0.to(dev, copy=True).requires_grad_()
+    w = w0.to(dev, copy=True).requires_grad_()
+    grads.append([g.to_dense().cpu() for g in torch.autograd.grad(torch.sparse.mm(a, w, "amax").sum(), [a, w])])
+assert all(torch.allclose(x, y) for x, y in zip(*grads))
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900, cwd=REPO)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]

@@ -192,3 +192,15 @@ def test_two_runs_of_a_build_gate_clean_on_the_ops_that_cried_wolf(tmp_path):
         result = run_gate(st, ids[0], ids[1])
     assert not result.of("regression") and not result.of("flaky"), \
         [(f.name, f.category, f.candidate) for f in result.findings]
+
+
+@pytest.mark.parametrize("op, variants", [("to", ("function", "backward")), ("lu", ("out",))])
+def test_opinfo_items_that_failed_on_ideal_pass(ideal, op, variants):
+    """``to`` moves its result off the device: its upstream gradient goes where its output is.
+    ``lu``'s out= is a Python copy on every device, and PyTorch's OpInfo expects its own
+    test_out to fail: the device is not held to refusing a CPU out."""
+    from conformance.sweep import run_group
+
+    rows = list(run_group(ideal, Group(op, "float32"), SweepConfig(variants=variants, max_samples=4)))
+    assert rows and all(r["status"] in ("pass", "pass_fallback") for r in rows), \
+        [(r["item_key"], r["status"], r["error"]) for r in rows if r["status"] not in ("pass", "pass_fallback")]
