@@ -16,6 +16,7 @@ Examples::
     python benchmarks/false_alarms.py                   # everything (about 40 minutes on 2 cores)
     python benchmarks/false_alarms.py --quick           # a slice (a few minutes)
     python benchmarks/false_alarms.py --skip-aa --keep results/false_alarms
+    python benchmarks/false_alarms.py --keep results/false_alarms --reuse   # print again, run nothing new
 """
 
 from __future__ import annotations
@@ -62,8 +63,8 @@ def lane(row: dict) -> str:
 
 def ideal(args: argparse.Namespace, folder: Path) -> int:
     db = folder / "ideal.sqlite"
-    took = conformance("run", "--build", "ideal", *selection(args), "--db", str(db), "--exit-zero", "--quiet",
-                       "-n", str(args.workers))
+    took = 0.0 if args.reuse and _finished(db) else conformance(
+        "run", "--build", "ideal", *selection(args), "--db", str(db), "--exit-zero", "--quiet", "-n", str(args.workers))
     with Store.open(db) as st:
         run = next(r for r in st.runs() if r["status"] == "finished")
         rid = run["id"]
@@ -93,6 +94,13 @@ def ideal(args: argparse.Namespace, folder: Path) -> int:
         return bad
 
 
+def _finished(db: Path) -> bool:
+    if not db.exists():
+        return False
+    with Store.open(db) as st:
+        return any(r["status"] == "finished" for r in st.runs())
+
+
 def _print_cause(st: Store, rid: str, c: qc.CauseReach) -> None:
     tag = (f"known: {c.explanation}" + (f" Fix: {c.workaround}" if c.workaround else "")) if c.explanation \
         else "UNEXPLAINED"
@@ -108,15 +116,26 @@ def _print_cause(st: Store, rid: str, c: qc.CauseReach) -> None:
             print(f"    {s:10s} {k}  {e or ''}")
 
 
+def _has_run(db: Path, rid: str) -> bool:
+    with Store.open(db) as st:
+        return any(r["id"] == rid and r["status"] == "finished" for r in st.runs())
+
+
 def aa(args: argparse.Namespace, folder: Path) -> int:
     db = folder / "aa.sqlite"
     sel = selection(args) if args.aa_same else (
-        [x for op in (QUICK_OPS if args.quick else ["*", "aten::*"]) for x in ("--ops", op)] + ["--dtypes", args.dtypes])
+        [x for op in (QUICK_OPS if args.quick else ["*", "aten::*"]) for x in ("--ops", op)]
+        + ["--dtypes", args.aa_dtypes or args.dtypes])
+    if args.aa_max_samples:
+        sel += ["--max-samples", str(args.aa_max_samples)]
     ids = []
     for i in (1, 2):
         rid = f"aa{i}-{args.aa_build}"
-        took = conformance("run", "--build", args.aa_build, *sel, "--db", str(db), "--exit-zero", "--quiet",
-                           "--refcache", "none", "--no-corpus", "--run-id", rid, "-n", str(args.workers))
+        if args.reuse and _finished(db) and _has_run(db, rid):
+            took = 0.0
+        else:
+            took = conformance("run", "--build", args.aa_build, *sel, "--db", str(db), "--exit-zero", "--quiet",
+                               "--refcache", "none", "--no-corpus", "--run-id", rid, "-n", str(args.workers))
         print(f"A/A run {i}: {rid} ({took:.0f} s)")
         ids.append(rid)
     out = folder / "aa_gate.json"
@@ -130,6 +149,39 @@ def aa(args: argparse.Namespace, folder: Path) -> int:
     return regressions + flaky + (gate.returncode != 0)
 
 
+COST_OPS = ["exp", "sin", "matmul", "nn.functional.conv2d", "cumsum", "log_softmax", "linalg.norm", "addmm",
+            "nn.functional.layer_norm", "sum"]
+
+
+def cost(args: argparse.Namespace) -> None:
+    """What the self-consistency re-runs cost a shipped build's sweep: the same groups swept in
+    this process with the check off and on (interleaved, ``--cost-reps`` times, medians), and
+    how many items paid for it (their values failed)."""
+    import statistics
+
+    from conformance.sweep import SweepConfig, run_group
+    from conformance.targets import get_target
+    from conformance.work import Group
+
+    target = get_target("neuron-emu", args.aa_build)
+    groups = [Group(op, dt) for op in args.cost_ops or COST_OPS for dt in ("float32", "bfloat16")]
+    took: dict[str, list[float]] = {"off": [], "failing": []}
+    rows: list[dict] = [r for g in groups for r in run_group(target, g, SweepConfig())]  # warm-up, not timed
+    for rep in range(args.cost_reps):
+        for mode in ("off", "failing") if rep % 2 == 0 else ("failing", "off"):  # neither always first
+            cfg = SweepConfig(reference_check=mode)
+            t0 = time.perf_counter()
+            for g in groups:
+                for _ in run_group(target, g, cfg):
+                    pass
+            took[mode].append(time.perf_counter() - t0)
+    paid = sum(1 for r in rows if r["status"] == "mismatch" or '"undefined"' in json.dumps(r.get("proof") or {})
+               or "not reproducible" in (r.get("error") or ""))
+    off, on = statistics.median(took["off"]), statistics.median(took["failing"])
+    print(f"self-consistency cost ({args.aa_build}, {len(groups)} groups, {len(rows)} items, {paid} paid, "
+          f"medians of {args.cost_reps}): {off:.1f} s off, {on:.1f} s on, x{on / off:.3f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ops", action="append", default=[], help="op globs (default: every OpInfo and overload)")
@@ -139,6 +191,12 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="a slice of ops, one graph per model family")
     ap.add_argument("--aa-build", default="2.33.0")
     ap.add_argument("--aa-same", action="store_true", help="A/A on part 1's selection (default: the sweep, no models)")
+    ap.add_argument("--aa-dtypes", help="the A/A runs' dtypes (default: --dtypes)")
+    ap.add_argument("--aa-max-samples", type=int, default=0, help="the A/A runs' samples per op x dtype (0: all)")
+    ap.add_argument("--reuse", action="store_true", help="with --keep: take the finished runs already there")
+    ap.add_argument("--cost", action="store_true", help="only measure what the self-consistency re-runs cost")
+    ap.add_argument("--cost-ops", action="append", default=[])
+    ap.add_argument("--cost-reps", type=int, default=3)
     ap.add_argument("--skip-ideal", action="store_true")
     ap.add_argument("--skip-aa", action="store_true")
     ap.add_argument("-n", "--workers", type=int, default=2)
@@ -148,6 +206,9 @@ def main() -> None:
         args.model_limit = 1
     if not args.ops and not args.quick:
         args.ops = ["*", "aten::*"]
+    if args.cost:
+        cost(args)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(args.keep or tmp)
         folder.mkdir(parents=True, exist_ok=True)

@@ -224,15 +224,39 @@ def _poison_heap(result: Any) -> None:
     del blocks
 
 
+def _holds_fill(result: Any) -> bool:
+    """Whether ``result`` holds a value the filled re-run writes into memory a kernel leaves
+    unwritten (NaN, the largest integer, True): only then can garbage there agree with it by
+    chance, and a second, differently poisoned re-run is needed to tell."""
+    for x in leaves(result):
+        if not isinstance(x, torch.Tensor) or x.layout != torch.strided or not x.numel():
+            continue
+        if x.is_floating_point() or x.is_complex():
+            if bool(torch.isnan(x).any()):
+                return True
+        elif x.dtype == torch.bool:
+            if bool(x.view(torch.uint8).eq(1).any()):
+                return True
+        elif x.dtype.is_signed or x.dtype == torch.uint8:
+            if bool((x == torch.iinfo(x.dtype).max).any()):
+                return True
+        else:
+            return True  # an unsigned or other integer type: no cheap test, poison anyway
+    return False
+
+
 def again_on_poisoned(reference: Callable[[], tuple[Any, Any, str | None]], first: Any
                       ) -> tuple[list[Any], str | None]:
-    """An item's CPU reference (``reference()``: result, its sample, its error) computed twice
-    more on fresh copies of its inputs: with every new allocation filled and the inputs between
-    NaN guards, then with the heap poisoned (:func:`_poison_heap`) and the inputs between guards
-    of another value: ([results], None), or ([], the error of a run that raised). ``first``: the
-    reference's first result (the sizes to poison)."""
+    """An item's CPU reference (``reference()``: result, its sample, its error) computed again on
+    fresh copies of its inputs: with every new allocation filled and the inputs between NaN
+    guards, then (only where the first result holds such a fill value, :func:`_holds_fill`) with
+    the heap poisoned (:func:`_poison_heap`) and the inputs between guards of another value:
+    ([results], None), or ([], the error of a run that raised). ``first``: the reference's first
+    result."""
     results = []
     for kind, fill in (("nan", True), ("other", False)):
+        if not fill and not _holds_fill(first):
+            break  # nothing of the first run can coincide with the filled run's fill by chance
         if not fill:
             _poison_heap(first)
         with warnings.catch_warnings(), guarded_inputs(kind):
