@@ -208,25 +208,12 @@ def run_item(target: Target, info: Any, variant: str, sample: Any, *, want_arbit
                     fn, variant, on_device(sample, dev), dev, out.cpu, sized_out=True))
             else:
                 traces: list[Any] = [None]
-
-                def eager() -> tuple[Any, Any]:
-                    s = on_device(sample, dev)
-                    wrapped = target.wrap(fn)
-                    with target.trace() if traced else contextlib.nullcontext() as traces[0]:
-                        t0 = time.perf_counter()
-                        got = invoke(wrapped, variant, s, dev, out.cpu)
-                        target.synchronize()
-                        out.duration_s = time.perf_counter() - t0
-                    return got, s
-
                 try:
-                    placed(sample, f"{info.name}|{variant}")
-                    result, s_dev = on_cpu_where_wanted(sample, f"{info.name}|{variant}", eager)
+                    wrapped = target.wrap(fn)
+                    result, s_dev = _eager(target, sample, f"{info.name}|{variant}", out, traces, on_device,
+                                           lambda s: invoke(wrapped, variant, s, dev, out.cpu), traced)
                 finally:
                     trace = traces[0]
-                out.proof = proof(target, result)
-                if cpu_args(sample):
-                    out.proof["cpu_args"] = list(cpu_args(sample))
             out.device_meta = [Meta.of(x) for x in leaves(result) if isinstance(x, torch.Tensor)]
             out.device_result, out.device_sample = result, s_dev
             out.target = to_cpu(result)
@@ -241,6 +228,29 @@ def run_item(target: Target, info: Any, variant: str, sample: Any, *, want_arbit
     if want_arbiter and sample_dtype(sample) in _DOUBLE:
         out.twin = lambda: _twin(fn, variant, info, sample)
     return out
+
+
+def _eager(target: Target, sample: Any, key: str, out: Outcome, traces: list[Any],
+           place: Callable[[Any, Any], Any], call: Callable[[Any], Any], traced: bool = True) -> tuple[Any, Any]:
+    """An eager target's call of ``sample``: ``place`` it on the device, ``call`` it there, timed
+    (``out.duration_s``) and traced (the trace into ``traces[0]``, failing or not); the arguments
+    the op wants on the CPU stay there (:func:`conformance.check.placement.on_cpu_where_wanted`,
+    learned per ``key``), and the proof says which. Returns (result, the sample on the device)."""
+    def once() -> tuple[Any, Any]:
+        s = place(sample, target.device)
+        with target.trace() if traced else contextlib.nullcontext() as traces[0]:
+            t0 = time.perf_counter()
+            got = call(s)
+            target.synchronize()
+            out.duration_s = time.perf_counter() - t0
+        return got, s
+
+    placed(sample, key)
+    result, s_dev = on_cpu_where_wanted(sample, key, once)
+    out.proof = proof(target, result)
+    if cpu_args(sample):
+        out.proof["cpu_args"] = list(cpu_args(sample))
+    return result, s_dev
 
 
 def trace_changes_cpu(info: Any, variant: str, sample: Any, tries: int = 3) -> bool:
@@ -433,25 +443,12 @@ def run_backward(target: Target, info: Any, sample: Any, *, computed: Any = None
                 trace = _eager_trace(target, lambda: backward_grads(info.op, leafify(sample, dev), upstream, dev))
             else:
                 traces: list[Any] = [None]
-
-                def eager() -> tuple[Any, Any]:
-                    s = leafify(sample, dev)
-                    wrapped = target.wrap(info.op)
-                    with target.trace() as traces[0]:
-                        t0 = time.perf_counter()
-                        got, _ = backward_grads(wrapped, s, upstream, dev)
-                        target.synchronize()
-                        out.duration_s = time.perf_counter() - t0
-                    return got, s
-
                 try:
-                    placed(sample, f"{info.name}|backward")
-                    grads_dev, s_dev = on_cpu_where_wanted(sample, f"{info.name}|backward", eager)
+                    wrapped = target.wrap(info.op)
+                    grads_dev, s_dev = _eager(target, sample, f"{info.name}|backward", out, traces, leafify,
+                                              lambda s: backward_grads(wrapped, s, upstream, dev)[0])
                 finally:
                     trace = traces[0]
-                out.proof = proof(target, grads_dev)
-                if cpu_args(sample):
-                    out.proof["cpu_args"] = list(cpu_args(sample))
             out.device_meta = [Meta.of(g) for g in grads_dev if isinstance(g, torch.Tensor)]
             out.device_result = grads_dev
             out.target = to_cpu(grads_dev)
