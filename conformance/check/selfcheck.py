@@ -4,16 +4,18 @@ An op may return memory it never wrote (``resize_as_`` growing a tensor, ``_resh
 strides past its storage, ``empty``-like results, an ``out=`` a kernel leaves unwritten), or read
 past its inputs on arguments outside its contract. Those elements of the CPU's result are not a
 reference: they differ from one call to the next, and a target that returns other garbage there
-is not wrong. Before an item is called a mismatch, the sweep runs its reference a second time
-(:func:`again`) with every fresh allocation filled (PyTorch's
-``torch.utils.deterministic.fill_uninitialized_memory``: NaN for floating point, the largest
-value for integers; the first run got whatever the allocator handed back) and each input between
-guard regions of the same fill (:func:`conformance.check.execute.guarded_inputs`: a kernel that
-reads past an input reads those), and :func:`undefined` finds the elements that differ. A second
-run that raises says the first depended on memory past its inputs: nothing of it is a reference. Those are left out of the comparison (:func:`masked`), counted
-and shown; an item whose whole result is undefined is ``skip``, with that reason
-(:data:`NOT_REPRODUCIBLE`). It runs only where a comparison failed, so an item that passes pays
-nothing.
+is not wrong. Before an item is called a mismatch, the sweep runs its reference again on fresh
+copies of its inputs (:func:`again_on_poisoned`): once with every new allocation filled
+(PyTorch's ``torch.utils.deterministic.fill_uninitialized_memory``: NaN, the largest integer,
+True) and each input between guard regions of another value
+(:func:`conformance.check.placement.guarded_inputs`: a kernel that reads past an input reads
+those), and, where the first result holds one of those fill values, once more with the heap
+poisoned with zeros and NaN guards. :func:`undefined` finds the elements the runs do not all
+reproduce; they are left out of the comparison (:func:`masked`), counted and shown. An item
+whose whole result is undefined, or whose reference raises on a re-run (it depended on memory
+past its inputs), is ``skip``, with that reason (:data:`NOT_REPRODUCIBLE`). It runs only where a
+comparison failed, so an item that passes pays nothing; the schema search runs it on every
+input it accepts, and rejects one with any undefined element.
 
 Example::
 
@@ -46,7 +48,7 @@ from .placement import guarded_inputs, to_cpu
 #: call with the same inputs) is skipped: it says nothing about the target.
 NOT_REPRODUCIBLE = "the CPU reference is not reproducible"
 #: How an item whose CPU reference wrote into the guard regions around its inputs is skipped
-#: (:func:`conformance.check.execute.guarded_inputs`): its input is outside the op's contract.
+#: (:func:`conformance.check.placement.guarded_inputs`): its input is outside the op's contract.
 WRITES_PAST = f"{NOT_REPRODUCIBLE}: the CPU kernel writes past its inputs (an input outside the op's contract)"
 
 
@@ -248,13 +250,16 @@ def _holds_fill(result: Any) -> bool:
 def again_on_poisoned(reference: Callable[[], tuple[Any, Any, str | None]], first: Any
                       ) -> tuple[list[Any], str | None]:
     """An item's CPU reference (``reference()``: result, its sample, its error) computed again on
-    fresh copies of its inputs: with every new allocation filled and the inputs between NaN
-    guards, then (only where the first result holds such a fill value, :func:`_holds_fill`) with
-    the heap poisoned (:func:`_poison_heap`) and the inputs between guards of another value:
+    fresh copies of its inputs: with every new allocation filled and the inputs between guards
+    of one value, then (only where the first result holds such a fill value, :func:`_holds_fill`)
+    with the heap poisoned (:func:`_poison_heap`) and the inputs between NaN guards:
     ([results], None), or ([], the error of a run that raised). ``first``: the reference's first
     result."""
     results = []
-    for kind, fill in (("nan", True), ("other", False)):
+    # the filled re-run reads "other" guards (12345, the smallest integer, False): a first run
+    # that read past an input read the heap, or NaN guards (the schema search's guarded
+    # reference), never those; the poisoned re-run reads NaN guards
+    for kind, fill in (("other", True), ("nan", False)):
         if not fill and not _holds_fill(first):
             break  # nothing of the first run can coincide with the filled run's fill by chance
         if not fill:

@@ -220,8 +220,8 @@ def _values(out: Any, tol: Any, kind: str, per_tensor: Any, peer: dict[str, Any]
 
 def _reference_again(out: Any) -> selfcheck.Undefined | None:
     """Reference self-consistency (:mod:`conformance.check.selfcheck`) of an item whose values
-    failed: the CPU reference computed once more, with its new allocations filled and its inputs
-    between guard regions (:func:`conformance.check.execute.guarded_inputs`). The elements
+    failed: the CPU reference computed again on poisoned memory
+    (:func:`conformance.check.selfcheck.again_on_poisoned`). The elements
     it does not reproduce are left out of the comparison (``out.target`` takes the reference's
     values there) and counted in ``proof.undefined``. None when nothing of the reference is
     defined, or the second run raises: ``out.cpu_error`` then says so, and the item is skipped."""

@@ -63,7 +63,7 @@ def _in_child(run: Callable[[], Any]) -> str | None:
 
 def cpu_preflight(info: Any, sample: Any) -> str | None:
     """Run the CPU reference on ``sample`` in a forked child first, its inputs between guard
-    regions (:func:`conformance.check.execute.guarded_inputs`); the reason when the child died or
+    regions (:func:`conformance.check.placement.guarded_inputs`); the reason when the child died or
     the kernel wrote into the guards (a crashing reference kernel, or one writing past an input
     outside its contract, is a rejected input, not the end of the search), in up to
     :data:`CPU_PREFLIGHTS` children."""
