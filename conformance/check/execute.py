@@ -39,6 +39,7 @@ from .placement import (
     leafify,
     on_cpu_where_wanted,
     on_device,
+    outs_zeroed,
     placed,
     to_cpu,
     unguarded,
@@ -107,8 +108,10 @@ def err(exc: BaseException) -> str:
 
 def out_like(value: Any, device: str | torch.device, sized: bool = False) -> Any:
     """Empty ``out=`` tensors for the result ``value`` (the kernel resizes them), or with its
-    shapes when ``sized``."""
+    shapes when ``sized``; zeros of its shapes inside :func:`conformance.check.placement.zeroed_outs`."""
     def one(v: torch.Tensor) -> torch.Tensor:
+        if outs_zeroed():
+            return torch.zeros(v.shape, dtype=v.dtype, device=device)
         return torch.empty(v.shape if sized else 0, dtype=v.dtype, device=device)
 
     if isinstance(value, torch.Tensor):

@@ -165,6 +165,26 @@ def guarded_inputs(kind: str = "nan") -> Iterator[Guards]:
         _GUARDED[0] = was
 
 
+_ZEROED_OUTS = [False]
+
+
+@contextlib.contextmanager
+def zeroed_outs() -> Iterator[None]:
+    """Inside, the ``out=`` tensors a call is given come with the result's shapes, filled with
+    zeros (:func:`conformance.check.execute.out_like`): an element the kernel leaves unwritten
+    holds 0, not what a fresh allocation would (a self-consistency re-run's poison)."""
+    was = _ZEROED_OUTS[0]
+    _ZEROED_OUTS[0] = True
+    try:
+        yield
+    finally:
+        _ZEROED_OUTS[0] = was
+
+
+def outs_zeroed() -> bool:
+    return _ZEROED_OUTS[0]
+
+
 def active_guards() -> Guards | None:
     """The guards of the :func:`guarded_inputs` block the caller is in (None: in none)."""
     return _GUARDED[0]
@@ -343,5 +363,5 @@ def leafify(sample: Any, device: str | torch.device) -> Any:
     return one(device)
 
 
-__all__ = ["Guards", "active_guards", "clone_sample", "cpu_args", "filler", "guarded_inputs", "leafify", "on_cpu_where_wanted",
+__all__ = ["Guards", "active_guards", "outs_zeroed", "zeroed_outs", "clone_sample", "cpu_args", "filler", "guarded_inputs", "leafify", "on_cpu_where_wanted",
            "on_device", "placed", "to_cpu", "unguarded"]

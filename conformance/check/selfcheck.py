@@ -42,7 +42,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from .compare import bitwise_equal, leaves
-from .placement import guarded_inputs, to_cpu
+from .placement import guarded_inputs, to_cpu, zeroed_outs
 
 #: How an item whose every result element is undefined (the CPU returns other values on every
 #: call with the same inputs) is skipped: it says nothing about the target.
@@ -252,7 +252,8 @@ def again_on_poisoned(reference: Callable[[], tuple[Any, Any, str | None]], firs
     """An item's CPU reference (``reference()``: result, its sample, its error) computed again on
     fresh copies of its inputs: with every new allocation filled and the inputs between guards
     of one value, then (only where the first result holds such a fill value, :func:`_holds_fill`)
-    with the heap poisoned (:func:`_poison_heap`) and the inputs between NaN guards:
+    with the heap poisoned (:func:`_poison_heap`), ``out=`` tensors of zeros and the inputs
+    between NaN guards:
     ([results], None), or ([], the error of a run that raised). ``first``: the reference's first
     result."""
     results = []
@@ -264,7 +265,7 @@ def again_on_poisoned(reference: Callable[[], tuple[Any, Any, str | None]], firs
             break  # nothing of the first run can coincide with the filled run's fill by chance
         if not fill:
             _poison_heap(first)
-        with warnings.catch_warnings(), guarded_inputs(kind):
+        with warnings.catch_warnings(), guarded_inputs(kind), contextlib.nullcontext() if fill else zeroed_outs():
             warnings.simplefilter("ignore")
             got, raised = again(reference, fill=fill)
         if raised is not None:
