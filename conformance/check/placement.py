@@ -165,16 +165,18 @@ def guarded_inputs(kind: str = "nan") -> Iterator[Guards]:
         _GUARDED[0] = was
 
 
-_ZEROED_OUTS = [False]
+_ZEROED_OUTS: list[int] = [0]  # 0: off; else the bytes an empty tensor's zeroed storage holds
 
 
 @contextlib.contextmanager
-def zeroed_outs() -> Iterator[None]:
+def zeroed_outs(capacity: int = 1 << 12) -> Iterator[None]:
     """Inside, the ``out=`` tensors a call is given come with the result's shapes, filled with
-    zeros (:func:`conformance.check.execute.out_like`): an element the kernel leaves unwritten
-    holds 0, not what a fresh allocation would (a self-consistency re-run's poison)."""
+    zeros (:func:`conformance.check.execute.out_like`), and an empty tensor of a sample (a
+    schema search's ``out=``) goes to the CPU with ``capacity`` bytes of zeroed storage behind
+    it: a kernel that resizes it keeps that storage, so an element it leaves unwritten holds 0,
+    not what a fresh allocation would (a self-consistency re-run's poison)."""
     was = _ZEROED_OUTS[0]
-    _ZEROED_OUTS[0] = True
+    _ZEROED_OUTS[0] = max(1, capacity)
     try:
         yield
     finally:
@@ -182,7 +184,13 @@ def zeroed_outs() -> Iterator[None]:
 
 
 def outs_zeroed() -> bool:
-    return _ZEROED_OUTS[0]
+    return bool(_ZEROED_OUTS[0])
+
+
+def _zeroed_empty(t: torch.Tensor) -> torch.Tensor:
+    """An empty CPU tensor like ``t`` over zeroed storage of the :func:`zeroed_outs` capacity."""
+    n = -(-_ZEROED_OUTS[0] // t.element_size())
+    return torch.zeros(n, dtype=t.dtype).resize_(t.shape)
 
 
 def active_guards() -> Guards | None:
@@ -261,6 +269,8 @@ def on_device(sample: Any, device: str | torch.device) -> Any:
     guard_bytes = 2 * sum(x.untyped_storage().nbytes() for x in strided) if guard else 0
 
     def one(t: torch.Tensor) -> torch.Tensor:
+        if t.layout == torch.strided and t.numel() == 0 and outs_zeroed() and torch.device(device).type == "cpu":
+            return _zeroed_empty(t)
         if t.layout != torch.strided or t.numel() == 0:
             return t.to(device, copy=True)
         ptr = t.untyped_storage().data_ptr()

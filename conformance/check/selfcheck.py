@@ -226,6 +226,12 @@ def _poison_heap(result: Any) -> None:
     del blocks
 
 
+def _nbytes(result: Any) -> int:
+    """The bytes of ``result``'s largest tensor."""
+    return max((x.untyped_storage().nbytes() for x in leaves(result)
+                if isinstance(x, torch.Tensor) and x.layout == torch.strided), default=0)
+
+
 def _holds_fill(result: Any) -> bool:
     """Whether ``result`` holds a value the filled re-run writes into memory a kernel leaves
     unwritten (NaN, the largest integer, True): only then can garbage there agree with it by
@@ -265,7 +271,8 @@ def again_on_poisoned(reference: Callable[[], tuple[Any, Any, str | None]], firs
             break  # nothing of the first run can coincide with the filled run's fill by chance
         if not fill:
             _poison_heap(first)
-        with warnings.catch_warnings(), guarded_inputs(kind), contextlib.nullcontext() if fill else zeroed_outs():
+        with warnings.catch_warnings(), guarded_inputs(kind), \
+                contextlib.nullcontext() if fill else zeroed_outs(2 * _nbytes(first)):
             warnings.simplefilter("ignore")
             got, raised = again(reference, fill=fill)
         if raised is not None:
