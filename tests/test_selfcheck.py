@@ -204,3 +204,19 @@ def test_opinfo_items_that_failed_on_ideal_pass(ideal, op, variants):
     rows = list(run_group(ideal, Group(op, "float32"), SweepConfig(variants=variants, max_samples=4)))
     assert rows and all(r["status"] in ("pass", "pass_fallback") for r in rows), \
         [(r["item_key"], r["status"], r["error"]) for r in rows if r["status"] not in ("pass", "pass_fallback")]
+
+
+@pytest.mark.parametrize("message, asks", [
+    ("Expected scalars to be on CPU, got neuron:0 instead.", True),
+    ("'lengths' argument should be a 1D CPU int64 tensor, but got 1D neuron:0 Long tensor", True),
+    ("high must be a scalar tensor and on CPU", True),
+    ("neuron: aten::add.Tensor fell back to the CPU and failed", False),
+    ("Expected all tensors to be on the same device, but found at least two devices, neuron:0 and cpu!", False),
+    ("Could not run 'aten::x' with arguments from the 'CPU' backend", False),
+])
+def test_only_an_error_that_asks_for_the_cpu_moves_an_argument(message, asks):
+    """A device error that merely names the CPU (a defect's own message) is never cured by moving
+    an argument there: that would hide it."""
+    from conformance.check.placement import _CPU_WORD
+
+    assert bool(_CPU_WORD.search(message)) is asks

@@ -49,9 +49,10 @@ def _whole_storage(t: torch.Tensor) -> torch.Tensor:
 _PLACED: dict[int, tuple[Any, tuple[str, ...]]] = {}
 #: What :func:`on_cpu_where_wanted` learned in this process, per OpInfo (or overload) x variant.
 _LEARNED: dict[str, tuple[str, ...]] = {}
-#: A target error that may be the op asking for an argument on the CPU ("Expected scalars to be
-#: on CPU", "'lengths' argument should be a 1D CPU int64 tensor").
-_CPU_WORD = re.compile(r"\b(CPU|cpu)\b")
+#: A target error that asks for an argument on the CPU ("Expected scalars to be on CPU", "'lengths'
+#: argument should be a 1D CPU int64 tensor", "high must be a scalar tensor and on CPU"), not one
+#: that merely names the CPU ("fell back to the CPU", "two devices, neuron:0 and cpu").
+_CPU_WORD = re.compile(r"\bon\s+(the\s+)?(CPU|cpu)\b|\b(CPU|cpu)\s+(\w+\s+){0,2}tensor\b")
 
 
 def _argument_names(sample: Any) -> list[str]:
