@@ -127,63 +127,39 @@ def _same(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 def undefined(first: Any, second: Any, *more: Any) -> Undefined:
     """Which elements of ``first`` (a CPU result) ``second`` (another CPU run of the same item),
     or any of ``more`` runs, does not reproduce."""
-    if more:
-        u = undefined(first, second)
-        for other in more:
-            if not u.structure:
-                return u
-            v = undefined(first, other)
-            if not v.structure:
-                return v
-            u = _union(u, v)
-        return u
     la, sa = tree_flatten(first)
-    lb, sb = tree_flatten(second)
+    others = [tree_flatten(r) for r in (second, *more)]
     u = Undefined()
-    if sa != sb or len(la) != len(lb):
+    if any(so != sa or len(lo) != len(la) for lo, so in others):
         u.structure = False
         return u
-    for x, y in zip(la, lb, strict=True):
-        if isinstance(x, torch.Tensor) != isinstance(y, torch.Tensor):
+    for i, x in enumerate(la):
+        ys = [lo[i] for lo, _ in others]
+        if any(isinstance(y, torch.Tensor) != isinstance(x, torch.Tensor) for y in ys):
             u.structure = False
             return u
         if not isinstance(x, torch.Tensor):
-            differs = x != y and not (isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y))
-            u.masks.append(bool(differs))
+            differs = any(x != y and not (isinstance(x, float) and isinstance(y, float) and math.isnan(x)
+                                          and math.isnan(y)) for y in ys)
+            u.masks.append(differs)
             u.elements += int(differs)
             u.total += 1
             continue
-        if x.dtype != y.dtype or x.shape != y.shape or x.layout != y.layout:
+        if any(x.dtype != y.dtype or x.shape != y.shape or x.layout != y.layout for y in ys):
             u.structure = False
             return u
         u.total += x.numel()
         if x.layout != torch.strided:  # sparse: the whole tensor agrees or not
-            differs = not bitwise_equal(x, y)
+            differs = not all(bitwise_equal(x, y) for y in ys)
             u.masks.append(differs)
             u.elements += x.numel() if differs else 0
             continue
-        bad = ~_same(x.detach(), y.detach())
+        bad = ~_same(x.detach(), ys[0].detach())
+        for y in ys[1:]:
+            bad |= ~_same(x.detach(), y.detach())
         n = int(bad.sum())
         u.masks.append(bad if n else None)
         u.elements += n
-    return u
-
-
-def _union(a: Undefined, b: Undefined) -> Undefined:
-    """Undefined where either is (both of the same result)."""
-    u = Undefined(total=a.total)
-    for x, y in zip(a.masks, b.masks, strict=True):
-        if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
-            m = x | y
-        elif isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor):
-            t = x if isinstance(x, torch.Tensor) else y
-            other = y if t is x else x
-            m = torch.ones_like(t) if other is True else t
-        else:
-            m = bool(x) or bool(y)
-            m = True if m else (None if x is None and y is None else False)
-        u.masks.append(m)
-        u.elements += (int(m.sum()) if isinstance(m, torch.Tensor) else int(m is True))
     return u
 
 
