@@ -146,6 +146,17 @@ class Guards:
         return True
 
 
+@contextlib.contextmanager
+def _holding(slot: list[Any], value: Any) -> Iterator[Any]:
+    """``slot[0]`` is ``value`` inside, what it was after."""
+    was = slot[0]
+    slot[0] = value
+    try:
+        yield value
+    finally:
+        slot[0] = was
+
+
 #: While set (:func:`guarded_inputs`), CPU copies of a sample lie between guard regions.
 _GUARDED: list[Guards | None] = [None]
 _GUARD_BYTES = 256
@@ -158,12 +169,8 @@ def guarded_inputs(kind: str = "nan") -> Iterator[Guards]:
     smallest integer, False). A kernel that reads past its inputs reads those, not whatever the
     heap held, and so gives other values from one fill to the other (or raises); one that writes
     past them leaves the guards changed (:meth:`Guards.intact`) and the heap whole."""
-    was = _GUARDED[0]
-    _GUARDED[0] = guards = Guards(kind)
-    try:
+    with _holding(_GUARDED, Guards(kind)) as guards:
         yield guards
-    finally:
-        _GUARDED[0] = was
 
 
 _ZEROED_OUTS: list[int] = [0]  # 0: off; else the bytes an empty tensor's zeroed storage holds
@@ -176,12 +183,8 @@ def zeroed_outs(capacity: int = 1 << 12) -> Iterator[None]:
     schema search's ``out=``) goes to the CPU with ``capacity`` bytes of zeroed storage behind
     it: a kernel that resizes it keeps that storage, so an element it leaves unwritten holds 0,
     not what a fresh allocation would (a self-consistency re-run's poison)."""
-    was = _ZEROED_OUTS[0]
-    _ZEROED_OUTS[0] = max(1, capacity)
-    try:
+    with _holding(_ZEROED_OUTS, max(1, capacity)):
         yield
-    finally:
-        _ZEROED_OUTS[0] = was
 
 
 def outs_zeroed() -> bool:
@@ -202,12 +205,8 @@ def active_guards() -> Guards | None:
 @contextlib.contextmanager
 def unguarded() -> Iterator[None]:
     """Inside, no guards (within :func:`guarded_inputs`)."""
-    was = _GUARDED[0]
-    _GUARDED[0] = None
-    try:
+    with _holding(_GUARDED, None):
         yield
-    finally:
-        _GUARDED[0] = was
 
 
 def filler(dtype: torch.dtype) -> Any:
