@@ -40,12 +40,11 @@ from .placement import (
     on_cpu_where_wanted,
     on_device,
     outs_zeroed,
-    placed,
     to_cpu,
     unguarded,
 )
 from .refcache import SharedCpu, unchanged_sample
-from .selfcheck import again_on_poisoned
+from .selfcheck import WRITES_PAST, again_on_poisoned
 
 _FLOAT_LOW = (torch.float32, torch.bfloat16, torch.float16)
 #: Double precision and its single-precision twin (:func:`_twin`).
@@ -179,8 +178,6 @@ def run_item(target: Target, info: Any, variant: str, sample: Any, *, want_arbit
                         with unguarded():
                             got, s_cpu = call()
                 if guards is not None and not guards.intact():
-                    from .selfcheck import WRITES_PAST
-
                     return None, None, WRITES_PAST
                 return got, s_cpu, None
             except Exception as exc:  # noqa: BLE001 - the CPU reference failed: the item is skipped
@@ -248,7 +245,6 @@ def _eager(target: Target, sample: Any, key: str, out: Outcome, traces: list[Any
             out.duration_s = time.perf_counter() - t0
         return got, s
 
-    placed(sample, key)
     result, s_dev = on_cpu_where_wanted(sample, key, once)
     out.proof = proof(target, result)
     if cpu_args(sample):
@@ -469,8 +465,8 @@ def run_backward(target: Target, info: Any, sample: Any, *, computed: Any = None
 def _backward_arbiter(info: Any, sample: Any, upstream: list[torch.Tensor]) -> Any:
     """The gradients of the same sample and upstream gradient computed in float64 on the CPU
     (None when the op cannot): an op may compute its gradient differently on another device (a
-    chunked loss accumulates in float32 off the CPU), and a target closer to the exact gradient
-    than the CPU is not wrong."""
+    chunked loss accumulates in bfloat16 off the CPU and CUDA), and a target closer to the exact
+    gradient than the CPU is not wrong."""
     def cast(t: torch.Tensor) -> torch.Tensor:
         return t.detach().to(torch.float64 if t.dtype in _FLOAT_LOW else t.dtype, copy=True).requires_grad_(t.requires_grad)
 

@@ -91,22 +91,18 @@ def _set_cpu_args(sample: Any, names: tuple[str, ...]) -> None:
     _PLACED[id(sample)] = (sample, names)
 
 
-def placed(sample: Any, key: str) -> None:
-    """Give ``sample`` the CPU arguments learned for ``key`` earlier in this process."""
-    if key in _LEARNED and not cpu_args(sample):
-        _set_cpu_args(sample, _LEARNED[key])
-
-
 def on_cpu_where_wanted(sample: Any, key: str, call: Callable[[], Any]) -> Any:
     """``call()`` (which runs the sample on the target through :func:`on_device`); when it raises
     an error that names the CPU, each tensor argument in turn is left on the CPU (the others on
     the device), and the first placement with which the call runs is kept for the sample and
-    learned for ``key``. Some ops want an argument on the CPU on every device (the scalars of a
+    learned for ``key`` (a later sample of that key starts with what was learned). Some ops want an argument on the CPU on every device (the scalars of a
     foreach op, ``_pack_padded_sequence``'s lengths, ``tensor_split``'s indices): learned from the
     op's own error on the device, never from a list. ``call`` returns (result, sample on the
     device); a placement counts only when another tensor argument stays on the device and the
     result is on the device (else the call ran on the CPU). The call's own error stands when no
     single argument on the CPU makes it run."""
+    if key in _LEARNED and not cpu_args(sample):
+        _set_cpu_args(sample, _LEARNED[key])
     try:
         return call()
     except Exception as exc:
@@ -374,4 +370,4 @@ def leafify(sample: Any, device: str | torch.device) -> Any:
 
 
 __all__ = ["Guards", "active_guards", "outs_zeroed", "zeroed_outs", "clone_sample", "cpu_args", "filler", "guarded_inputs", "leafify", "on_cpu_where_wanted",
-           "on_device", "placed", "to_cpu", "unguarded"]
+           "on_device", "to_cpu", "unguarded"]
