@@ -75,6 +75,31 @@ def test_an_op_returning_uninitialised_memory_is_skipped_not_a_mismatch():
     assert row["error"].startswith(selfcheck.NOT_REPRODUCIBLE)
 
 
+def test_a_tiny_unwritten_result_is_undefined_whatever_the_heap_held():
+    """A 2-byte result its kernel never writes, in a block that neither PyTorch's
+    ``fill_uninitialized_memory`` (raw storage) nor a heap poison reaches (glibc keeps its own
+    free-list pointers in a block that small): the allocator's own fills make the re-runs
+    disagree there, even when the first run's garbage is exactly what the filled re-run
+    writes."""
+    def unwritten():
+        return torch.empty(0, dtype=torch.bool).set_(torch.UntypedStorage(2)), None, None
+
+    with selfcheck.allocator_fill("junk") as filling:
+        assert filling
+        junk = unwritten()[0]
+    assert junk.view(torch.uint8).tolist() == [0xEF, 0xBE]
+    # copied (as every result is), junk bytes read True: what the filled re-run writes
+    first = junk.clone()
+    runs, error = selfcheck.again_on_poisoned(unwritten, first)
+    assert error is None and len(runs) == 2
+    assert [r.view(torch.uint8).tolist() for r in runs] == [[1, 1], [0, 0]]
+    u = selfcheck.undefined(first, *runs)
+    assert u.everything and u.elements == 2
+    # a result the kernel writes, holding no fill value, costs one re-run
+    runs, _ = selfcheck.again_on_poisoned(lambda: (torch.tensor([1.0, 2.0]), None, None), torch.tensor([1.0, 2.0]))
+    assert len(runs) == 1
+
+
 def test_a_part_undefined_result_is_compared_where_defined(ideal):
     """``resize_as`` growing a tensor: the grown elements are undefined, the rest must still match
     (and the comparison says how many it left out)."""

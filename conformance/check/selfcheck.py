@@ -7,10 +7,11 @@ reference: they differ from one call to the next, and a target that returns othe
 is not wrong. Before an item is called a mismatch, the sweep runs its reference again on fresh
 copies of its inputs (:func:`again_on_poisoned`): once with every new allocation filled
 (PyTorch's ``torch.utils.deterministic.fill_uninitialized_memory``: NaN, the largest integer,
-True) and each input between guard regions of another value
+True; and c10's CPU allocator filling every other block it hands out with a junk pattern,
+:func:`allocator_fill`) and each input between guard regions of another value
 (:func:`conformance.check.placement.guarded_inputs`: a kernel that reads past an input reads
-those), and, where the first result holds one of those fill values, once more with the heap
-poisoned with zeros and NaN guards. :func:`undefined` finds the elements the runs do not all
+those), and, where that run agrees with the first on a fill value, once more with every
+allocation zero-filled, ``out=`` tensors of zeros and NaN guards. :func:`undefined` finds the elements the runs do not all
 reproduce; they are left out of the comparison (:func:`masked`), counted and shown. An item
 whose whole result is undefined, or whose reference raises on a re-run (it depended on memory
 past its inputs), is ``skip``, with that reason (:data:`NOT_REPRODUCIBLE`). It runs only where a
@@ -187,14 +188,52 @@ def masked(u: Undefined, target: Any, cpu: Any) -> Any:
 
 _POISONED_BLOCKS = 16  # per size: the run's other allocations of that size may take some first ...
 _POISON_BYTES = 64 << 20  # ... as far as this many bytes a size allows
+#: c10's allocator fills every CPU allocation with this 32-bit pattern under its junk-fill flag
+#: (NaN as float32, 1.67e308 as float64, a large integer otherwise), little-endian in memory
+_JUNK = 0x7FEDBEEF
+
+
+def _c10_flag(name: str) -> Any:
+    """c10's allocator flag ``name`` (a ``ctypes.c_bool`` in ``libc10``), or None where this
+    build of PyTorch does not export it."""
+    import ctypes
+    import os
+
+    try:
+        lib = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libc10.so"))
+        return ctypes.c_bool.in_dll(lib, f"FLAGS_caffe2_cpu_allocator_do_{name}")
+    except (OSError, ValueError):
+        return None
+
+
+_FLAGS: dict[str, Any] = {}
+
+
+@contextlib.contextmanager
+def allocator_fill(kind: str) -> Iterator[bool]:
+    """Every CPU allocation made inside (tensors, and a kernel's own buffers made as tensors) is
+    filled by PyTorch's CPU allocator itself: ``"junk"`` (a NaN or large-integer pattern) or
+    ``"zero"``, whatever block the heap hands back. Yields whether it could (the flags are c10's
+    ``caffe2_cpu_allocator_do_{junk,zero}_fill``); a build without them yields False."""
+    if kind not in _FLAGS:
+        _FLAGS[kind] = _c10_flag(f"{kind}_fill")
+    flag = _FLAGS[kind]
+    if flag is None:
+        yield False
+        return
+    was = flag.value
+    flag.value = True
+    try:
+        yield True
+    finally:
+        flag.value = was
 
 
 def _poison_heap(result: Any) -> None:
-    """Allocate and free blocks the sizes of ``result``'s tensors, filled with zero bytes: the
-    allocator hands the same blocks to the next run's allocations of those sizes, so an element
-    a kernel leaves unwritten holds zeros (0, 0.0, False), the complement of the other re-run's
-    fill (NaN, the largest integer, True): whatever the first run found there, one of the two
-    differs from it."""
+    """Where the allocator cannot fill (:func:`allocator_fill` yields False): allocate and free
+    blocks the sizes of ``result``'s tensors, filled with zero bytes, so that the allocator
+    hands the same blocks to the next run's allocations of those sizes. (A block of 16 bytes or
+    less keeps glibc's own free-list pointers, so this is the weaker way.)"""
     sizes = [x.untyped_storage().nbytes() for x in leaves(result)
              if isinstance(x, torch.Tensor) and x.layout == torch.strided and x.untyped_storage().nbytes()]
     blocks = [torch.zeros((n,), dtype=torch.uint8) for n in sizes
@@ -208,48 +247,83 @@ def _nbytes(result: Any) -> int:
                 if isinstance(x, torch.Tensor) and x.layout == torch.strided), default=0)
 
 
-def _holds_fill(result: Any) -> bool:
-    """Whether ``result`` holds a value the filled re-run writes into memory a kernel leaves
-    unwritten (NaN, the largest integer, True): only then can garbage there agree with it by
-    chance, and a second, differently poisoned re-run is needed to tell."""
-    for x in leaves(result):
-        if not isinstance(x, torch.Tensor) or x.layout != torch.strided or not x.numel():
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _fill_like(x: torch.Tensor) -> torch.Tensor:
+    """Element by element: could this value be what the filled re-run writes into memory a
+    kernel leaves unwritten (NaN, the dtype's largest integer, True, or the allocator's junk
+    pattern)? A bool counts for any byte but 0."""
+    if x.dtype == torch.complex32:
+        x = x.to(torch.complex64)
+    if x.is_complex():
+        return _fill_like(torch.view_as_real(x.resolve_conj())).any(dim=-1)
+    if x.dtype == torch.bool:
+        return x.view(torch.uint8) != 0
+    size = x.element_size()
+    bits = x.contiguous().view(_BITS[size]) if size in _BITS else None
+    if bits is None:
+        return torch.ones(x.shape, dtype=torch.bool)  # no cheap test: assume it could
+    junk = _JUNK.to_bytes(4, "little")
+    if size >= 4:
+        words = [int.from_bytes(junk * (size // 4), "little", signed=True)]
+    else:  # a 1- or 2-byte element holds the part of the pattern at its offset
+        words = [int.from_bytes(junk[i:i + size], "little", signed=bits.dtype.is_signed) for i in range(0, 4, size)]
+    hit = torch.zeros(x.shape, dtype=torch.bool)
+    for w in words:
+        hit |= bits == w
+    if x.is_floating_point():
+        hit |= torch.isnan(x)
+    else:
+        hit |= x == torch.iinfo(x.dtype).max
+    return hit
+
+
+def _may_coincide(first: Any, filled: Any) -> bool:
+    """Whether the filled re-run's result agrees with the first run anywhere it holds a fill
+    value (:func:`_fill_like`): only there can garbage of the first run agree with the fill by
+    chance, and a second, zero-filled re-run is needed to tell. Elements where the two differ
+    are undefined already; where they agree on any other value, the kernel wrote it."""
+    la, sa = tree_flatten(first)
+    lb, sb = tree_flatten(filled)
+    if sa != sb or len(la) != len(lb):
+        return False  # different structure: undefined() says so without another run
+    for x, y in zip(la, lb, strict=True):
+        if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
             continue
-        if x.is_floating_point() or x.is_complex():
-            if bool(torch.isnan(x).any()):
-                return True
-        elif x.dtype == torch.bool:
-            if bool(x.view(torch.uint8).eq(1).any()):
-                return True
-        elif x.dtype.is_signed or x.dtype == torch.uint8:
-            if bool((x == torch.iinfo(x.dtype).max).any()):
-                return True
-        else:
-            return True  # an unsigned or other integer type: no cheap test, poison anyway
+        if x.layout != torch.strided or y.layout != torch.strided:
+            return True
+        if x.dtype != y.dtype or x.shape != y.shape:
+            return False
+        if x.numel() and bool((_same(x.detach(), y.detach()) & _fill_like(y.detach())).any()):
+            return True
     return False
 
 
 def again_on_poisoned(reference: Callable[[], tuple[Any, Any, str | None]], first: Any
                       ) -> tuple[list[Any], str | None]:
     """An item's CPU reference (``reference()``: result, its sample, its error) computed again on
-    fresh copies of its inputs: with every new allocation filled and the inputs between guards
-    of one value, then (only where the first result holds such a fill value, :func:`_holds_fill`)
-    with the heap poisoned (:func:`_poison_heap`), ``out=`` tensors of zeros and the inputs
-    between NaN guards:
+    fresh copies of its inputs: with every new allocation filled (NaN, the largest integer, True,
+    the allocator's junk) and the inputs between guards of one value, then, only where that run
+    agrees with the first on a fill value (:func:`_may_coincide`), with every allocation
+    zero-filled (:func:`allocator_fill`; where PyTorch lacks the flag, the heap poisoned with
+    zeros, :func:`_poison_heap`), ``out=`` tensors of zeros and the inputs between NaN guards.
+    An element a kernel leaves unwritten is a fill value in the one run and zero in the other,
+    whatever the heap held, so :func:`undefined` always sees it.
     ([results], None), or ([], the error of a run that raised). ``first``: the reference's first
     result."""
     results = []
     # the filled re-run reads "other" guards (12345, the smallest integer, False): a first run
     # that read past an input read the heap, or NaN guards (the schema search's guarded
-    # reference), never those; the poisoned re-run reads NaN guards
+    # reference), never those; the zero-filled re-run reads NaN guards
     for kind, fill in (("other", True), ("nan", False)):
-        if not fill and not _holds_fill(first):
+        if not fill and not _may_coincide(first, results[0]):
             break  # nothing of the first run can coincide with the filled run's fill by chance
-        if not fill:
-            _poison_heap(first)
-        with warnings.catch_warnings(), guarded_inputs(kind), \
-                contextlib.nullcontext() if fill else zeroed_outs(2 * _nbytes(first)):
+        with warnings.catch_warnings(), allocator_fill("junk" if fill else "zero") as filling, \
+                guarded_inputs(kind), contextlib.nullcontext() if fill else zeroed_outs(2 * _nbytes(first)):
             warnings.simplefilter("ignore")
+            if not fill and not filling:
+                _poison_heap(first)
             got, raised = again(reference, fill=fill)
         if raised is not None:
             return [], raised
@@ -260,5 +334,4 @@ def again_on_poisoned(reference: Callable[[], tuple[Any, Any, str | None]], firs
     return results, None
 
 
-
-__all__ = ["NOT_REPRODUCIBLE", "WRITES_PAST", "Undefined", "again_on_poisoned", "again", "filled_allocations", "masked", "undefined"]
+__all__ = ["NOT_REPRODUCIBLE", "WRITES_PAST", "Undefined", "again_on_poisoned", "again", "allocator_fill", "filled_allocations", "masked", "undefined"]
