@@ -3,9 +3,11 @@ input on a defective op, and the stored input reproducing the failure."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import textwrap
+import time
 
 import pytest
 import torch
@@ -183,6 +185,51 @@ def test_cpu_preflight_turns_a_crash_into_a_rejection():
     assert cpu_preflight(info, SampleInput(torch.ones(5))) == "CPU reference crashed (signal SIGSEGV)"
 
 
+def _reads_past(x):
+    return torch.tensor(list((ctypes.c_float * (x.numel() + 4)).from_address(x.data_ptr())))
+
+
+def test_cpu_preflight_rejects_what_the_cpu_refuses_or_reads_past():
+    """The target never runs alone on an input the CPU refuses (its error, worded as the sweep
+    words it, steers the search as before) or whose CPU result depends on what lies past it."""
+    from torch.testing._internal.opinfo.core import SampleInput
+
+    info = type("I", (), {"op": staticmethod(torch.abs)})
+    assert cpu_preflight(info, SampleInput(torch.ones(4))) is None
+    assert cpu_preflight(info, SampleInput(torch.ones(2, dtype=torch.bool))).startswith(
+        'CPU reference failed: NotImplementedError: "abs_cpu" not implemented for \'Bool\'')
+    info = type("I", (), {"op": staticmethod(_reads_past)})
+    assert cpu_preflight(info, SampleInput(torch.ones(4))) == \
+        "CPU reference read past its inputs (its result is not reproducible)"
+
+
+def _hangs_on_big_inputs(x):
+    if x.numel() > 2:
+        time.sleep(60)
+    return x
+
+
+def test_a_hanging_cpu_preflight_waits_long_only_until_a_child_ended(monkeypatch):
+    """A CPU reference that hangs rejects its input; once a child of this process has ended by
+    itself, later ones get 50 times the slowest (at least CPU_PREFLIGHT_MIN_S), not 30 s each."""
+    from torch.testing._internal.opinfo.core import SampleInput
+
+    from conformance.sweep.schema import preflight
+
+    monkeypatch.setattr(preflight, "_ENDED", [])
+    monkeypatch.setattr(preflight, "PREFLIGHT_TIMEOUT_S", 20.0)
+    monkeypatch.setattr(preflight, "CPU_PREFLIGHT_MIN_S", 1.0)
+    assert preflight._cpu_limit() == 20.0  # nothing ended yet: the full limit
+    info = type("I", (), {"op": staticmethod(_hangs_on_big_inputs)})
+    assert cpu_preflight(info, SampleInput(torch.ones(2))) is None
+    assert 0 < preflight._ENDED[0] < 0.3
+    limit = preflight._cpu_limit()
+    assert limit == max(1.0, 50 * preflight._ENDED[0]) < 20.0
+    start = time.monotonic()
+    assert cpu_preflight(info, SampleInput(torch.ones(5))) == f"CPU reference hung (over {limit:g} s)"
+    assert time.monotonic() - start < 19.0
+
+
 def test_crash_safe_search_survives_a_crashing_reference(monkeypatch):
     """After a crash the supervisor re-sends the group with a crash-safe skip: each input's CPU
     run is pre-flighted in a forked child, crashing inputs are rejected, the search goes on."""
@@ -247,14 +294,19 @@ def test_target_preflight_owns_only_the_targets_crash():
 
 
 def test_crash_safe_search_records_a_target_crash_with_its_minimal_input():
-    """In crash-safe mode each input also runs on the target alone in a forked child: a crash
-    there is the target's, recorded as `crash` with the shrunk input, and the worker lives."""
+    """In crash-safe mode each input the CPU accepts also runs on the target alone in a forked
+    child: a crash there is the target's, recorded as `crash` with the shrunk input, and the
+    worker lives. An input the CPU refuses (abs of bool) never reaches the target alone: a
+    target that crashes on an input outside the op's contract is no finding."""
     rows = list(run_schema_group(_CrashingTarget(), Group("aten::abs.default", "any", "schema"), SweepConfig(),
                                  skip=Skip(crash_safe=True)))
     row = rows[0]
     assert row["status"] == "crash" and "alone in a forked process" in row["error"]
     saved = load_inputs(row["inputs"])
-    assert saved["args"][0].numel() == 3  # shrunk to the edge of the crash
+    x = saved["args"][0]
+    assert x.dtype != torch.bool and x.numel() > 2
+    # shrunk to the edge of the crash: any dimension one shorter has at most 2 elements
+    assert all(x.numel() // n * (n - 1) <= 2 for n in x.shape)
 
 
 def test_file_arguments_stay_out_of_the_working_directory():

@@ -44,7 +44,7 @@ from .placement import (
     unguarded,
 )
 from .refcache import SharedCpu, unchanged_sample
-from .selfcheck import WRITES_PAST, again_on_poisoned
+from .selfcheck import NOT_REPRODUCIBLE, WRITES_PAST, again_on_poisoned, undefined
 
 _FLOAT_LOW = (torch.float32, torch.bfloat16, torch.float16)
 #: Double precision and its single-precision twin (:func:`_twin`).
@@ -133,7 +133,7 @@ def invoke(fn: Callable[..., Any], variant: str, s: Any, device: str | torch.dev
 
 def run_item(target: Target, info: Any, variant: str, sample: Any, *, want_arbiter: bool = True,
              traced: bool = True, computed: Any = None, refs: Any = None, ref_hint: str | None = None,
-             guard: bool = False) -> Outcome:
+             guard: bool = False, check_first: bool = False) -> Outcome:
     """Run one sample of one OpInfo variant on the CPU and on ``target``. ``traced=False`` runs
     the target's call outside its op trace (no overloads are named): for checking whether the
     trace itself changed the result (:func:`conformance.sweep.evaluate` does). ``computed``: on
@@ -142,7 +142,10 @@ def run_item(target: Target, info: Any, variant: str, sample: Any, *, want_arbit
     ``refs``: a :class:`conformance.check.refcache.RefCache` holding the CPU side (the reference
     and the float64 arbiter) of samples seen before, found by ``ref_hint`` and the sample's content.
     ``guard``: the CPU reference runs on copies between guard regions (:func:`guarded_inputs`),
-    and one that writes into them fails (:data:`conformance.check.selfcheck.WRITES_PAST`)."""
+    and one that writes into them fails (:data:`conformance.check.selfcheck.WRITES_PAST`);
+    with ``check_first`` too, the reference must also agree with itself
+    (:func:`conformance.check.selfcheck.again_on_poisoned`) before the target runs, or the item
+    fails on the CPU side ("the CPU reference is not reproducible: ...")."""
     fn = variant_fn(info, variant)
     if fn is None:
         return Outcome(cpu_error=f"OpInfo {info.name} has no {variant} variant")
@@ -187,6 +190,20 @@ def run_item(target: Target, info: Any, variant: str, sample: Any, *, want_arbit
         if out.cpu_error is not None:
             return out
         out.again = lambda: again_on_poisoned(reference, out.cpu)
+        if guard and check_first:
+            # a guarded item (the schema search's) is held to its reference's self-consistency
+            # before the target runs: an input whose CPU result depends on what lies past it
+            # (out of the op's contract) could make the target read or write out of bounds too,
+            # and crash or corrupt the worker for no fault of its own
+            runs, raised = out.again()
+            out.again = lambda: (runs, raised)
+            if raised is not None:
+                out.cpu_error = f"{NOT_REPRODUCIBLE}: another CPU run of the same input raises {raised}"[:2000]
+                return out
+            u = undefined(out.cpu, *runs)
+            if u.any:
+                out.cpu_error = u.describe()
+                return out
         dev = target.device
         phase("target")
         trace = None

@@ -102,7 +102,8 @@ def _decided(target: Target, info: Any, op: str, variant: str, dtype: str, index
     hint = f"opinfo|{ItemKey(op, variant, dtype, index)}|{config.seed}|{int(config.thorough)}"
     out = (run_backward(target, info, sample, computed=computed) if variant == "backward"
            else run_item(target, info, variant, sample, computed=computed, refs=open_cache(config.refcache),
-                         ref_hint=None if kind == "random" else hint, guard=config.reference_check == "every"))
+                         ref_hint=None if kind == "random" else hint, guard=config.reference_check == "every",
+                         check_first=config.reference_check == "every" and kind != "random"))
     # Tolerances follow the dtype of the result: exp of an int64 tensor is a float and is not
     # compared exactly.
     tol = config.ledger.tolerance(op, variant, _result_dtype(out.cpu, dtype), target.name)

@@ -47,7 +47,7 @@ from conformance.sweep.opinfo import evaluate as evaluate_item
 from conformance.work import NOTHING, Group, ItemKey, Selection
 
 from .candidates import select_overloads
-from .preflight import CPU_PREFLIGHTS, cpu_preflight, target_preflight
+from .preflight import CPU_PREFLIGHT_FACTOR, CPU_PREFLIGHT_MIN_S, CPU_PREFLIGHTS, cpu_preflight, target_preflight
 from .replay import entry_of, merged, replay, stored_entry
 from .rows import REJECTED_CHECKED, check_rejected, row_of
 
@@ -176,7 +176,8 @@ def search_basis() -> dict[str, Any]:
 
 BUDGETS = {"max_examples": MAX_EXAMPLES, "rejected_checked": REJECTED_CHECKED, "reject_cap": REJECT_CAP,
            "steered_passes": STEERED_PASSES, "crash_safe_shrink_steps": CRASH_SAFE_SHRINK_STEPS,
-           "reference_check": "every", "cpu_preflights": CPU_PREFLIGHTS}
+           "reference_check": "every", "cpu_preflights": CPU_PREFLIGHTS,
+           "cpu_preflight_limit": (CPU_PREFLIGHT_FACTOR, CPU_PREFLIGHT_MIN_S)}
 
 
 def _search(target: Any, info: Any, group: Group, config: Any, *, crash_safe: bool, check_errors: bool) -> _Found:

@@ -5,15 +5,26 @@ kernel that crashes or hangs on it costs that child, not the worker.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
 from collections.abc import Callable
 from typing import Any
 
-from conformance.check.execute import guarded_inputs, on_device
+from conformance.check.execute import err
+from conformance.check.placement import guarded_inputs, on_device, to_cpu
+from conformance.check.selfcheck import again_on_poisoned, undefined
 
 PREFLIGHT_TIMEOUT_S = 30.0
+#: A CPU preflight's limit once a child in this process has ended by itself: this many times the
+#: slowest such child, at least :data:`CPU_PREFLIGHT_MIN_S` (at most :data:`PREFLIGHT_TIMEOUT_S`).
+#: A hung CPU reference only rejects an input, so the search need not wait 30 s on each (the
+#: crash-safe search of batch_norm_backward met six hanging inputs, three minutes); a target's
+#: preflight keeps the full limit, since its hang is a verdict.
+CPU_PREFLIGHT_FACTOR = 50
+CPU_PREFLIGHT_MIN_S = 5.0
+_ENDED: list[float] = []  # the slowest CPU preflight child that ended by itself, in this process
 #: Forked CPU runs an input must survive: a kernel fed an input outside its contract may corrupt
 #: memory and crash only now and then, and a target crash on such an input is no finding (an
 #: A/A gate of 2.33.0 saw mkldnn_rnn_layer.out's shrunk input crash the target in one run and
@@ -21,17 +32,33 @@ PREFLIGHT_TIMEOUT_S = 30.0
 CPU_PREFLIGHTS = 3
 
 
-_WROTE_PAST = 3  # a child's exit status: the CPU kernel wrote into the guards around its inputs
+# a child's exit status: the CPU kernel wrote into the guards around its inputs, read past them
+# (its result depends on what the guards hold), or raised (its message follows on a pipe)
+_WROTE_PAST, _READS_PAST, _RAISED = 3, 4, 5
+_CHILD_SAYS = {_WROTE_PAST: "wrote past its inputs", _READS_PAST: "read past its inputs (its result is not reproducible)"}
 
 
-def _in_child(run: Callable[[], Any]) -> str | None:
-    """Run ``run`` in a forked child; how it died ("crashed (signal X)", "hung"), or None. A
-    ``run`` that returns False exits with :data:`_WROTE_PAST`."""
+def _cpu_limit() -> float:
+    """How long a CPU preflight child may run (:data:`CPU_PREFLIGHT_FACTOR`)."""
+    if not _ENDED:
+        return PREFLIGHT_TIMEOUT_S
+    return min(PREFLIGHT_TIMEOUT_S, max(CPU_PREFLIGHT_MIN_S, CPU_PREFLIGHT_FACTOR * _ENDED[0]))
+
+
+def _in_child(run: Callable[[], Any], timeout: float = PREFLIGHT_TIMEOUT_S,
+              ended: list[float] | None = None) -> str | None:
+    """Run ``run`` in a forked child for up to ``timeout`` seconds; how it died ("crashed
+    (signal X)", "hung"), what it found (a ``run`` returning one of :data:`_CHILD_SAYS`'s exit
+    statuses), "raised: <its error>", or None. ``ended`` (when given) keeps the longest time a
+    child took to end by itself."""
+    start = time.monotonic()
+    read, write = os.pipe()
     pid = os.fork()
-    if pid == 0:  # child: run, then leave without cleanup (exceptions are reported by the real run)
+    if pid == 0:  # child: run, then leave without cleanup
         import faulthandler
         import gc
 
+        os.close(read)
         faulthandler.disable()  # an expected crash, reported by the parent; no traceback dump
         # what the parent had is not this child's to free: collecting it (inherited tensors of other
         # devices, compiler pools, threads' locks) could crash or hang the child for reasons that
@@ -39,42 +66,68 @@ def _in_child(run: Callable[[], Any]) -> str | None:
         gc.freeze()
         code = 0
         try:
-            code = _WROTE_PAST if run() is False else 0
+            code = run() or 0
             gc.collect()  # free now: heap corruption often only shows when memory is freed
-        except BaseException:  # noqa: BLE001, S110
-            pass
+        except BaseException as exc:  # noqa: BLE001 - the parent says what it means
+            code = _RAISED
+            with contextlib.suppress(BaseException):
+                os.write(write, err(exc).encode()[:4000])
         os._exit(code)
-    deadline = time.monotonic() + PREFLIGHT_TIMEOUT_S
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            return f"hung (over {PREFLIGHT_TIMEOUT_S:g} s)"
-        time.sleep(0.002)
+    os.close(write)
+    try:
+        deadline = start + timeout
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                return f"hung (over {timeout:g} s)"
+            time.sleep(0.002)
+        message = os.read(read, 4096).decode(errors="replace")
+    finally:
+        os.close(read)
+    if ended is not None:
+        took = time.monotonic() - start
+        ended[:] = [max([took, *ended])]
     if os.WIFSIGNALED(status):
         return f"crashed (signal {signal.Signals(os.WTERMSIG(status)).name})"
-    if os.WIFEXITED(status) and os.WEXITSTATUS(status) == _WROTE_PAST:
-        return "wrote past its inputs"
-    return None
+    code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else 0
+    if code == _RAISED:
+        return f"raised: {message}"
+    return _CHILD_SAYS.get(code)
 
 
 def cpu_preflight(info: Any, sample: Any) -> str | None:
-    """Run the CPU reference on ``sample`` in a forked child first, its inputs between guard
-    regions (:func:`conformance.check.placement.guarded_inputs`); the reason when the child died or
-    the kernel wrote into the guards (a crashing reference kernel, or one writing past an input
-    outside its contract, is a rejected input, not the end of the search), in up to
-    :data:`CPU_PREFLIGHTS` children."""
-    def run() -> bool:
+    """Run the CPU reference on ``sample`` in forked children first, its inputs between guard
+    regions (:func:`conformance.check.placement.guarded_inputs`): why the input is rejected, or
+    None. A crashing or hanging reference kernel, one writing past an input outside its contract,
+    or one whose result depends on what lies past its inputs (the first child runs it again
+    between other guards, as the sweep's self-check does) rejects the input, not the search; so
+    does the reference's own error ("CPU reference failed: ...", as the sweep words it: the
+    target is never run alone on an input the CPU refuses). Up to :data:`CPU_PREFLIGHTS`
+    children, each for :func:`_cpu_limit` seconds."""
+    def run(check: bool) -> int:
         with guarded_inputs() as guards:
             cpu = on_device(sample, "cpu")
-        info.op(cpu.input, *cpu.args, **cpu.kwargs)
-        return guards.intact()
+        first = info.op(cpu.input, *cpu.args, **cpu.kwargs)
+        if not guards.intact():
+            return _WROTE_PAST
+        if check:
+            def again() -> tuple[Any, Any, None]:
+                c = on_device(sample, "cpu")
+                return info.op(c.input, *c.args, **c.kwargs), c, None
 
-    for _ in range(CPU_PREFLIGHTS):  # memory corruption need not show on every run
-        died = _in_child(run)
+            runs, raised = again_on_poisoned(again, to_cpu(first))
+            if raised is not None or undefined(to_cpu(first), *runs).any:
+                return _READS_PAST
+        return 0
+
+    for i in range(CPU_PREFLIGHTS):  # memory corruption need not show on every run
+        died = _in_child(lambda: run(i == 0), _cpu_limit(), _ENDED)
+        if died is not None and died.startswith("raised: "):
+            return f"CPU reference failed: {died.removeprefix('raised: ')}"
         if died is not None:
             return f"CPU reference {died}"
     return None
@@ -89,4 +142,5 @@ def target_preflight(target: Any, info: Any, sample: Any) -> str | None:
         target.wrap(info.op)(dev.input, *dev.args, **dev.kwargs)
         target.synchronize()
 
-    return _in_child(run)
+    died = _in_child(run)
+    return None if died is not None and died.startswith("raised: ") else died  # its error: the sweep's to report
