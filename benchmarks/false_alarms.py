@@ -104,10 +104,11 @@ def _finished(db: Path) -> bool:
 
 
 def _print_cause(st: Store, rid: str, c: qc.CauseReach) -> None:
-    tag = (f"known: {c.explanation}" + (f" Fix: {c.workaround}" if c.workaround else "")) if c.explanation \
+    owner = f" (owner: {c.owner})" if c.owner else ""
+    tag = (f"known{owner}: {c.explanation}" + (f" Fix: {c.workaround}" if c.workaround else "")) if c.explanation \
         else "UNEXPLAINED"
     print(f"- {c.key} {c.items} item(s) {c.kind} at {c.locus or '-'}: {c.pattern[:160]}")
-    print(f"    {tag[:400]}")
+    print(f"    {tag[:700]}")
     for table in ("op_results", "model_results"):
         try:
             rows = st.db.execute(f"select item_key, status, substr(error, 1, 160) from {table} "

@@ -91,6 +91,20 @@ def set_knowledge(store: Store, notes: dict[str, dict[str, str | None]]) -> None
             [[note.get(f) for f in fields_] + [key] for key, note in notes.items()])
 
 
+def cause_ops(store: Store) -> dict[str, set[str] | None]:
+    """Per cause, every op its items are of over all stored runs; None for a cause that reaches a
+    model too (its items are not all op items)."""
+    out: dict[str, set[str] | None] = {}
+    for cause, ops, models in store.db.execute("select cause, ops, models from cause_reach"):
+        if out.get(cause, set()) is None:
+            continue
+        if models and json.loads(models):
+            out[cause] = None
+            continue
+        out.setdefault(cause, set()).update(json.loads(ops or "[]"))
+    return out
+
+
 def all_causes(store: Store) -> list[dict[str, Any]]:
     return list(store.db.query("select * from causes order by key"))
 

@@ -215,6 +215,8 @@ def test_new_rules_recompute_the_causes(tmp_path, monkeypatch):
     ('[[cause]]\nmatch = "a"\nexplanation = "x"\nseverity = 1\n', "cause[0].severity"),
     ('[[cause]]\nmatch = "a"\n', "cause[0].explanation is missing"),
     ('[[cause]]\nmatch = "a"\nexplanation = "x"\nkind = "Error!"\n', "cause[0].kind"),
+    ('[[cause]]\nmatch = "a"\nexplanation = "x"\nops = "exp"\n', "cause[0].ops = 'exp'"),
+    ('[[cause]]\nmatch = "a"\nexplanation = "x"\nops = []\n', "cause[0].ops = []"),
 ])
 def test_a_bad_knowledge_entry_is_one_clear_error(tmp_path, text, where):
     p = tmp_path / "k.toml"
@@ -282,6 +284,25 @@ def test_a_teams_knowledge_file_explains_by_key_and_replaces_the_shipped_one(tmp
         assert (got["exp"].explanation, got["exp"].owner, got["exp"].knowledge) == (
             "known compiler bug", "compiler team", "team.toml:[[cause]] 1")
         assert got["cat"].explanation is None  # the shipped entries are not read any more
+
+
+def test_a_knowledge_entry_scoped_to_ops_explains_only_their_causes(tmp_path, monkeypatch):
+    """``ops`` scopes an entry: it explains a cause only while every item of it, in every stored
+    run, is an op item of those ops (what a team knows of one op's failure need not hold for the
+    same signature elsewhere)."""
+    st, a, b = _store(tmp_path)
+    with st:
+        ca.ensure(st, b)
+        team = tmp_path / "team.toml"
+        team.write_text('[[cause]]\nmatch = "."\nops = ["ex*"]\nexplanation = "upstream exp"\n')
+        monkeypatch.setenv(kn.ENV, str(team))
+        ca.ensure(st, b)
+        got = {c.ops[0]: c for c in qc.run_causes(st, b)}
+        assert got["exp"].explanation == "upstream exp" and got["cat"].explanation is None
+    k = kn.load(team)
+    assert k.find("C0000000000", "mismatch at x: values differ", ["exp", "exp2"]) is not None
+    assert k.find("C0000000000", "mismatch at x: values differ", ["exp", "cat"]) is None
+    assert k.find("C0000000000", "mismatch at x: values differ", None) is None  # a model's, or unknown
 
 
 def test_a_crash_is_named_by_its_native_frames_when_the_worker_printed_them():

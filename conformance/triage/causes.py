@@ -268,9 +268,10 @@ def apply_knowledge(store: Store, path: Path | None = None) -> None:
     """Write the knowledge file's fields into every stored cause (NULL where none matches)."""
     k = kn.load(Path(path) if path else kn.default_path())
     notes: dict[str, dict[str, str | None]] = {}
+    ops = qc.cause_ops(store)
     for c in qc.all_causes(store):
         sig = Signature(c["kind"], c["exc"] or "", c["pattern"], c["locus"] or "")
-        entry = k.find(c["key"], sig.text())
+        entry = k.find(c["key"], sig.text(), ops.get(c["key"]))
         new = entry.as_json() if entry else dict.fromkeys(("explanation", "workaround", "upstream", "owner", "knowledge"))
         if any(c.get(f) != v for f, v in new.items()):
             notes[c["key"]] = new
@@ -289,7 +290,7 @@ def explain(found: list[tuple[Signature, str]], db_path: str | None = None,
         entry = by.setdefault(sig.key, {**sig.as_json(), "text": sig.text(), "where": [], "seen_in": []})
         entry["where"].append(where)
     for key, entry in by.items():
-        note = k.find(key, entry["text"])
+        note = k.find(key, entry["text"], entry["where"])
         entry.update(note.as_json() if note else dict.fromkeys(("explanation", "workaround", "upstream", "owner",
                                                                  "knowledge")))
     if db_path and Path(db_path).is_file() and by:

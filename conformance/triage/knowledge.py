@@ -6,7 +6,10 @@ matches is *unexplained*.
 
 An entry matches a cause by its ``key`` (the ``C…`` hash ``conformance errors`` prints), or by
 ``match``, a regular expression searched in the cause's one-line text (``kind at locus: Exc:
-pattern``), optionally only for one ``kind``. The first entry that matches wins.
+pattern``), optionally only for one ``kind``. An entry with ``ops`` (fnmatch globs over OpInfo
+names and ATen overloads) matches only a cause whose every item is an op item of those ops: what
+a team knows of one op's failure need not hold for the same signature elsewhere. The first entry
+that matches wins.
 
 Example::
 
@@ -20,9 +23,11 @@ Example::
 
 from __future__ import annotations
 
+import fnmatch
 import functools
 import os
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,8 +54,13 @@ class Entry:
     workaround: str | None = None
     upstream: str | None = None
     owner: str | None = None
+    ops: tuple[str, ...] | None = None
 
-    def matches(self, key: str, text: str) -> bool:
+    def matches(self, key: str, text: str, ops: Collection[str] | None = None) -> bool:
+        """Whether this entry explains the cause ``key`` with one-line text ``text``, whose items
+        are op items of ``ops`` (None: unknown, or the cause reaches a model too)."""
+        if self.ops is not None and not (ops and all(any(fnmatch.fnmatchcase(o, g) for g in self.ops) for o in ops)):
+            return False
         if self.key is not None:
             return key == self.key
         if self.kind is not None and not (text.startswith(self.kind + ":") or text.startswith(self.kind + " at ")):
@@ -67,9 +77,10 @@ class Knowledge:
     path: Path
     entries: tuple[Entry, ...]
 
-    def find(self, key: str, text: str) -> Entry | None:
-        """The first entry matching the cause ``key`` whose one-line text is ``text``."""
-        return next((e for e in self.entries if e.matches(key, text)), None)
+    def find(self, key: str, text: str, ops: Collection[str] | None = None) -> Entry | None:
+        """The first entry matching the cause ``key`` whose one-line text is ``text`` and whose
+        items are op items of ``ops`` (see :meth:`Entry.matches`)."""
+        return next((e for e in self.entries if e.matches(key, text, ops)), None)
 
 
 def default_path() -> Path:
@@ -93,7 +104,7 @@ def load(path: Path = KNOWLEDGE) -> Knowledge:
     entries = []
     for i, item in enumerate(items):
         where = f"cause[{i}]"
-        _keys(path, where, item, {"explanation"}, {"key", "match", "kind", "workaround", "upstream", "owner"})
+        _keys(path, where, item, {"explanation"}, {"key", "match", "kind", "workaround", "upstream", "owner", "ops"})
         if ("key" in item) == ("match" in item):
             raise DataFileError(f"{path}: {where} must have exactly one of key (a cause's C… key) or match "
                                 f"(a regular expression over its text); it has {'both' if 'key' in item else 'neither'}")
@@ -112,12 +123,18 @@ def load(path: Path = KNOWLEDGE) -> Knowledge:
             kind = item["kind"]
             if not isinstance(kind, str) or not _KIND.match(kind):
                 raise _bad(path, f"{where}.kind", kind, "a status (error, mismatch, ...) or contract:<name>")
+        ops = None
+        if "ops" in item:
+            ops = item["ops"]
+            if not isinstance(ops, list) or not ops or not all(isinstance(o, str) and o.strip() for o in ops):
+                raise _bad(path, f"{where}.ops", ops, "a non-empty list of op globs (OpInfo names or aten:: overloads)")
+            ops = tuple(ops)
         upstream = _optional(path, f"{where}.upstream", item.get("upstream"))
         if upstream is not None and not upstream.startswith(("https://", "http://")):
             raise _bad(path, f"{where}.upstream", upstream, "an http(s):// link to the upstream issue")
         entries.append(Entry(f"{path.name}:[[cause]] {i + 1}", _text(path, f"{where}.explanation", item["explanation"]),
                              key, match, kind, _optional(path, f"{where}.workaround", item.get("workaround")),
-                             upstream, _optional(path, f"{where}.owner", item.get("owner"))))
+                             upstream, _optional(path, f"{where}.owner", item.get("owner")), ops))
     return Knowledge(path, tuple(entries))
 
 
