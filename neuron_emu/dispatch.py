@@ -16,12 +16,14 @@ results).  Their names stay importable from here.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
 
 from . import defects as _defects
 from . import numerics as _num
+from .manifest import FALLBACK_ONLY_ENV
 from .meta_dtypes import (  # noqa: F401  (re-exported: tests)
     _META_DTYPES,
     _dtype_key,
@@ -86,45 +88,51 @@ def _generator() -> torch.Generator:
 
 
 def handle(name: str, args: tuple, kwargs: dict) -> Any:
-    """Runs one operator call with the active build's dtype rules, numerics and defects."""
+    """Runs one operator call with the active build's dtype rules, numerics and defects. A device
+    execution that fails (an ``error`` defect, a dtype or layout rule of 'error', a native kernel
+    that raises) is recovered on the CPU where the build's runtime does so (:func:`_recovering`),
+    as the real device does by default."""
     plan = plan_for(name)
     b = S.build
     tensors = _neuron_tensors(args, kwargs)
     fired = S.defect_state.firing(plan.defects, tensors) if plan.defects else []
     fallback = not plan.native
     rule_fallback = None
-    for d in fired:
-        if d.kind in ("error", "crash", "hang"):
-            _defects.raise_now(d, name, b.name)
-        elif d.kind == "fallback":
-            fallback = True
     downcast64 = narrow64 = upcast16 = False
-    if not fallback and not plan.infra:
-        rules = b.dtypes
-        checks = (
-            ("float64", rules.float64, any(t.dtype == _F64 for t in tensors)),
-            ("int64", rules.int64, any(t.dtype == _INT64 for t in tensors)),
-            ("complex", rules.complex, any(t.dtype in _COMPLEX for t in tensors)),
-            ("channels_last", rules.channels_last, any(_is_channels_last(t) for t in tensors)),
-        )
-        for kind, rule, present in checks:
-            if not present or rule == "native":
-                continue
-            if rule == "error":
-                raise RuntimeError(
-                    f"neuron: {kind} inputs are not supported by {name} on Neuron SDK build {b.name} "
-                    f"(manifest rule dtypes.{kind} = 'error')")
-            if rule == "fallback":
-                if not fallback:
-                    rule_fallback = kind
+    try:
+        for d in fired:
+            if d.kind in ("error", "crash", "hang"):
+                _defects.raise_now(d, name, b.name)
+            elif d.kind == "fallback":
                 fallback = True
-            elif kind == "float64":
-                downcast64 = True
-            elif kind == "int64":
-                narrow64 = True
-        if narrow64 and plan.base in NO_NARROW:
-            narrow64 = False  # the length depends on the dtype (int64 truncates the step)
-        upcast16 = plan.arith and any(t.dtype in (torch.bfloat16, torch.float16) for t in tensors)
+        if not fallback and not plan.infra:
+            rules = b.dtypes
+            checks = (
+                ("float64", rules.float64, any(t.dtype == _F64 for t in tensors)),
+                ("int64", rules.int64, any(t.dtype == _INT64 for t in tensors)),
+                ("complex", rules.complex, any(t.dtype in _COMPLEX for t in tensors)),
+                ("channels_last", rules.channels_last, any(_is_channels_last(t) for t in tensors)),
+            )
+            for kind, rule, present in checks:
+                if not present or rule == "native":
+                    continue
+                if rule == "error":
+                    raise RuntimeError(
+                        f"neuron: {kind} inputs are not supported by {name} on Neuron SDK build {b.name} "
+                        f"(manifest rule dtypes.{kind} = 'error')")
+                if rule == "fallback":
+                    if not fallback:
+                        rule_fallback = kind
+                    fallback = True
+                elif kind == "float64":
+                    downcast64 = True
+                elif kind == "int64":
+                    narrow64 = True
+            if narrow64 and plan.base in NO_NARROW:
+                narrow64 = False  # the length depends on the dtype (int64 truncates the step)
+            upcast16 = plan.arith and any(t.dtype in (torch.bfloat16, torch.float16) for t in tensors)
+    except RuntimeError as failed:  # the device refused to run it: an execution error
+        return _recover(plan, name, args, kwargs, failed)
     record(name, fallback, rule_fallback)
     try:
         if fallback:
@@ -134,13 +142,38 @@ def handle(name: str, args: tuple, kwargs: dict) -> Any:
             with raw(1):
                 out = _run_native(plan, args, kwargs, downcast64, narrow64, upcast16)
     except Exception as err:
-        if not any(d.kind == "accepts_invalid" for d in fired):
-            raise
-        with raw(2):
-            return _garbage(plan, args, kwargs, err)  # accepts_invalid: what the kernel rejects, it returns
+        if any(d.kind == "accepts_invalid" for d in fired):
+            with raw(2):
+                return _garbage(plan, args, kwargs, err)  # accepts_invalid: what the kernel rejects, it returns
+        if fallback:
+            raise  # the CPU's own error: nothing to recover on
+        return _recover(plan, name, args, kwargs, err)
     if fired:
         with raw(2):
             out = _apply_output_defects(plan, fired, out, args, kwargs)
+    return out
+
+
+def _recovering() -> bool:
+    """Whether a failed device execution is re-run on the CPU: the build's ``runtime.recover_errors``,
+    unless :data:`~neuron_emu.manifest.FALLBACK_ONLY_ENV` is set for the process."""
+    off = os.environ.get(FALLBACK_ONLY_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+    return S.build.runtime.recover_errors and not off
+
+
+def _recover(plan: OpPlan, name: str, args: tuple, kwargs: dict, failed: Exception) -> Any:
+    """The call whose device execution raised ``failed``, re-run on the CPU fallback where the
+    runtime recovers (counted and warned once as a fallback that says why); ``failed`` itself
+    otherwise, and the CPU's own error when the CPU refuses the call too (the user's mistake,
+    not the device's: no fallback is counted)."""
+    if not _recovering():
+        raise failed
+    try:
+        with raw(2):
+            out = plan.op(*args, **kwargs)
+    except Exception as cpu_error:
+        raise cpu_error from failed
+    record(name, True, recovered=f"{type(failed).__name__}: {str(failed).strip().splitlines()[0] if str(failed).strip() else ''}")
     return out
 
 

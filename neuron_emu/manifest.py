@@ -34,6 +34,13 @@ Defects (``[[defects]]``: ``op`` glob on "aten::name.overload", optional ``dtype
   one ULP (integer and bool outputs unchanged): repeated calls differ, within any tolerance;
 * ``noncontiguous_wrong`` -- like ``wrong_result``, but only when an input tensor (not an out=
   argument) is non-contiguous; contiguous inputs give right values.
+
+``[runtime]`` says how the device's runtime behaves: ``recover_errors`` (default true, as on the
+real device) re-runs an op whose device execution fails (an ``error`` defect, a dtype or layout
+rule of 'error', a kernel that raises) on the CPU, counted and warned as a fallback; the
+environment variable :data:`FALLBACK_ONLY_ENV` set to 1 turns that off for the process (the real
+``TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS`` with the emulator's prefix). ``crash`` and
+``hang`` defects are never recovered.
 """
 
 from __future__ import annotations
@@ -72,6 +79,11 @@ MAX_MAGNITUDE = 1000.0
 ROUNDING = ("rne", "stochastic")
 
 
+#: Set to 1 (true, yes, on), a failed device execution raises instead of being recovered on the
+#: CPU: the real device's TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS, with our prefix.
+FALLBACK_ONLY_ENV = "NEURON_EMU_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS"
+
+
 class ManifestError(ValueError):
     """A build manifest is malformed; the message names file, key, value and what is accepted."""
 
@@ -92,6 +104,11 @@ class Numerics:
     sin_range_reduction: bool = True
     flush_denormals: bool = False
     rounding: str = "rne"
+
+
+@dataclass(frozen=True)
+class Runtime:
+    recover_errors: bool = True  # a failed device execution is re-run on the CPU (see the module doc)
 
 
 @dataclass(frozen=True)
@@ -121,6 +138,7 @@ class Build:
     defects: tuple[Defect, ...]
     description: str = ""
     release: bool = True   # False: a control build (e.g. "ideal"), not an SDK release
+    runtime: Runtime = field(default_factory=Runtime)
     _cache: dict = field(default_factory=dict, compare=False, repr=False, hash=False)
 
     def is_native(self, op_name: str) -> bool:
@@ -194,7 +212,8 @@ def _err(path: Path, key: str, value: Any, accepted: str) -> ManifestError:
     return ManifestError(f"{path}: invalid manifest key '{key}' = {value!r}: expected {accepted}")
 
 
-_TOP_KEYS = {"build", "ops", "dtypes", "numerics", "defects"}
+_TOP_KEYS = {"build", "ops", "dtypes", "numerics", "defects", "runtime"}
+_RUNTIME_KEYS = {"recover_errors": bool}
 _BUILD_KEYS = {"name": str, "inherits": str, "description": str, "reset_defects": bool, "release": bool}
 _OPS_KEYS = {"native", "cpu_fallback"}
 _NUM_KEYS = {
@@ -366,6 +385,13 @@ def _load(path: Path, stack: tuple[Path, ...]) -> Build:
         raise _err(path, "numerics.transcendental_bits", nvals["transcendental_bits"],
                    "an integer number of float32 mantissa bits in 1..23")
 
+    rt = data.get("runtime", {})
+    _check_keys(path, "runtime", rt, set(_RUNTIME_KEYS))
+    rvals = dict(parent.runtime.__dict__) if parent else dict(Runtime().__dict__)
+    for k, v in rt.items():
+        _check_type(path, f"runtime.{k}", v, _RUNTIME_KEYS[k], "true or false")
+        rvals[k] = v
+
     raw_defects = data.get("defects", [])
     if not isinstance(raw_defects, list):
         raise _err(path, "defects", raw_defects, "an array of [[defects]] tables")
@@ -408,5 +434,5 @@ def _load(path: Path, stack: tuple[Path, ...]) -> Build:
         native=lists["native"], cpu_fallback=lists["cpu_fallback"],
         dtypes=DtypeRules(**rules), numerics=Numerics(**nvals), defects=tuple(defects),
         description=build.get("description", parent.description if parent else ""),
-        release=build.get("release", True),
+        release=build.get("release", True), runtime=Runtime(**rvals),
     )

@@ -16,6 +16,7 @@ import contextlib
 import warnings
 from collections.abc import Iterator
 
+from .manifest import FALLBACK_ONLY_ENV
 from .routing import S, _ext
 
 
@@ -30,13 +31,19 @@ def raw(level: int = 1) -> Iterator[None]:
         ext.set_raw(prev)
 
 
-def record(name: str, fallback: bool, rule: str | None = None) -> None:
+def record(name: str, fallback: bool, rule: str | None = None, recovered: str | None = None) -> None:
     """Counts one execution of `name`; a fallback warns once, or raises in strict mode.  `rule`
-    names the dtype/layout rule that sent a natively supported op to the CPU, if one did."""
+    names the dtype/layout rule that sent a natively supported op to the CPU, if one did;
+    `recovered` the error of a device execution the runtime re-ran on the CPU, if it was one."""
     ext = _ext()
-    why = (f"operator {name} has a native kernel in Neuron SDK build {S.build.name} but not for "
-           f"{rule} inputs (manifest rule dtypes.{rule} = 'fallback')" if rule else
-           f"operator {name} is not natively supported by Neuron SDK build {S.build.name}")
+    if recovered:
+        why = (f"operator {name} failed on the device in Neuron SDK build {S.build.name} ({recovered}) "
+               f"and was recovered: re-run on the CPU ({FALLBACK_ONLY_ENV}=1 raises the device's error instead)")
+    elif rule:
+        why = (f"operator {name} has a native kernel in Neuron SDK build {S.build.name} but not for "
+               f"{rule} inputs (manifest rule dtypes.{rule} = 'fallback')")
+    else:
+        why = f"operator {name} is not natively supported by Neuron SDK build {S.build.name}"
     if fallback and ext.get_strict():
         raise RuntimeError(f"neuron_emu strict mode: {why} and would fall back to the CPU "
                            "(NEURON_EMU_STRICT / set_strict)")

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import pytest
 
-import neuron_emu  # registers the device before any autograd backward (see pytest_configure)
+# The suite runs the emulator as the harness does: a failed device execution raises instead of
+# being silently recovered on the CPU (the real device's default, and the emulator's; the
+# neuron-emu target sets this in every process it runs in). Tests of recovery unset it.
+os.environ["NEURON_EMU_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS"] = "1"
+
+import neuron_emu  # noqa: E402  (registers the device before any autograd backward, see pytest_configure)
 from opdb import Store
 
 

@@ -280,7 +280,7 @@ def prepare(spec: RunSpec, resumed: dict[str, Any] | None = None) -> Prepared:
         spec = RunSpec.from_run(resumed, workers=spec.workers)
         return Prepared(spec, check(spec), None)
     groups = check(spec)
-    target = get_target(spec.target, spec.build, spec.imports)
+    target = get_target(spec.target, spec.build, spec.imports, spec.env)
     return Prepared(spec.replace(build=spec.build.resolved()), groups, target)
 
 

@@ -52,6 +52,9 @@ class RunSpec:
     # modules imported before the target is set up, in the supervisor and in every worker
     # (``--import``: what registers a ``device:TYPE`` with torch)
     imports: tuple[str, ...] = field(default=(), metadata=_stored(omit_default=True))
+    # NAME=VALUE environment variables set before the target loads, in the supervisor and in
+    # every worker (``--env``: a device runtime's switches, e.g. one that surfaces errors)
+    env: tuple[str, ...] = field(default=(), metadata=_stored(omit_default=True))
     ops: tuple[str, ...] = ()  # OpInfo globs; aten:: globs select schema searches
     dtypes: tuple[str, ...] = ()
     thorough: bool = False  # reference_inputs instead of sample_inputs
@@ -122,6 +125,11 @@ class RunSpec:
             raise SelectionError(f"--workers {self.workers!r}: must be a whole number of at least 1")
         if self.executor not in EXECUTOR_NAMES:
             raise SelectionError(f"--executor {self.executor!r}: unknown (known: {', '.join(EXECUTOR_NAMES)})")
+        for pair in self.env:
+            name, eq, _ = str(pair).partition("=")
+            if not eq or not name or not (name[0].isalpha() or name[0] == "_") \
+                    or not all(c.isalnum() or c == "_" for c in name):
+                raise SelectionError(f"--env {pair!r}: expected NAME=VALUE, NAME a shell variable name")
         parse_resources(self.task_resources)
         parse_shard(self.shard)
         parse_dtypes(self.dtypes)

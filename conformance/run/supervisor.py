@@ -57,7 +57,7 @@ def _worker(conn: Connection, spec: RunSpec, output: str, supervisor: int, infli
     from conformance.targets import get_target
 
     try:
-        target = get_target(spec.target, spec.build, spec.imports)
+        target = get_target(spec.target, spec.build, spec.imports, spec.env)
         config = spec.sweep_config()
     except Exception as exc:  # noqa: BLE001
         conn.send(("fatal", f"{type(exc).__name__}: {exc}"))

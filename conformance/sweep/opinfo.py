@@ -160,6 +160,9 @@ def _decided(target: Target, info: Any, op: str, variant: str, dtype: str, index
         error = contracts.summary(checks)
     if status in (Status.XFAIL, Status.XPASS) and xfail is not None:
         error = f"{error or 'passed'} [expected failure: {xfail.where}: {xfail.reason}]"
+    if (target.recovery and out.target_error is not None and out.graphs != 0
+            and status in (Status.ERROR, Status.UNSUPPORTED_DTYPE, Status.UNSUPPORTED_LAYOUT)):
+        row["proof"] = {**(row.get("proof") or {}), "recovery": target.recovery}
     row["status"] = status.value
     row["error"] = error
     row["duration_s"] = out.duration_s or (time.perf_counter() - start)

@@ -150,6 +150,10 @@ class Target:
     # Samples per batch unless ``--compile-batch`` says otherwise (1: batch only when asked, on a
     # target where batches were measured not to pay).
     default_batch: ClassVar[int] = 16
+    # A device documented to re-run a failed execution on the CPU by default ("silent
+    # recovery"), whose errors this target surfaces: what a user sees instead of an item's device
+    # error, recorded with it (``proof.recovery``); None for a device that does not recover.
+    recovery: str | None = None
 
     def __init__(self, build: str | BuildRef | None = None) -> None:
         self.ref = BuildRef.parse(build)  # what was asked for
@@ -285,11 +289,14 @@ def register_family(prefix: str, make: Callable[[str, str | BuildRef | None, tup
     FAMILIES[prefix] = make
 
 
-def get_target(name: str, build: str | BuildRef | None = None, imports: tuple[str, ...] = ()) -> Target:
+def get_target(name: str, build: str | BuildRef | None = None, imports: tuple[str, ...] = (),
+               env: tuple[str, ...] = ()) -> Target:
     """Instantiate and set up the target ``name`` (``neuron-emu``, ``inductor``, ``cuda``, ``cpu``,
-    or ``device:TYPE``), after importing the modules ``imports`` (``--import``: what registers
-    a device with torch)."""
+    or ``device:TYPE``), after setting the environment variables ``env`` (``--env NAME=VALUE``: a
+    device runtime's switches, read when its package loads or runs) and importing the modules
+    ``imports`` (``--import``: what registers a device with torch)."""
     load_builtin()
+    set_env(env)
     import_modules(imports)
     family = next((p for p in FAMILIES if name.startswith(p)), None)
     if family is not None:
@@ -302,6 +309,17 @@ def get_target(name: str, build: str | BuildRef | None = None, imports: tuple[st
         target = REGISTRY[name](build)
     target.setup()
     return target
+
+
+def set_env(pairs: tuple[str, ...] | list[str]) -> None:
+    """Set each ``NAME=VALUE`` of ``--env`` in this process (a worker sets them itself)."""
+    import os
+
+    for pair in pairs:
+        name, eq, value = pair.partition("=")
+        if not eq or not name:
+            raise TargetError(f"--env {pair!r}: expected NAME=VALUE")
+        os.environ[name] = value
 
 
 def import_modules(names: tuple[str, ...] | list[str]) -> None:

@@ -2,16 +2,32 @@
 
 Native vs fallback comes from the device's own runtime tracking (as with torch-neuronx's
 ``get_fallback_ops``/``get_executed_ops``), never from the build manifest.
+
+Like the real device, the emulator re-runs a failed device execution on the CPU by default, so a
+broken kernel looks like an op that falls back. The target surfaces those errors: it sets the
+device's documented switch (:data:`SURFACE_ERRORS`) in every process it runs in, unless the
+environment already sets it (``=0`` measures what a user sees with recovery on); an item that
+fails on the device says so in ``proof.recovery``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from .base import Dispatched, OpTrace, Target, TargetError, register
+
+
+#: The device's switch that makes a failed execution raise instead of recovering on the CPU (the
+#: real device's TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS, with the emulator's prefix).
+SURFACE_ERRORS = "NEURON_EMU_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS"
+
+
+def _surfacing() -> bool:
+    return os.environ.get(SURFACE_ERRORS, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 @register
@@ -21,6 +37,9 @@ class NeuronEmuTarget(Target):
     device = "neuron"
 
     def setup(self) -> None:
+        os.environ.setdefault(SURFACE_ERRORS, "1")  # see the module doc
+        self.recovery = (f"with the device's default recovery ({SURFACE_ERRORS} unset) a user sees this op run, "
+                         "on the CPU and slower, not this error" if _surfacing() else None)
         try:
             import neuron_emu
         except ImportError as exc:  # the extension build failed or the package is absent
@@ -46,7 +65,8 @@ class NeuronEmuTarget(Target):
         return tuple(neuron_emu.shipped_builds())
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "emulated": True}
+        return {**super().describe(), "emulated": True,
+                "recovery": "surfaced" if _surfacing() else "on: a failed device execution re-runs on the CPU unseen"}
 
     def _ensure_active(self) -> None:
         """The emulated device runs one build per process (as a real device runs one SDK): when

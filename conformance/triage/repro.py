@@ -232,10 +232,14 @@ def write_repro(store: Store, result_id: int, out_dir: str | Path) -> Path:
         blob = dump_inputs(data)
     except ValueError as exc:
         raise ValueError(f"{where}: {exc}") from None
+    env = _env(config.get("env"), where)
     target = get_target(run.get("target", "cpu"), config.get("build_spec") or run.get("build"),
-                        tuple(config.get("imports") or ()))
+                        tuple(config.get("imports") or ()), env)
     target.use_own_rng(comparator_for(op) == "random")  # as the sweep ran it
     setup, wrapped = target.repro_setup()
+    if env:  # the run's --env, before the device package loads
+        setup = "import os\n" + "".join(f"os.environ[{n!r}] = {v!r}\n" for n, _, v in
+                                         (e.partition("=") for e in env)) + setup
     script = out / f"repro_{int(result_id)}.py"
     # A compiler target gets out= tensors of the result's shapes, on both sides, as in the sweep
     # (execute.run_item).
@@ -295,6 +299,14 @@ def _opt_str(value: Any, where: str, name: str) -> str | None:
     if value is not None and not isinstance(value, str):
         raise ValueError(f"{where}: field {name} is {value!r}, not a string")
     return value
+
+
+def _env(value: Any, where: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(e, str) and "=" in e for e in value):
+        raise ValueError(f"{where}: its run's config env is {value!r}, not a list of NAME=VALUE")
+    return tuple(value)
 
 
 def _imports(value: Any, where: str) -> list[str]:
