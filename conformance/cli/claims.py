@@ -15,6 +15,7 @@ from .errors import _run
 
 
 @main.command("claims")
+@click.argument("table", type=click.Path(dir_okay=False, exists=True), required=False)
 @db_option()
 @click.option("--build", "build", required=True, metavar="BUILD|RUN",
               help="The build (its latest run) or run id whose verdicts the table is held against.")
@@ -22,10 +23,9 @@ from .errors import _run
 @click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False),
               help="Write the disagreements (api, dtype, claimed, measured, kind) and unchecked claims to FILE.")
 @click.option("--all", "show_all", is_flag=True, help="List kept claims too.")
-@click.argument("table", type=click.Path(dir_okay=False, exists=True))
 @handles_errors
 def claims_cmd(db_path: str, build: str, target: str | None, json_path: str | None, show_all: bool,
-               table: str) -> None:
+               table: str | None) -> None:
     """Hold a published compatibility table (Markdown: API | Status | Dtypes | Notes) against what
     a build did: claimed native (Y) but ran on the CPU fallback or fails on the device, claimed
     CPU_FALLBACK but ran natively, claimed not supported (N) but works, a dtype claimed but
@@ -35,6 +35,8 @@ def claims_cmd(db_path: str, build: str, target: str | None, json_path: str | No
     """
     from conformance.catalog import claims as cl
 
+    if table is None:  # checked here, after --db and --build: click checks arguments first
+        raise click.UsageError("Missing argument 'TABLE' (the compatibility table, a Markdown file).")
     table_claims = cl.load(Path(table))
     with Store.open(db_path, create=False) as st:
         run = _run(st, build, target, "--build")
