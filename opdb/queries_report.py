@@ -135,6 +135,16 @@ def reached_cells(store: Store, run_id: str) -> list[tuple[str, str, str, str, i
     return [(*k, n) for k, n in sorted(counts.items(), key=lambda kv: tuple(x or "" for x in kv[0]))]
 
 
+def dispatch_rows(store: Store, run_id: str) -> Iterator[dict[str, Any]]:
+    """A run's op items with what each dispatched (native, fallback, reached) and how it ended:
+    what published claims are held against (``conformance.catalog.claims``)."""
+    cur = store.db.execute("select item_key, op, variant, dtype, status, error, native_ops, fallback_ops, "
+                           "reached_ops from op_results where run_id = ?", [run_id])
+    names = [d[0] for d in cur.description]
+    for row in cur:
+        yield dict(zip(names, row, strict=True))
+
+
 def coverage_rows(store: Store, run_id: str) -> list[dict[str, Any]]:
     return list(store.db.query("select * from coverage where run_id = ? order by name", [run_id]))
 

@@ -364,6 +364,18 @@ class CausesPage(Page):
 
 
 @dataclass
+class ClaimsPage(Page):
+    """``<build>/claims.html``: the build's published compatibility table against its run."""
+
+    info: BuildInfo
+    table_path: str  # the table held against the run ('' when the target publishes none)
+    problem: str  # the table's loader error, if it is malformed
+    counts: list[tuple[str, str, int]]  # (kind, what it means, claim x dtype findings)
+    disagree: int
+    findings: Markup
+
+
+@dataclass
 class Backend:
     """One column of the cross-backend page: a target's latest rendered build with an op run."""
 

@@ -257,4 +257,22 @@ def check(claims: list[Claim], measured: dict[tuple[str, str], Measured]) -> Rep
     return report
 
 
-__all__ = ["COLUMNS", "KINDS", "STATUSES", "Claim", "Finding", "Measured", "Report", "check", "load", "measure"]
+def run_report(store: Any, run_id: str, table: str | Path) -> Report:
+    """The claims of ``table`` held against the stored run ``run_id`` (reads only)."""
+    from opdb.queries_report import dispatch_rows
+
+    return check(load(table), measure(dispatch_rows(store, run_id)))
+
+
+def published_table(target: str, build: str) -> Path | None:
+    """The compatibility table the vendor of ``target`` publishes for ``build``, where the target
+    knows one (:meth:`conformance.targets.base.Target.published_claims`); None otherwise."""
+    from conformance.targets.base import REGISTRY, load_builtin
+
+    load_builtin()
+    cls = REGISTRY.get(target)
+    return cls.published_claims(build) if cls is not None else None
+
+
+__all__ = ["COLUMNS", "KINDS", "STATUSES", "Claim", "Finding", "Measured", "Report", "check", "load", "measure", "published_table",
+           "run_report"]

@@ -40,10 +40,7 @@ def claims_cmd(db_path: str, build: str, target: str | None, json_path: str | No
     table_claims = cl.load(Path(table))
     with Store.open(db_path, create=False) as st:
         run = _run(st, build, target, "--build")
-        rows = st.db.execute("select item_key, op, variant, dtype, status, error, native_ops, fallback_ops, "
-                             "reached_ops from op_results where run_id = ?", [run["id"]])
-        names = [d[0] for d in rows.description]
-        report = cl.check(table_claims, cl.measure(dict(zip(names, r, strict=True)) for r in rows))
+        report = cl.run_report(st, run["id"], Path(table))
     for line in lines(report, run, table, show_all):
         click.echo(line)
     if json_path:

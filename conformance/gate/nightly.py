@@ -144,6 +144,7 @@ def finish_stages(store: Store, spec: NightlySpec, result: NightlyResult, echo: 
         result.runs = {store.get_run(i)["build"]: i for i in ids}
     echo("== coverage ==")
     result.coverage = coverage_stage(store, ids, echo)
+    claims_stage(store, ids, echo)
     if spec.gate and len(ids) > 1:
         echo("== gate: each build against the previous one ==")
         result.gate_exit = gate_stage(store, ids, echo, verdicts=result.gates)
@@ -225,6 +226,32 @@ def coverage_stage(store: Store, run_ids: Sequence[str], echo: Echo) -> dict[str
         echo(f"coverage of {rid}: backend-reachable overloads exercised {shares[rid]}; "
              + ", ".join(f"{k}={v}" for k, v in sorted(counts.items())))
     return shares
+
+
+def claims_stage(store: Store, run_ids: Sequence[str], echo: Echo) -> None:
+    """Each run's build against the compatibility table its target publishes, where it publishes
+    one (the emulator's shipped builds): a line per run (``conformance claims`` lists them)."""
+    from conformance.catalog import claims as cl
+    from conformance.datafiles import DataFileError
+
+    header = False
+    for rid in run_ids:
+        run = store.get_run(rid)
+        table = cl.published_table(run["target"], run["build"]) if run else None
+        if table is None:
+            continue
+        if not header:
+            echo("== published claims ==")
+            header = True
+        try:
+            report = cl.run_report(store, rid, table)
+        except DataFileError as exc:
+            echo(f"claims of {run['build']}: the published table is malformed: {exc}")
+            continue
+        kinds = ", ".join(f"{k} {report.count(k)}" for k in cl.KINDS if report.count(k))
+        echo(f"claims of {run['build']} ({table.name}): {len(report.disagreements)} disagree"
+             + (f" ({kinds})" if kinds else "") + f", {report.count('kept')} kept, {report.count('unchecked')} unchecked "
+             f"(claim x dtype); conformance claims --db {store.path} --build {rid} {table}")
 
 
 def gate_stage(store: Store, run_ids: Sequence[str], echo: Echo, verdicts: list[str] | None = None) -> int:

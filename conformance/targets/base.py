@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -120,8 +121,6 @@ class BuildRef:
     def resolved(self) -> BuildRef:
         """A manifest path made absolute (a resumed run or a worker elsewhere finds it)."""
         if self.spec is not None and self.spec.endswith(".toml"):
-            from pathlib import Path
-
             return BuildRef(str(Path(self.spec).resolve()))
         return self
 
@@ -158,6 +157,12 @@ class Target:
     def __init__(self, build: str | BuildRef | None = None) -> None:
         self.ref = BuildRef.parse(build)  # what was asked for
         self.build = str(self.ref)  # its name once set up (a target resolves its default's name)
+
+    @classmethod
+    def published_claims(cls, build: str) -> Path | None:
+        """The compatibility table (Markdown, ``conformance claims``) the device's vendor
+        publishes for ``build``, where this target ships one; None otherwise."""
+        return None
 
     # -- life cycle ------------------------------------------------------------------
     def setup(self) -> None:

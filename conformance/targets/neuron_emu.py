@@ -59,6 +59,16 @@ class NeuronEmuTarget(Target):
             import neuron_emu  # noqa: F401  (registers the device; workers choose their build)
 
     @classmethod
+    def published_claims(cls, build: str) -> Path | None:
+        """The emulated vendor's compatibility table of a shipped build (beside its manifest)."""
+        try:
+            from neuron_emu.manifest import BUILDS_DIR
+        except ImportError:
+            return None
+        path = BUILDS_DIR / f"{build}.compat.md"
+        return path if path.is_file() else None
+
+    @classmethod
     def available_builds(cls) -> tuple[str, ...]:
         import neuron_emu
 

@@ -20,7 +20,7 @@ Example::
 
     >>> from reports.pages import PAGES
     >>> [p.TEMPLATE for p in PAGES]
-    ['index.html', 'backends.html', 'summary.html', 'matrix.html', 'overloads.html', 'overloads.html', 'regressions.html', 'op.html', 'models.html', 'family.html', 'diff.html']
+    ['index.html', 'backends.html', 'summary.html', 'matrix.html', 'overloads.html', 'overloads.html', 'regressions.html', 'causes.html', 'claims.html', 'op.html', 'models.html', 'family.html', 'diff.html']
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from types import ModuleType
 from . import (
     backends,
     causes,
+    claims,
     diff,
     failing,
     fallbacks,
@@ -42,8 +43,8 @@ from . import (
     summary,
 )
 
-PAGES: tuple[ModuleType, ...] = (index, backends, summary, matrix, fallbacks, failing, regressions, causes, op, models,
-                                 family, diff)
+PAGES: tuple[ModuleType, ...] = (index, backends, summary, matrix, fallbacks, failing, regressions, causes, claims, op,
+                                 models, family, diff)
 
 
 def name(page: ModuleType) -> str:
