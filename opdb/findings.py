@@ -26,7 +26,7 @@ from .queries_contracts import ordered_contracts
 
 ERROR_CHARS = 240  # of a group's first error message
 #: Display order of the categories (worst first).
-CATEGORIES = ("regression", "worsened", "drift", "flaky", "improvement", "new", "removed")
+CATEGORIES = ("regression", "worsened", "drift", "flaky", "unreproducible", "improvement", "new", "removed")
 
 
 def _num(v: Any) -> float | None:

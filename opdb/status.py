@@ -154,3 +154,9 @@ _check()
 #: failing: ``worsened``, or while passing: ``drift``).
 FAILS_GATE = ("regression", "worsened", "drift")
 NUMERICS = ("worsened", "drift")  # findings about a group's error fingerprint, one per group
+
+
+#: A confirmation re-run's status when it ended ``skip`` because the CPU reference did not agree
+#: with itself (conformance.check.selfcheck.NOT_REPRODUCIBLE): the item has no reference to judge
+#: the target by, so the gate calls its group neither confirmed nor flaky but unreproducible.
+UNREPRODUCIBLE = "skip:unreproducible"

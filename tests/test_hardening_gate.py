@@ -217,6 +217,28 @@ def test_mismatch_is_confirmed_k_times_and_a_flaky_op_is_one_flaky_group(db, tmp
     assert xml.count("<skipped") == 1 and 'skipped="1"' in xml
 
 
+def test_a_regression_whose_reference_is_not_reproducible_is_neither_confirmed_nor_flaky(db):
+    """Flaky means the target disagrees with itself while the CPU agrees with itself: a
+    representative whose re-run finds the CPU reference not agreeing with itself (skip, "the CPU
+    reference is not reproducible") makes its group unreproducible, which does not fail the gate."""
+    from opdb.status import UNREPRODUCIBLE
+
+    _cand(db, {**_items("exp", 4, "mismatch"), **_items("sin", 4, "mismatch")})
+    fake = FakeRerun(lambda key, n: UNREPRODUCIBLE if key.startswith("sin") and n == 1 else "mismatch")
+    with Store.open(db) as st:
+        result = run_gate(st, "base", "cand", rerun=fake)
+    conf = result.confirmation
+    assert (conf.confirmed, conf.flaky, conf.unreproducible) == (1, 0, 1)
+    assert {f.name for f in result.of("regression")} == {"exp"} and not result.of("flaky")
+    assert {f.name for f in result.of("unreproducible")} == {"sin"} and len(result.of("unreproducible")) == 4
+    lines = summary_lines(result)
+    assert "0 flaky, 1 unreproducible" in next(line for line in lines if line.startswith("  confirmation:"))
+    assert any(line.startswith("  UNREPRODUCIBLE sin [function, float32]") for line in lines)
+    _cand(db, _items("sin", 4, "mismatch"))
+    with Store.open(db) as st:  # alone, it does not fail the gate
+        assert run_gate(st, "base", "cand", rerun=FakeRerun(lambda key, n: UNREPRODUCIBLE)).verdict == "pass"
+
+
 def test_budget_leaves_groups_unconfirmed_and_reports_what_it_spent(db, tmp_path):
     ops = ("exp", "sin")
     _cand(db, {**_items("exp", 6, "timeout"), **_items("sin", 6, "timeout")})

@@ -44,7 +44,7 @@ from conformance.check.fingerprint import sign_test_p
 from conformance.work import ItemKey
 from opdb import Store
 from opdb.queries import gate_pairs, latest_run, results_by_key
-from opdb.status import FAILS_GATE, NUMERICS, PASSED, SEVERITY, Status
+from opdb.status import FAILS_GATE, NUMERICS, PASSED, SEVERITY, UNREPRODUCIBLE, Status
 from opdb.store import now
 
 from .finding import Finding
@@ -78,6 +78,7 @@ class Confirmation:
     groups: int = 0  # op x variant x dtype groups with status regressions
     confirmed: int = 0
     flaky: int = 0
+    unreproducible: int = 0  # a re-run's CPU reference did not agree with itself: no verdict either way
     unconfirmed: int = 0  # left unconfirmed: the budget ran out (or a re-run returned nothing)
     reruns: int = 0
     timeouts: int = 0  # re-runs that timed out again
@@ -85,14 +86,14 @@ class Confirmation:
 
     def as_json(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in ("attempts", "budget_s", "max_reruns", "groups", "confirmed", "flaky",
-                                              "unconfirmed", "reruns", "timeouts", "seconds")}
+                                              "unreproducible", "unconfirmed", "reruns", "timeouts", "seconds")}
 
     def line(self) -> str:
         if self.attempts <= 0:
             return f"  confirmation off (--reruns 0): {self.groups} group(s) not re-run"
         return (f"  confirmation: {self.reruns} re-run(s) ({self.timeouts} timed out again) in {self.seconds:.1f} s "
                 f"(budget {self.budget_s:g} s, {self.max_reruns} re-runs); groups: {self.confirmed} confirmed, "
-                f"{self.flaky} flaky, {self.unconfirmed} unconfirmed")
+                f"{self.flaky} flaky, {self.unreproducible} unreproducible, {self.unconfirmed} unconfirmed")
 
 
 @dataclass
@@ -127,6 +128,7 @@ class GateResult:
                "regressions": [f.as_json() for f in self.findings if f.category in FAILS_GATE],
                "improvements": [f.as_json() for f in self.of("improvement")],
                "flaky": [f.as_json() for f in self.of("flaky")], "flaky_groups": self.flaky_groups(),
+               "unreproducible": [f.as_json() for f in self.of("unreproducible")],
                "new": [f.as_json() for f in self.of("new")], "removed": [f.as_json() for f in self.of("removed")],
                "confirmation": self.confirmation.as_json() if self.confirmation else None,
                "verdict": self.verdict}
@@ -355,6 +357,10 @@ def confirm(findings: list[Finding], candidate: dict[str, Any], attempts: int, r
             runs = [(f, s) for f in reps[g] for s in seen[f.item_key]]
             if any(s == "missing" for _, s in runs):
                 verdict[g], why[g] = "unconfirmed", "a re-run returned no result for a representative"
+            elif any(s == UNREPRODUCIBLE for _, s in runs):
+                # the CPU did not agree with itself on a representative: the regression was the
+                # reference's, and the target is not shown to disagree with itself either
+                verdict[g] = "unreproducible"
             elif any(_sev(s) <= _sev(f.baseline) for f, s in runs):
                 verdict[g] = "flaky"
             elif all(len(seen[f.item_key]) >= need[f.item_key] for f in reps[g]):
@@ -371,8 +377,8 @@ def confirm(findings: list[Finding], candidate: dict[str, Any], attempts: int, r
             f.evidence["confirmation"] = record
             if f.item_key in seen and seen[f.item_key]:
                 f.evidence["reruns"] = seen[f.item_key]
-            if v == "flaky":
-                f.category = "flaky"
+            if v in ("flaky", "unreproducible"):
+                f.category = v
     return conf
 
 
@@ -455,7 +461,7 @@ def _store(store: Store, result: GateResult) -> None:
     marker = {"baseline_run": b, "candidate_run": c, "category": "verdict", "kind": "gate", "item_key": "*",
               "op": "", "variant": "", "dtype": "", "baseline": result.baseline["build"],
               "candidate": result.verdict, "evidence": {
-                  "counts": {cat: len(result.of(cat)) for cat in (*FAILS_GATE, "flaky", "improvement")},
+                  "counts": {cat: len(result.of(cat)) for cat in (*FAILS_GATE, "flaky", "unreproducible", "improvement")},
                   "confirmation": result.confirmation.as_json() if result.confirmation else None,
                   **({"common_only": result.common} if result.common is not None else {})},
               "decided_at": decided}

@@ -275,7 +275,8 @@ def gate_stage(store: Store, run_ids: Sequence[str], echo: Echo, verdicts: list[
             echo(line)
         if verdicts is not None:
             verdicts.append(lines[0] + "; " + ", ".join(
-                f"{c} {len(result.of(c))}" for c in ("regression", "worsened", "drift", "flaky") if result.of(c)))
+                f"{c} {len(result.of(c))}" for c in ("regression", "worsened", "drift", "flaky", "unreproducible")
+                if result.of(c)))
         worst = max(worst, 1 if result.verdict == "fail" else 0)
     return worst
 

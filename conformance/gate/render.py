@@ -105,10 +105,13 @@ def _header(g: FindingGroup) -> str:
 def _explained(result: GateResult, grouped: list[FindingGroup]) -> str:
     """Why two gates of the same data can count differently: what the re-runs moved."""
     flaky = [g for g in grouped if g.category == "flaky"]
+    unrepro = [g for g in grouped if g.category == "unreproducible"]
     unconfirmed = sum(g.unconfirmed for g in grouped if g.category == "regression")
-    before = len(result.of("regression")) + len(result.of("flaky"))
+    before = len(result.of("regression")) + len(result.of("flaky")) + len(result.of("unreproducible"))
     return (f"  {before} regression(s) before confirmation: the re-runs judged "
-            f"{sum(g.size for g in flaky)} item(s) in {len(flaky)} group(s) flaky; "
+            f"{sum(g.size for g in flaky)} item(s) in {len(flaky)} group(s) flaky"
+            + (f" and {sum(g.size for g in unrepro)} item(s) in {len(unrepro)} group(s) unreproducible (the CPU "
+               "reference did not agree with itself)" if unrepro else "") + "; "
             f"{unconfirmed} item(s) stay regressions unconfirmed (re-runs decide these counts, so two gates of "
             f"the same data can differ by them)")
 
@@ -130,7 +133,7 @@ def summary_lines(result: GateResult, links: Links | None = None, top: int = CON
     if result.confirmation is not None:
         lines.append(result.confirmation.line())
         lines.append(_explained(result, grouped))
-    for what, cats in (("failing", FAILS_GATE), ("flaky", ("flaky",))):
+    for what, cats in (("failing", FAILS_GATE), ("flaky", ("flaky",)), ("unreproducible", ("unreproducible",))):
         shown = [g for g in grouped if g.category in cats]
         for g in shown[:top]:
             lines.append(_header(g))

@@ -92,9 +92,19 @@ def run_canaries(spec: RunSpec, store: Store, run_id: str) -> str | None:
     return "; ".join(bad) or None
 
 
+def _rerun_status(row: dict[str, Any]) -> str:
+    from conformance.check.selfcheck import NOT_REPRODUCIBLE
+    from opdb.status import UNREPRODUCIBLE
+
+    if row["status"] == "skip" and str(row.get("error") or "").startswith(NOT_REPRODUCIBLE):
+        return UNREPRODUCIBLE
+    return row["status"]
+
+
 def rerun_items(spec: RunSpec, run_id: str, keys: Sequence[str], attempts: int) -> dict[str, list[str]]:
     """Re-run chosen items ``attempts`` times each (same seeds, isolated workers); returns the
-    statuses per item key. Nothing is written."""
+    statuses per item key (:data:`opdb.status.UNREPRODUCIBLE` for a re-run whose CPU reference did not agree
+    with itself). Nothing is written."""
     by_group: dict[str, set[str]] = collections.defaultdict(set)
     of_group: dict[str, Group] = {}
     for text in keys:
@@ -106,7 +116,7 @@ def rerun_items(spec: RunSpec, run_id: str, keys: Sequence[str], attempts: int) 
     out: dict[str, list[str]] = collections.defaultdict(list)
     for _ in range(attempts):
         sup = executor(Work(spec, run_id, groups, only=only),
-                       sink=lambda row, table: out[row["item_key"]].append(row["status"]))
+                       sink=lambda row, table: out[row["item_key"]].append(_rerun_status(row)))
         sup.run()
     return dict(out)
 
