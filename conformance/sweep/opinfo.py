@@ -93,6 +93,12 @@ def _evaluate(target: Target, info: Any, op: str, variant: str, dtype: str, inde
     return row, out
 
 
+#: Comparator kinds whose items the reference self-check leaves alone: a random op's values differ
+#: from call to call by design, and a meta op's (``empty*``, ``resize_``) are undefined by design
+#: (only shape, dtype and strides are compared, and must not be masked as "not reproducible").
+UNCHECKED_KINDS = ("random", "meta")
+
+
 def _decided(target: Target, info: Any, op: str, variant: str, dtype: str, index: int, sample: Any,
              config: SweepConfig, peer: dict[str, Any] | None, batches: OpBatches | None, computed: Any,
              budget: contracts.Budget | None = None) -> tuple[dict[str, Any], Any]:
@@ -103,7 +109,7 @@ def _decided(target: Target, info: Any, op: str, variant: str, dtype: str, index
     out = (run_backward(target, info, sample, computed=computed) if variant == "backward"
            else run_item(target, info, variant, sample, computed=computed, refs=open_cache(config.refcache),
                          ref_hint=None if kind == "random" else hint, guard=config.reference_check == "every",
-                         check_first=config.reference_check == "every" and kind != "random"))
+                         check_first=config.reference_check == "every" and kind not in UNCHECKED_KINDS))
     # Tolerances follow the dtype of the result: exp of an int64 tensor is a float and is not
     # compared exactly.
     tol = config.ledger.tolerance(op, variant, _result_dtype(out.cpu, dtype), target.name)
@@ -197,7 +203,7 @@ def _values(out: Any, tol: Any, kind: str, per_tensor: Any, peer: dict[str, Any]
     ev = compare(out.cpu, out.target, atol=tol.atol, rtol=tol.rtol, device_meta=out.device_meta,
                  per_tensor=per_tensor, comparator=kind)
     undefined = None
-    if (strict or not ev.close) and kind != "random" and out.again is not None:
+    if (strict or not ev.close) and kind not in UNCHECKED_KINDS and out.again is not None:
         undefined = _reference_again(out)
         if undefined is None:  # nothing of the reference is defined: the item says nothing
             return None
