@@ -190,7 +190,8 @@ def main() -> None:
     ap.add_argument("--ops", action="append", default=[], help="op globs (default: every OpInfo and overload)")
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--models", default="all", help="model families, 'all', or 'none'")
-    ap.add_argument("--model-limit", type=int, default=0)
+    ap.add_argument("--model-limit", type=int, default=6,
+                    help="graphs per family for the full per-graph protocol, as the nightly (0: the whole corpus, hours)")
     ap.add_argument("--quick", action="store_true", help="the ops that failed on ideal before, one mlp graph")
     ap.add_argument("--aa-build", default="2.33.0")
     ap.add_argument("--aa-same", action="store_true", help="A/A on part 1's selection (default: the sweep, no models)")

@@ -203,6 +203,10 @@ def _register_python_kernels() -> None:
     if _PY_KERNELS is None:
         _PY_KERNELS = torch.library.Library("aten", "IMPL")
         _PY_KERNELS.impl("_lazy_clone", _lazy_clone, "PrivateUse1")
+        from .fused_rnn import KERNELS
+
+        for name, kernel in KERNELS.items():  # no CPU kernel to fall back to (fused_rnn's doc)
+            _PY_KERNELS.impl(name, kernel, "PrivateUse1")
 
 
 def register() -> None:

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
+import neuron_emu
+
 REPO = Path(__file__).resolve().parents[1]
 D = "neuron"
 
@@ -296,3 +298,51 @@ print("ok")
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900, cwd=REPO)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+
+
+@pytest.mark.parametrize("cls", [torch.nn.LSTM, torch.nn.GRU])
+@pytest.mark.parametrize("bias", [True, False])
+def test_fused_rnn_cells_run_where_the_build_has_them(cls, bias):
+    """PyTorch's LSTM and GRU cells call the fused cell kernels on any PrivateUse1 device, and
+    the CPU has none to fall back to: the ideal build (every kernel native) runs them, forward
+    and backward, as the CPU's unfused cells compute; a build without them fails as before, with
+    the dispatcher's own error."""
+    prev = neuron_emu.active_build()
+    try:
+        neuron_emu.use_build("ideal")
+        torch.manual_seed(0)
+        m = cls(4, 8, bias=bias, batch_first=True)
+        x = torch.randn(2, 5, 4)
+        ref = m(x)[0]
+        ref.sum().backward()
+        want = [p.grad.clone() for p in m.parameters()]
+        m.zero_grad()
+        m.to(D)
+        out = m(x.to(D))[0]
+        out.sum().backward()
+        assert torch.allclose(out.cpu(), ref, atol=1e-6)
+        assert all(torch.allclose(p.grad.cpu(), g, atol=1e-5) for p, g in zip(m.parameters(), want, strict=True))
+        neuron_emu.use_build("2.33.0")
+        with pytest.raises(NotImplementedError, match="Could not run 'aten::_thnn_fused_.*' with arguments from the 'CPU'"):
+            m(x.to(D))
+    finally:
+        neuron_emu.use_build(prev)
+
+
+def test_compiled_sdpa_traces_on_a_build_with_the_cpus_fused_kernel():
+    """Tracing reaches the device's SDPA backend choice with FakeTensors: the choice, made by
+    the CPU's own checks on views of them, must not call back into the FakeTensorMode."""
+    prev = neuron_emu.active_build()
+    try:
+        neuron_emu.use_build("ideal")
+        torch.manual_seed(0)
+        q, k, v = torch.randn(2, 2, 1, 8), torch.randn(2, 2, 16, 8), torch.randn(2, 2, 16, 8)
+        mask = torch.ones(1, 16, dtype=torch.bool)
+
+        def attend(q, k, v, m):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=m)
+
+        out = torch.compile(attend, backend="neuron", fullgraph=True)(*(t.to(D) for t in (q, k, v, mask)))
+        assert torch.allclose(out.cpu(), attend(q, k, v, mask), atol=1e-6)
+    finally:
+        neuron_emu.use_build(prev)

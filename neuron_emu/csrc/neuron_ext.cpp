@@ -929,8 +929,13 @@ static int64_t neuron_fused_sdp_choice(const at::Tensor& q, const at::Tensor& k,
   };
   std::optional<at::Tensor> mask;
   if (attn_mask.has_value() && attn_mask->defined()) mask = cpu_like(*attn_mask);
-  // The CPU's own choice, through the dispatcher (aten::_fused_sdp_choice -> the CPU stub).
+  // The CPU's own choice, through the dispatcher (aten::_fused_sdp_choice -> the CPU stub). The
+  // choice reads shapes, dtypes and flags only, so the CPU views of FakeTensors (torch.compile's
+  // tracing reaches here through the op's Meta kernel) serve as well as real ones: the call must
+  // not go back to the FakeTensorMode that is active, which refuses non-fake tensors.
   at::AutoDispatchBelowADInplaceOrView below_autograd;
+  c10::impl::ExcludeDispatchKeyGuard no_python(
+      c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
   return at::_fused_sdp_choice(cpu_like(q), cpu_like(k), cpu_like(v), mask, dropout_p, is_causal, scale,
                                enable_gqa);
 }
