@@ -135,6 +135,20 @@ def reached_cells(store: Store, run_id: str) -> list[tuple[str, str, str, str, i
     return [(*k, n) for k, n in sorted(counts.items(), key=lambda kv: tuple(x or "" for x in kv[0]))]
 
 
+def claim_rows(store: Store, run_id: str) -> list[dict[str, Any]]:
+    """The stored claims of a published compatibility table held against the run (empty: none)."""
+    if "claims" not in store.db.table_names():
+        return []
+    return list(store.db.query("select * from claims where run_id = ? order by line, dtype", [run_id]))
+
+
+def replace_claims(store: Store, run_id: str, rows: Sequence[dict[str, Any]]) -> None:
+    """Store a run's claims, replacing what it had (one transaction)."""
+    with store._transaction():
+        store.db.execute("delete from claims where run_id = ?", [run_id])
+        store.insert("claims", rows)
+
+
 def dispatch_rows(store: Store, run_id: str) -> Iterator[dict[str, Any]]:
     """A run's op items with what each dispatched (native, fallback, reached) and how it ended:
     what published claims are held against (``conformance.catalog.claims``)."""

@@ -262,6 +262,20 @@ CAUSE_RUNS = {
     "computed_at": str,
 }
 
+# A published compatibility table held against a run (conformance.catalog.claims): one row per
+# claim x dtype, stored by the nightly for the tables its targets publish (schema v13).
+CLAIMS = {
+    "run_id": str,
+    "tbl": str,  # the table's file
+    "api": str,  # aten::name or aten::name.overload, as claimed
+    "dtype": str,  # '' for a claim the run has nothing on at all
+    "claimed": str,  # Y | CPU_FALLBACK | N, with the claimed dtypes
+    "kind": str,  # kept | unchecked | a disagreement (conformance.catalog.claims.KINDS)
+    "measured": str,
+    "example": str,
+    "line": int,  # the claim's line in the table
+}
+
 TABLES: dict[str, dict[str, type]] = {
     "runs": RUNS,
     "run_shards": RUN_SHARDS,
@@ -276,6 +290,7 @@ TABLES: dict[str, dict[str, type]] = {
     "causes": CAUSES,
     "cause_reach": CAUSE_REACH,
     "cause_runs": CAUSE_RUNS,
+    "claims": CLAIMS,
 }
 
 
@@ -374,8 +389,12 @@ def _v12(db: sqlite_utils.Database) -> None:
             db[table].add_column("cause", str)
 
 
+def _v13(db: sqlite_utils.Database) -> None:
+    db["claims"].create(CLAIMS, pk=("run_id", "api", "dtype"), if_not_exists=True)
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10,
-                                                             _v11, _v12]
+                                                             _v11, _v12, _v13]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

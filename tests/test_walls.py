@@ -223,7 +223,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[set[str]]:
 
 # Registration is the one circle allowed: a package module imports its members so that they
 # register themselves (click commands in cli_*.py, devices in targets/*.py via load_builtin).
-_REGISTRATION = ({"conformance.cli", "conformance.cli.audit", "conformance.cli.errors", "conformance.cli.gate", "conformance.cli.report",
+_REGISTRATION = ({"conformance.cli", "conformance.cli.audit", "conformance.cli.claims", "conformance.cli.errors", "conformance.cli.gate", "conformance.cli.report",
                   "conformance.cli.sweep", "conformance.cli.upstream"},
                  {"conformance.targets.base", "conformance.targets.cpu", "conformance.targets.cuda",
                   "conformance.targets.inductor", "conformance.targets.neuron_emu", "conformance.targets.onnx_runtime",

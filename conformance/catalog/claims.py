@@ -264,6 +264,17 @@ def run_report(store: Any, run_id: str, table: str | Path) -> Report:
     return check(load(table), measure(dispatch_rows(store, run_id)))
 
 
+def store_report(store: Any, run_id: str, table: str | Path, report: Report) -> None:
+    """Keep ``report`` (of ``table`` against ``run_id``) in the database, for the report site."""
+    from opdb.queries_report import replace_claims
+
+    replace_claims(store, run_id, [
+        {"run_id": run_id, "tbl": str(table), "api": f.claim.api, "dtype": f.dtype,
+         "claimed": f.claim.status + (f" ({', '.join(f.claim.dtypes)})" if f.claim.dtypes else ""),
+         "kind": f.kind, "measured": f.measured, "example": f.example, "line": f.claim.line}
+        for f in report.findings])
+
+
 def published_table(target: str, build: str) -> Path | None:
     """The compatibility table the vendor of ``target`` publishes for ``build``, where the target
     knows one (:meth:`conformance.targets.base.Target.published_claims`); None otherwise."""
@@ -275,4 +286,4 @@ def published_table(target: str, build: str) -> Path | None:
 
 
 __all__ = ["COLUMNS", "KINDS", "STATUSES", "Claim", "Finding", "Measured", "Report", "check", "load", "measure", "published_table",
-           "run_report"]
+           "run_report", "store_report"]

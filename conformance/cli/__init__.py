@@ -38,6 +38,22 @@ def fail(message: str) -> None:
     sys.exit(EXIT_USAGE)
 
 
+def find_run(st: Any, ref: str | None, target: str | None, what: str) -> dict[str, Any]:
+    """The run ``ref`` names (a run id, or a build: its latest run, on ``target`` when given); a
+    :class:`UsageProblem` naming the option ``what`` and what the database holds otherwise."""
+    from opdb.queries import latest_run
+
+    run = st.get_run(ref) if ref else None
+    if run is None:
+        run = latest_run(st, build=ref, target=target)
+    if run is None:
+        builds = sorted({f"{r['target']} {r['build']}" for r in st.runs()})
+        raise UsageProblem(f"{what} {ref!r}: no run with that id or build"
+                           + (f" on target {target}" if target else "")
+                           + f" in {st.path} (it holds: {', '.join(builds) or 'no runs'})")
+    return run
+
+
 def handles_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Turn the library's input errors into one clear line and exit code 2."""
 

@@ -10,8 +10,7 @@ import click
 
 from opdb import Store
 
-from . import EXIT_FAILURES, EXIT_OK, db_option, handles_errors, main
-from .errors import _run
+from . import EXIT_FAILURES, EXIT_OK, db_option, find_run, handles_errors, main
 
 
 @main.command("claims")
@@ -39,7 +38,7 @@ def claims_cmd(db_path: str, build: str, target: str | None, json_path: str | No
         raise click.UsageError("Missing argument 'TABLE' (the compatibility table, a Markdown file).")
     table_claims = cl.load(Path(table))
     with Store.open(db_path, create=False) as st:
-        run = _run(st, build, target, "--build")
+        run = find_run(st, build, target, "--build")
         report = cl.run_report(st, run["id"], Path(table))
     for line in lines(report, run, table, show_all):
         click.echo(line)

@@ -11,23 +11,9 @@ import click
 
 from opdb import Store
 
-from . import EXIT_FAILURES, EXIT_OK, UsageProblem, db_option, handles_errors, main
+from . import EXIT_FAILURES, EXIT_OK, UsageProblem, db_option, find_run, handles_errors, main
 
 DEFAULT_LIMIT = 30
-
-
-def _run(st: Store, ref: str | None, target: str | None, what: str) -> dict[str, Any]:
-    from opdb.queries import latest_run
-
-    run = st.get_run(ref) if ref else None
-    if run is None:
-        run = latest_run(st, build=ref, target=target)
-    if run is None:
-        builds = sorted({f"{r['target']} {r['build']}" for r in st.runs()})
-        raise UsageProblem(f"{what} {ref!r}: no run with that id or build"
-                           + (f" on target {target}" if target else "")
-                           + f" in {st.path} (it holds: {', '.join(builds) or 'no runs'})")
-    return run
 
 
 def cause_json(c: Any, new: bool | None) -> dict[str, Any]:
@@ -71,8 +57,8 @@ def errors_cmd(db_path: str, build: str | None, target: str | None, since: str |
     from opdb import queries_causes as qc
 
     with Store.open(db_path, create=False) as st:
-        run = _run(st, build, target, "--build")
-        base = _run(st, since, run["target"], "--new-since") if since else None
+        run = find_run(st, build, target, "--build")
+        base = find_run(st, since, run["target"], "--new-since") if since else None
         if base is not None and base["id"] == run["id"]:
             raise UsageProblem(f"--new-since {since!r} is the same run as --build ({run['id']})")
         summary = ca.ensure_runs(st, [run["id"]] + ([base["id"]] if base else []),

@@ -248,6 +248,7 @@ def claims_stage(store: Store, run_ids: Sequence[str], echo: Echo) -> None:
         except DataFileError as exc:
             echo(f"claims of {run['build']}: the published table is malformed: {exc}")
             continue
+        cl.store_report(store, rid, table, report)  # for the report's Claims page
         kinds = ", ".join(f"{k} {report.count(k)}" for k in cl.KINDS if report.count(k))
         echo(f"claims of {run['build']} ({table.name}): {len(report.disagreements)} disagree"
              + (f" ({kinds})" if kinds else "") + f", {report.count('kept')} kept, {report.count('unchecked')} unchecked "
