@@ -13,7 +13,7 @@ which must be 0. Also what the self-consistency re-runs cost: the items that pai
 
 Examples::
 
-    python benchmarks/false_alarms.py                   # everything (about 40 minutes on 2 cores)
+    python benchmarks/false_alarms.py                   # everything (about 20 minutes on 2 cores)
     python benchmarks/false_alarms.py --quick           # a slice (a few minutes)
     python benchmarks/false_alarms.py --skip-aa --keep results/false_alarms
     python benchmarks/false_alarms.py --keep results/false_alarms --reuse   # print again, run nothing new
