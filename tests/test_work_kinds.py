@@ -81,7 +81,7 @@ def test_run_spec_config_round_trips_through_a_runs_row():
     spec = RunSpec(target="cpu", build="2.33.0", ops=("abs", "aten::x*"), dtypes=("float32",), thorough=True,
                    shard="2/3", timeout_s=7.5, seed=3, max_samples=2, ledger="l.toml", variants=("out",),
                    opinfo=False, schema=True, models=("mlp",), model_limit=4, model_modes=("eager",), workers=5,
-                   imports=("json",), contracts=("out", "errors"), corpus=False, compile_batch=4,
+                   imports=("json",), env=("X_SWITCH=1",), contracts=("out", "errors"), corpus=False, compile_batch=4,
                    refcache="refs.sqlite", contract_budget=3, executor="ray", ray_address="auto",
                    task_resources=("neuron_cores=1",))
     # every field away from its default (a new field must join this test), the run id aside
