@@ -239,6 +239,23 @@ def test_a_regression_whose_reference_is_not_reproducible_is_neither_confirmed_n
         assert run_gate(st, "base", "cand", rerun=FakeRerun(lambda key, n: UNREPRODUCIBLE)).verdict == "pass"
 
 
+def test_a_rerun_is_unreproducible_when_the_cpu_did_not_agree_with_itself():
+    """Also a schema item's re-run, which searches again and finds no input it can keep because
+    the CPU did not reproduce them."""
+    from conformance.check.selfcheck import NOT_REPRODUCIBLE
+    from conformance.run.runner import _rerun_status
+    from opdb.status import UNREPRODUCIBLE
+
+    assert _rerun_status({"status": "skip", "error": f"{NOT_REPRODUCIBLE}: 3 of 4 elements differ"}) == UNREPRODUCIBLE
+    assert _rerun_status({"status": "skip", "error": f"no valid input: 80 generated calls rejected by the CPU "
+                                                     f"(50x {NOT_REPRODUCIBLE}: 1 of 1 result elements differ)"}) \
+        == UNREPRODUCIBLE
+    assert _rerun_status({"status": "skip", "error": "CPU reference crashed (signal 6 (SIGABRT)); no verdict for "
+                                                     "the target"}) == UNREPRODUCIBLE  # it ran before
+    assert _rerun_status({"status": "skip", "error": "no valid input: 80x CPU reference failed: IndexError"}) == "skip"
+    assert _rerun_status({"status": "mismatch", "error": "output 0 differs"}) == "mismatch"
+
+
 def test_budget_leaves_groups_unconfirmed_and_reports_what_it_spent(db, tmp_path):
     ops = ("exp", "sin")
     _cand(db, {**_items("exp", 6, "timeout"), **_items("sin", 6, "timeout")})

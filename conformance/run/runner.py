@@ -30,7 +30,7 @@ from .executor import Summary, Work, executor
 from .kinds import TABLES, groups_of, kind_of_item
 from .progress import Console
 from .spec import RunSpec
-from .supervisor import Supervisor, start_worker_server, worker_context
+from .supervisor import CPU_CRASHED, Supervisor, start_worker_server, worker_context
 
 __all__ = ["CodeChangedWarning", "EmptyRun", "Prepared", "RunSpec", "Summary", "Supervisor", "check", "execute_run",
            "prepare", "rerun_items", "run_canaries", "run_into", "run_together", "stderr_progress"]
@@ -96,7 +96,12 @@ def _rerun_status(row: dict[str, Any]) -> str:
     from conformance.check.selfcheck import NOT_REPRODUCIBLE
     from opdb.status import UNREPRODUCIBLE
 
-    if row["status"] == "skip" and str(row.get("error") or "").startswith(NOT_REPRODUCIBLE):
+    # a schema item's re-run searches again: "no valid input" with rejections of that reason means
+    # the input it failed on before is not reproducible on the CPU now; a reference that now kills
+    # its worker on an input it ran before does not agree with itself either (heap corruption by
+    # an input outside the op's contract)
+    error = str(row.get("error") or "")
+    if row["status"] == "skip" and (NOT_REPRODUCIBLE in error or error.startswith(CPU_CRASHED)):
         return UNREPRODUCIBLE
     return row["status"]
 

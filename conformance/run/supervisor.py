@@ -102,6 +102,10 @@ def worker_context() -> Any:
     return ctx
 
 
+#: How an item whose CPU reference killed its worker begins its error (no verdict for the target).
+CPU_CRASHED = "CPU reference crashed"
+
+
 def start_worker_server() -> None:
     import multiprocessing.forkserver
     import threading
@@ -429,7 +433,7 @@ class Supervisor:
                                 took, output)
             elif item.phase == "cpu":  # the reference kernel itself died: the input is invalid, not the target
                 self._synthetic(slot.group, item.key, decide_unrun("cpu"),
-                                f"CPU reference crashed ({why}); no verdict for the target", took, output)
+                                f"{CPU_CRASHED} ({why}); no verdict for the target", took, output)
             else:
                 self._synthetic(slot.group, item.key, decide_unrun("target"),
                                 f"process died during the item on the target: {why}", took, output)
