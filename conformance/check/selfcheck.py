@@ -11,8 +11,8 @@ True; and c10's CPU allocator filling every other block it hands out with a junk
 :func:`allocator_fill`) and each input between guard regions of another value
 (:func:`conformance.check.placement.guarded_inputs`: a kernel that reads past an input reads
 those), and, where that run agrees with the first on a fill value, once more with every
-allocation zero-filled, ``out=`` tensors of zeros and NaN guards. :func:`undefined` finds the elements the runs do not all
-reproduce; they are left out of the comparison (:func:`masked`), counted and shown. An item
+allocation zero-filled, ``out=`` tensors of zeros and NaN guards. :func:`undefined` finds the
+elements the runs do not all reproduce; they are left out of the comparison (:func:`masked`), counted and shown. An item
 whose whole result is undefined, or whose reference raises on a re-run (it depended on memory
 past its inputs), is ``skip``, with that reason (:data:`NOT_REPRODUCIBLE`). It runs only where a
 comparison failed, so an item that passes pays nothing; the schema search runs it on every
@@ -33,6 +33,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import warnings
 from collections.abc import Callable, Iterator
@@ -193,6 +194,7 @@ _POISON_BYTES = 64 << 20  # ... as far as this many bytes a size allows
 _JUNK = 0x7FEDBEEF
 
 
+@functools.cache
 def _c10_flag(name: str) -> Any:
     """c10's allocator flag ``name`` (a ``ctypes.c_bool`` in ``libc10``), or None where this
     build of PyTorch does not export it."""
@@ -206,18 +208,13 @@ def _c10_flag(name: str) -> Any:
         return None
 
 
-_FLAGS: dict[str, Any] = {}
-
-
 @contextlib.contextmanager
 def allocator_fill(kind: str) -> Iterator[bool]:
     """Every CPU allocation made inside (tensors, and a kernel's own buffers made as tensors) is
     filled by PyTorch's CPU allocator itself: ``"junk"`` (a NaN or large-integer pattern) or
     ``"zero"``, whatever block the heap hands back. Yields whether it could (the flags are c10's
     ``caffe2_cpu_allocator_do_{junk,zero}_fill``); a build without them yields False."""
-    if kind not in _FLAGS:
-        _FLAGS[kind] = _c10_flag(f"{kind}_fill")
-    flag = _FLAGS[kind]
+    flag = _c10_flag(f"{kind}_fill")
     if flag is None:
         yield False
         return
