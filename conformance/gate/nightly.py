@@ -90,7 +90,7 @@ def run_nightly(spec: NightlySpec, db_path: str | os.PathLike[str], progress: Ca
     coverage, gate or report is made of unfinished runs. ``resume``: the prefix of a nightly in
     this database; its finished builds are kept, its interrupted one resumes, the rest run."""
     result = NightlyResult()
-    start_worker_server()  # its imports (torch, the OpInfo db, the device) overlap with the check's
+    start_worker_server(spec.run.target)  # its imports (torch, the OpInfo db, the device) overlap with the check's
     check(spec.run)  # a bad selection is refused before the database is created
     if resume:
         spec = dataclasses.replace(spec, run_id_prefix=resume)

@@ -1,5 +1,5 @@
 """Imported once by the fork server that worker processes come from: the slow imports (torch,
-the OpInfo database, the emulated device if installed) happen here, not in every worker.
+the OpInfo database, the run's target's device package) happen here, not in every worker.
 
 First, the fork server ties itself to the supervisor that started it (see
 :mod:`conformance.run.isolation`): killed with -9, the supervisor takes the fork server with it,
@@ -7,7 +7,7 @@ and each worker dies with the fork server and the supervisor."""
 
 import os
 
-from conformance.run.isolation import PDEATHSIG_ENV, SUPERVISOR_ENV, die_with
+from conformance.run.isolation import PDEATHSIG_ENV, PRELOAD_ENV, SUPERVISOR_ENV, die_with
 
 FORKSERVER_PID: int | None = None  # the fork server's pid, as its forked workers see it
 
@@ -28,7 +28,7 @@ with warnings.catch_warnings():
     infos()
     from conformance.targets import preload
 
-    preload()
+    preload(os.environ.get(PRELOAD_ENV))
 
 # What every worker's first item paid again, inside its timeout (1-3 s on a loaded machine):
 # the overload catalog (conformance.check.comparators asks it which OpInfos are random; it

@@ -48,6 +48,11 @@ SUPERVISOR_ENV = "CONFORMANCE_SUPERVISOR_PID"
 # Set when the supervisor's main thread starts the fork server: PR_SET_PDEATHSIG fires when the
 # parent *thread* exits, so it is only armed when that thread lives as long as the process.
 PDEATHSIG_ENV = "CONFORMANCE_SUPERVISOR_PDEATHSIG"
+
+#: The target whose device package the fork server imports ahead for its workers (unset: every
+#: installed one's). A cuda run's workers must not import the emulator: importing it registers a
+#: device and loads its extension into the processes under test, and on a fresh machine builds it.
+PRELOAD_ENV = "CONFORMANCE_PRELOAD_TARGET"
 OUTPUT_MAX = 8000  # bytes of a worker's output kept per item (head and tail)
 
 

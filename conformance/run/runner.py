@@ -263,7 +263,7 @@ def execute_run(spec: RunSpec, db_path: str | os.PathLike[str], *, resume: str |
                 progress: Callable[[str], None] | None = None) -> Summary:
     """Run (or resume) a sweep into the database at ``db_path`` (:func:`run_into`); a bad spec
     or selection is refused before the database is created or written."""
-    start_worker_server()  # its imports overlap with the selection's
+    start_worker_server(spec.target)  # its imports overlap with the selection's
     run = None
     if resume:
         with Store.open(db_path, create=False) as store:  # a missing database is not created
@@ -351,7 +351,7 @@ def _start(spec: RunSpec, store: Store, resume: str | None, prepared: Prepared |
     """Start (or resume) a run in the store and run its canaries: its work, or (canaries failed)
     its infra summary."""
     where = str(store.path or ":memory:")
-    start_worker_server()
+    start_worker_server(spec.target)
     if prepared is None:
         run = store.get_run(resume) if resume else None
         if resume and run is None:

@@ -106,13 +106,18 @@ def worker_context() -> Any:
 CPU_CRASHED = "CPU reference crashed"
 
 
-def start_worker_server() -> None:
+def start_worker_server(target: str | None = None) -> None:
+    """Start the fork server the workers come from, unless it runs. ``target``: the name of the
+    target its workers will run, whose device package it imports ahead (None: every installed
+    target's); a server started earlier keeps what it imported."""
     import multiprocessing.forkserver
     import threading
 
-    from .isolation import PDEATHSIG_ENV, SUPERVISOR_ENV
+    from .isolation import PDEATHSIG_ENV, PRELOAD_ENV, SUPERVISOR_ENV
 
     # the fork server reads these when it starts (conformance.run._workerboot): it dies with us
+    if target is not None:
+        os.environ[PRELOAD_ENV] = target
     os.environ[SUPERVISOR_ENV] = str(os.getpid())
     os.environ[PDEATHSIG_ENV] = "1" if threading.current_thread() is threading.main_thread() else ""
     worker_context()
@@ -191,7 +196,7 @@ class Supervisor:
         self.only = only
         self.summary = Summary(run_id)
         self.progress = progress
-        start_worker_server()  # (again: re-runs and canaries come here directly) ties it to us
+        start_worker_server(spec.target)  # (again: re-runs and canaries come here directly) ties it to us
         self.ctx = worker_context()
         self.writers = {t: store.writer(t) for t in TABLES} if store else {}
         self.sink = sink or (lambda row, table: self.writers[table].add(row))

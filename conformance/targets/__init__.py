@@ -17,8 +17,11 @@ from .base import (
 __all__ = ["REGISTRY", "BuildRef", "Compiled", "OpTrace", "Target", "TargetError", "get_target", "preload", "register"]
 
 
-def preload() -> None:
-    """Import every registered target's device package that is installed (see Target.preload)."""
+def preload(name: str | None = None) -> None:
+    """Import the device package of the target named ``name`` if it is installed (see
+    Target.preload); ``None``: every registered target's. A ``device:TYPE`` target, or a name no
+    target has, imports nothing here (its ``--import`` modules load in each worker)."""
     load_builtin()
-    for target in REGISTRY.values():
+    targets = REGISTRY.values() if name is None else [REGISTRY[name]] if name in REGISTRY else []
+    for target in targets:
         target.preload()
