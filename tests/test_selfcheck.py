@@ -258,3 +258,32 @@ def test_only_an_error_that_asks_for_the_cpu_moves_an_argument(message, asks):
     from conformance.check.placement import _CPU_WORD
 
     assert bool(_CPU_WORD.search(message)) is asks
+
+
+def test_an_input_the_meta_kernel_refuses_is_outside_the_contract():
+    """``_native_batch_norm_legit_functional`` with 4 channels and statistics of 3: the CPU kernel
+    accepts it and reads past a buffer of its own (garbage no guard reaches, so the reference can
+    agree with itself); the op's meta kernel refuses it. A guarded, checked-first item (the schema
+    search's) is then refused on the CPU side, and the target never runs it."""
+    from conformance.check.metacheck import OUT_OF_CONTRACT, meta_refusal
+
+    op = torch.ops.aten._native_batch_norm_legit_functional.default
+    x = torch.randn(3, 4, 1, 3)
+    bad = (x, None, None, torch.zeros(3), torch.ones(3), False, 0.1, 1e-5)
+    good = (x, None, None, torch.zeros(4), torch.ones(4), False, 0.1, 1e-5)
+    assert meta_refusal(op, *bad).startswith("RuntimeError: ")
+    assert meta_refusal(op, *good) is None
+    # where a fake run cannot tell (an output shape that depends on the data), it says nothing
+    assert meta_refusal(torch.ops.aten.nonzero.default, torch.tensor([0.0, 1.0])) is None
+
+    ran = []
+    target = get_target("cpu")
+    wrap = target.wrap
+    target.wrap = lambda fn: ran.append(fn) or wrap(fn)
+    out = run_item(target, _info(op, "bn"), "function", _sample(*bad), guard=True, check_first=True)
+    assert out.cpu_error.startswith(OUT_OF_CONTRACT) and "broadcast" in out.cpu_error
+    assert not ran  # the target never ran the input
+    out = run_item(target, _info(op, "bn"), "function", _sample(*good), guard=True, check_first=True)
+    assert out.cpu_error is None and ran
+    # an OpInfo sample (no check_first) is not held to it: its author wrote it within the contract
+    assert run_item(target, _info(op, "bn"), "function", _sample(*bad)).cpu_error is None

@@ -44,6 +44,7 @@ from .placement import (
     unguarded,
 )
 from .refcache import SharedCpu, unchanged_sample
+from .metacheck import OUT_OF_CONTRACT, meta_refusal
 from .selfcheck import NOT_REPRODUCIBLE, WRITES_PAST, again_on_poisoned, undefined
 
 _FLOAT_LOW = (torch.float32, torch.bfloat16, torch.float16)
@@ -203,6 +204,14 @@ def run_item(target: Target, info: Any, variant: str, sample: Any, *, want_arbit
             u = undefined(out.cpu, *runs)
             if u.any:
                 out.cpu_error = u.describe()
+                return out
+            # nor may it read past what the CPU kernel allocates itself (no guard reaches there):
+            # the op's meta kernel, PyTorch's second statement of its contract, must accept it
+            placed = on_device(sample, "cpu") if variant == "function" else None  # its device arguments named
+            refused = placed is not None and meta_refusal(lambda i, a, k: fn(i, *a, **k), placed.input,
+                                                          placed.args, placed.kwargs)
+            if refused:
+                out.cpu_error = f"{OUT_OF_CONTRACT} ({refused})"[:2000]
                 return out
         dev = target.device
         phase("target")

@@ -15,6 +15,7 @@ import torch
 from conformance.check import contracts
 from conformance.check.compare import leaves
 from conformance.check.execute import on_device, phase, signature
+from conformance.check.metacheck import OUT_OF_CONTRACT
 from conformance.check.selfcheck import NOT_REPRODUCIBLE
 from conformance.check.verdict import Status, decide, decide_unrun
 from conformance.inputs import corpus
@@ -72,9 +73,10 @@ def row_of(found: Found, base_row: dict[str, Any]) -> dict[str, Any]:
 
 def check_rejected(target: Any, info: Any, sample: Any, cpu_error: str) -> contracts.Check:
     """Contract ``errors`` for one input the CPU rejected: the target must raise too. An input
-    skipped because the CPU does not reproduce its own result was not rejected: it runs, and
-    nothing is asked of the target (n/a)."""
-    if cpu_error.startswith(NOT_REPRODUCIBLE):
+    skipped because the CPU does not reproduce its own result, or because the op's meta kernel
+    refuses what its CPU kernel accepted (:data:`~conformance.check.metacheck.OUT_OF_CONTRACT`),
+    was not rejected by the CPU: nothing is asked of the target (n/a)."""
+    if cpu_error.startswith(NOT_REPRODUCIBLE) or OUT_OF_CONTRACT in cpu_error:
         return contracts.na(cpu_error)
     phase("target")
     try:

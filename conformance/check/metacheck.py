@@ -1,0 +1,106 @@
+"""Does PyTorch's own statement of an op's contract accept an input the CPU kernel accepted?
+
+A CPU kernel does not check everything its op requires. ``_native_batch_norm_legit_functional``
+with 4 channels and running statistics of 3 reads past them (and past a buffer of its own sized
+from them) and returns heap garbage there, a different garbage on every call; no guard around
+the inputs and no filled allocation reaches memory past a kernel's own small buffer, so the
+reference can agree with itself while the target, with another heap, does not. PyTorch states
+each op's shape and dtype contract a second time, in its meta kernel (what ``torch.compile``
+traces with): that one refuses the input ("Attempting to broadcast a dimension of length 3").
+
+:func:`meta_refusal` runs the call on fake tensors (:class:`FakeTensorMode`, no fallback to real
+kernels) and says why the meta kernel refuses it, or None. Where the fake run cannot tell (no
+meta kernel, an output shape or value that depends on the data, a tensor kind fakes cannot
+hold) it says nothing: only a refusal of the contract counts. The schema search, whose inputs
+are drawn from a schema and not written by an op's author, holds every input to it before the
+target runs (:func:`conformance.check.execute.run_item` with ``check_first``).
+
+Example::
+
+    >>> import torch
+    >>> op = torch.ops.aten._native_batch_norm_legit_functional.default
+    >>> x = torch.randn(3, 4, 1, 3)
+    >>> stats = torch.zeros(3), torch.ones(3)
+    >>> meta_refusal(op, x, None, None, *stats, False, 0.1, 1e-5)[:52]
+    'RuntimeError: Attempting to broadcast a dimension of'
+    >>> meta_refusal(op, x, None, None, torch.zeros(4), torch.ones(4), False, 0.1, 1e-5) is None
+    True
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_map
+
+#: How an item whose input the op's meta kernel refuses is skipped (the schema search rejects it).
+OUT_OF_CONTRACT = "outside the op's contract: its meta kernel refuses an input the CPU kernel accepts"
+
+
+#: The exceptions a meta kernel refuses an input with (TORCH_CHECK's RuntimeError, an index or
+#: value check); any other (a TypeError, an AssertionError inside the fake machinery) says nothing
+#: of the input.
+REFUSALS = (RuntimeError, IndexError, ValueError)
+#: Messages by which a fake run says it cannot judge the input, not that it is wrong: its own
+#: limits (a check of a CPU scalar tensor's device sees the meta device under the fake), and the argument parser refusing the call a decomposition made (``ones_like.out``'s
+#: meta calls ``ones_like`` with the out argument: "expected at most 3 argument(s)").
+_OWN_LIMITS = ("fake", "meta tensor", "data-dependent", "data dependent", "symbolic", "could not run",
+               "not implemented", "dynamic output shape", "argument(s)", "expected a value of type",
+               "keyword argument", "got meta", "meta instead", "device meta", "data is not allocated",
+               # Python's own errors in a meta function written in Python: a bug there, not a check
+               "list index out of range", "list assignment index out of range", "tuple index out of range",
+               # a dtype rule: meta kernels often carry one backend's (``_grouped_mm``'s wants
+               # bfloat16, its CPU kernel takes float32 too); what the CPU runs in a dtype is its own
+               # contract, and a kernel does not read past its inputs for want of one
+               "type")
+
+
+def _cannot_tell() -> tuple[type[BaseException], ...]:
+    """The exceptions by which a fake run says it cannot judge the input (not that it is wrong)."""
+    from torch._subclasses import fake_tensor as ft
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    return (ft.UnsupportedOperatorException, ft.DynamicOutputShapeException, ft.DataDependentOutputException,
+            ft.UnsupportedFakeTensorException, ft.UnsupportedMutationAliasingException,
+            ft.FakeTensorDeviceMismatchError, GuardOnDataDependentSymNode, NotImplementedError)
+
+
+def meta_refusal(call: Callable[..., Any], *args: Any, **kwargs: Any) -> str | None:
+    """``call(*args, **kwargs)`` with every tensor in the arguments made a fake tensor of the same
+    metadata: the meta kernel's error ("Type: message", first line, at most 300 characters) when
+    it refuses them, None when it accepts them or cannot tell. Never raises."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode(allow_fallback_kernels=False)
+
+    def fake(x: Any) -> Any:
+        return mode.from_tensor(x) if isinstance(x, torch.Tensor) else x
+
+    try:
+        fargs, fkwargs = tree_map(fake, (args, kwargs))
+    except Exception:  # noqa: BLE001 - a tensor kind fakes cannot hold: nothing to say
+        return None
+    quiet = logging.getLogger("torch._subclasses.fake_tensor")  # it logs each refusal's traceback
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)
+    try:
+        with mode, torch.no_grad():
+            call(*fargs, **fkwargs)
+    except _cannot_tell():
+        return None
+    except REFUSALS as exc:
+        head = (str(exc).strip().splitlines() or [""])[0]
+        if any(s in head.lower() for s in _OWN_LIMITS):
+            return None
+        return f"{type(exc).__name__}: {head}"[:300]
+    except Exception:  # noqa: BLE001 - the fake machinery's own trouble (a TypeError calling
+        return None  # the call the CPU took, an internal assert): nothing said of the input
+    finally:
+        quiet.setLevel(level)
+    return None
+
+
+__all__ = ["OUT_OF_CONTRACT", "meta_refusal"]
