@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .queries_counts import NOT_OPINFO
-from .status import FAILING, PASSED
+from .status import FAILING, PASSED, Status
 from .store import Store
 
 OP_KINDS = ("ops", "mixed")
@@ -247,6 +247,51 @@ SAMPLE_COLUMNS = ("id", "variant", "dtype", "sample", "status", "max_abs_err", "
                   "mismatch_frac", "worst", "arbiter_err", "cpu_arbiter_err", "atol", "rtol", "tol_source",
                   "comparator", "checks", "contracts", "native_ops", "fallback_ops", "signature", "error",
                   "duration_s", "seed", "proof", "cause")
+
+
+@dataclass(frozen=True)
+class LadderSizes:
+    """The size ladder of one op x dtype in a run (``ladder`` items; conformance.sweep.ladder):
+    how many sizes ran, the largest element count that passed below the first failure, and the
+    smallest that failed (None: none failed) with its status and item id."""
+
+    op: str
+    dtype: str
+    sizes: int
+    largest_passing: int | None
+    first_failing: int | None
+    failing_status: str | None
+    failing_id: int | None
+    note: str | None = None  # why there is no ladder (its skip row's reason)
+
+    def describe(self) -> str:
+        if self.note is not None:
+            return self.note
+        if self.first_failing is not None:
+            return f"{self.failing_status} from {self.first_failing:,} elements"
+        return f"passes up to {self.largest_passing:,} elements" if self.largest_passing else "no size passed"
+
+
+def ladder_sizes(store: Store, run_id: str) -> dict[tuple[str, str], LadderSizes]:
+    """Each op x dtype's size ladder in run ``run_id`` (:class:`LadderSizes`), by (op, dtype)."""
+    by: dict[tuple[str, str], list[tuple[Any, ...]]] = {}
+    for row in store.db.execute(
+            """select op, dtype, status, json_extract(proof, '$.ladder.numel'), id, error from op_results
+               where run_id = ? and variant = 'ladder' order by op, dtype, sample""", [run_id]):
+        by.setdefault((row[0], row[1]), []).append(row[2:])
+    out = {}
+    for (op, dtype), rows in by.items():
+        sized = [r for r in rows if r[1] is not None]
+        if not sized:  # the op's one skip row: no sample of it grows
+            out[op, dtype] = LadderSizes(op, dtype, 0, None, None, None, None, note=rows[0][3] or rows[0][0])
+            continue
+        failing = [r for r in sized if r[0] in FAILING]
+        first = min(failing, key=lambda r: r[1]) if failing else None
+        passing = [r[1] for r in sized if Status(r[0]).passed and (first is None or r[1] < first[1])]
+        out[op, dtype] = LadderSizes(op, dtype, len(sized), max(passing, default=None),
+                                     first[1] if first else None, first[0] if first else None,
+                                     first[2] if first else None)
+    return out
 
 
 def op_sample_stream(store: Store, run_id: str) -> Iterator[tuple[str, int, str, str, float | None, str]]:

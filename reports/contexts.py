@@ -174,6 +174,8 @@ class OpPage(Page):
     contracts: list[str]  # the contract table's columns (none: no item checked one)
     contract_rows: list[ContractRow]  # one per dtype
     other_targets: list[Link] = field(default_factory=list)  # the same op's page in other targets' builds
+    # the size ladder per dtype (opdb.queries_report.LadderSizes); empty: the run had none
+    ladder: list[Any] = field(default_factory=list)
 
 
 @dataclass

@@ -131,6 +131,8 @@ def ledger_stale(ledger_path: str | None, n_runs: int, target: str | None, db_pa
               help="Graphs per family for the full per-graph protocol (0: the whole corpus; hours on 2 cores).")
 @click.option("--no-models", is_flag=True, help="Skip the model corpus.")
 @click.option("--no-schema", is_flag=True, help="Skip schema-driven coverage.")
+@click.option("--sizes", type=click.Choice(["auto", "samples", "ladder", "all"]), default="auto", show_default=True,
+              help="Op items at sample sizes, on the size ladder, or both (as for conformance run).")
 @click.option("-n", "--workers", default=2, show_default=True, help="Worker processes per run.")
 @click.option("--shard", default="1/1", show_default=True, metavar="K/N",
               help="Run this shard of every build's work (merge the shard databases, then --finish).")
@@ -145,7 +147,7 @@ def ledger_stale(ledger_path: str | None, n_runs: int, target: str | None, db_pa
 @db_option(default="results/opdb.sqlite")
 @handles_errors
 def nightly_cmd(target: str, builds: tuple[str, ...], ops: tuple[str, ...], dtypes: tuple[str, ...],
-                models: tuple[str, ...], model_limit: int | None, no_models: bool, no_schema: bool, workers: int,
+                models: tuple[str, ...], model_limit: int | None, no_models: bool, no_schema: bool, sizes: str, workers: int,
                 shard: str, run_id_prefix: str | None, site: str, finish: bool, resume: str | None,
                 db_path: str, executor: str, ray_address: str | None, task_resources: tuple[str, ...]) -> None:
     """The nightly: sweeps + models per build, coverage, the report site, and the gate.
@@ -167,7 +169,7 @@ def nightly_cmd(target: str, builds: tuple[str, ...], ops: tuple[str, ...], dtyp
 
     Path(db_path).parent.mkdir(parents=True, exist_ok=True)
     run = RunSpec(target=target, ops=ops, dtypes=dtypes, models=() if no_models else models,
-                  model_limit=model_limit or None, schema=not no_schema and not ops, workers=workers, shard=shard,
+                  model_limit=model_limit or None, schema=not no_schema and not ops, sizes=sizes, workers=workers, shard=shard,
                   executor=executor, ray_address=ray_address, task_resources=task_resources)
     spec = NightlySpec(run=run, builds=builds, run_id_prefix=run_id_prefix, site=site)
     if finish:

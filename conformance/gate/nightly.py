@@ -29,7 +29,7 @@ Echo = Callable[[str], None]
 class NightlySpec:
     """A nightly: the run spec every build's sweep starts from, plus what only a nightly has."""
 
-    run: RunSpec = RunSpec(models=("all",), schema=True)  # its build and run id are set per build
+    run: RunSpec = RunSpec(models=("all",), schema=True, sizes="auto")  # its build and run id are set per build
     builds: tuple[BuildRef, ...] = ()  # default: every build the target ships, oldest first
     # the builds' run ids are ``{prefix}-{build}``: shards of one nightly share them, and a nightly
     # is resumed by its prefix (run_nightly picks one when none is given)

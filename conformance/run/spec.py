@@ -31,6 +31,7 @@ from conformance.check.contracts import DEFAULT_BUDGET, parse_contracts
 from conformance.check.ledger import Ledger
 from conformance.inputs.opinfo import DEFAULT_SEED
 from conformance.select import VARIANTS, SelectionError, parse_dtypes, parse_shard
+from conformance.sweep.ladder import SIZES
 from conformance.sweep.opinfo import SweepConfig
 from conformance.targets import BuildRef
 from conformance.work import Selection
@@ -96,6 +97,12 @@ class RunSpec:
     # `ray start` runs on this machine), each actor holding ``task_resources`` ("neuron_cores=1",
     # "CPU=1"). A session's choice, like the worker count: not what the run is.
     executor: str = field(default="local", metadata=_stored(None))
+    # which sizes op items run at (conformance.sweep.ladder): "samples" (the OpInfo's samples),
+    # "ladder" (one sample per op x dtype grown across kernel size boundaries), "all" (both), or
+    # "auto": both on an eager target, the samples alone on a compiler (a rung is a compile).
+    # The CLI's run and the nightly ask for "auto"; a spec built in Python runs the samples
+    # unless it asks (a run stored before the ladder existed reads back as "samples")
+    sizes: str = field(default="samples", metadata=_stored(omit_default=True))
     ray_address: str | None = field(default=None, metadata=_stored(None))
     task_resources: tuple[str, ...] = field(default=(), metadata=_stored(None))
 
@@ -123,6 +130,8 @@ class RunSpec:
                 raise SelectionError(f"{name} {value!r}: must be a whole number of at least 1 (or left out for all)")
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
             raise SelectionError(f"--workers {self.workers!r}: must be a whole number of at least 1")
+        if self.sizes not in SIZES:
+            raise SelectionError(f"--sizes {self.sizes!r}: unknown (known: {', '.join(SIZES)})")
         if self.executor not in EXECUTOR_NAMES:
             raise SelectionError(f"--executor {self.executor!r}: unknown (known: {', '.join(EXECUTOR_NAMES)})")
         for pair in self.env:

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from conformance.check import comparators, contracts, selfcheck
+from conformance.sweep import ladder
 from conformance.check.batching import OpBatches
 from conformance.check.compare import TWIN_FACTOR, arbitrate, compare, leaves, twin_errors
 from conformance.check.contracts import DEFAULT_BUDGET
@@ -59,6 +60,8 @@ class SweepConfig:
     # element is skipped (the schema search: an input outside the op's contract is no test);
     # "off", nowhere (benchmarks/false_alarms.py measures what it costs)
     reference_check: str = "failing"
+    # the sizes op items run at: samples, ladder, all, or auto (conformance.sweep.ladder)
+    sizes: str = "samples"
 
     def describe(self) -> dict[str, Any]:
         """The settings as JSON values (the ledger, a loaded file, and the cache's path aside)."""
@@ -334,6 +337,35 @@ def run_group(target: Target, group: Group, config: SweepConfig, *, skip: Contai
     this group killed a worker (``Skip.batch``).
     """
     info = by_name()[group.op]
+    want_samples, want_ladder = ladder.wanted(config.sizes, target.compiler)
+    if want_samples:
+        yield from _sample_rows(target, info, group, config, skip, on_start)
+    if want_ladder and comparators.comparator_for(group.op) != "meta":  # an empty*'s values mean nothing
+        yield from _ladder_rows(target, info, group, config, skip, on_start)
+
+
+def _ladder_rows(target: Target, info: Any, group: Group, config: SweepConfig, skip: Container[str],
+                 on_start: Callable[[str], None] | None) -> Iterator[dict[str, Any]]:
+    """The size ladder's rows (:mod:`conformance.sweep.ladder`): values only, each rung decided as
+    a function-variant sample of that size."""
+    values_only = replace(config, contracts=("none",))
+
+    def evaluate_rung(numel: int, sample: Any) -> dict[str, Any]:
+        try:
+            return _evaluate(target, info, group.op, "function", group.dtype, numel, sample, values_only, None)[0]
+        except Exception as exc:  # noqa: BLE001 - the harness failed on this item
+            return harness_error(group, "function", numel, exc, config)
+
+    try:
+        gen = enumerate(samples(info, getattr(torch, group.dtype), seed=config.seed))
+        yield from ladder.walk(info, group, gen, config.seed, evaluate_rung, skip, on_start)
+    except Exception as exc:  # noqa: BLE001 - the sample generator itself failed
+        yield from _generation_failed(group, ladder.VARIANT, exc, config, skip)
+
+
+def _sample_rows(target: Target, info: Any, group: Group, config: SweepConfig, skip: Container[str],
+                 on_start: Callable[[str], None] | None) -> Iterator[dict[str, Any]]:
+    """The rows of the OpInfo's own samples: each planned variant, backward, the sparse layouts."""
     dtype = getattr(torch, group.dtype)
     variants = plan(info, config)
     batching = _batching(target, group, config, skip)
@@ -480,7 +512,7 @@ class OpInfoSweep:
 
     name = "opinfo"
     table = "op_results"
-    variants = (*VARIANTS, "canary")
+    variants = (*VARIANTS, ladder.VARIANT, "canary")
     crash_safe_factor = 0  # no crash-safe mode: a death is the item's crash or the reference's
 
     def groups(self, selection: Selection) -> list[Group]:

@@ -33,6 +33,7 @@ import torch
 from conformance.check.comparators import comparator_for
 from conformance.check.contracts import CONTRACTS
 from conformance.inputs.opinfo import DEFAULT_SEED, SPARSE_VARIANTS, by_name, samples
+from conformance.sweep import ladder
 from conformance.targets import get_target
 from opdb import Store
 from opdb.blobs import decode_inputs, dump_inputs, load_inputs
@@ -40,7 +41,7 @@ from opdb.queries import op_result
 
 # Which attribute of the OpInfo a variant calls (schema results call the overload itself).
 _VARIANT_ATTR = {"function": "op", "canary": "op", "backward": "op", "out": "op", "inplace": "inplace_variant",
-                 **dict.fromkeys(SPARSE_VARIANTS, "op"), "schema": None}
+                 **dict.fromkeys(SPARSE_VARIANTS, "op"), "schema": None, "ladder": "op"}
 
 _TEMPLATE = '''"""{doc}
 """
@@ -220,9 +221,15 @@ def write_repro(store: Store, result_id: int, out_dir: str | Path) -> Path:
             raise ValueError(f"{where}: OpInfo {op!r} is not in this torch's op_db")
         dtype = _dtype(row.get("dtype"), where)
         seed = _int(row.get("seed") or config.get("seed") or DEFAULT_SEED, where, "seed")
-        sample = _nth(samples(info, dtype, thorough=bool(config.get("thorough")), seed=seed,
-                              requires_grad=variant == "backward", layout=variant if variant in SPARSE_VARIANTS else None),
-                      _int(row.get("sample"), where, "sample"))
+        if variant == ladder.VARIANT:  # the size ladder's grown sample, regrown as the sweep grew it
+            try:
+                sample = ladder.rung_sample(info, op, str(row["dtype"]), _int(row.get("sample"), where, "sample"), seed)
+            except ValueError as exc:
+                raise ValueError(f"{where}: {exc}") from None
+        else:
+            sample = _nth(samples(info, dtype, thorough=bool(config.get("thorough")), seed=seed,
+                                  requires_grad=variant == "backward", layout=variant if variant in SPARSE_VARIANTS else None),
+                          _int(row.get("sample"), where, "sample"))
         data = {"input": sample.input, "args": sample.args, "kwargs": sample.kwargs}
         resolve = ("from torch.testing._internal.common_methods_invocations import op_db\n"
                    f"info = next(o for o in op_db if o.name == {info.name!r} and "

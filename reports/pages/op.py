@@ -38,8 +38,11 @@ def pages(b: BuildScope) -> Iterator[tuple[str, OpPage]]:
     outcomes: dict[str, list[qk.ContractOutcome]] = {}
     for o in qk.contract_outcomes(b.store, b.info.op_run["id"]):
         outcomes.setdefault(o.op, []).append(o)
+    ladders: dict[str, list[q.LadderSizes]] = {}
+    for (op, _), sizes in sorted(q.ladder_sizes(b.store, b.info.op_run["id"]).items()):
+        ladders.setdefault(op, []).append(sizes)
     for op, group in itertools.groupby(q.op_sample_stream(b.store, b.info.op_run["id"]), key=lambda r: r[0]):
-        yield from _op_pages(b, op, list(group), op_classes.get(op, []), outcomes.get(op, []))
+        yield from _op_pages(b, op, list(group), op_classes.get(op, []), outcomes.get(op, []), ladders.get(op, []))
 
 
 def _clip(text: str, chars: int = DETAIL_CHARS) -> str:
@@ -75,7 +78,7 @@ def contract_table(outcomes: list[qk.ContractOutcome]) -> tuple[list[str], list[
 
 
 def _op_pages(b: BuildScope, op: str, rows: list[tuple], classes: list[str],
-              outcomes: list[qk.ContractOutcome]) -> Iterator[tuple[str, OpPage]]:
+              outcomes: list[qk.ContractOutcome], ladder: list[q.LadderSizes] = ()) -> Iterator[tuple[str, OpPage]]:
     info = b.info
     b.op_pages.add(op)
     slug = b.op_slug(op)
@@ -121,4 +124,4 @@ def _op_pages(b: BuildScope, op: str, rows: list[tuple], classes: list[str],
             samples_json=table_spec(columns, rows_json, filters=filters, id="samples-table",
                                     failing=sorted(FAILING), db=b.db_label),
             part=k + 1, parts=parts, other_builds=builds, other_targets=targets, contracts=contracts,
-            contract_rows=contract_rows)
+            contract_rows=contract_rows, ladder=list(ladder))
