@@ -51,7 +51,7 @@ def conformance(*args: str) -> float:
 def selection(args: argparse.Namespace) -> list[str]:
     ops = QUICK_OPS if args.quick and not args.ops else args.ops
     out = [x for op in ops for x in ("--ops", op)]
-    out += ["--dtypes", args.dtypes]
+    out += ["--dtypes", args.dtypes, "--sizes", args.sizes]
     if args.models != "none":
         out += ["--models", args.models] + (["--model-limit", str(args.model_limit)] if args.model_limit else [])
     return out
@@ -128,7 +128,7 @@ def aa(args: argparse.Namespace, folder: Path) -> int:
     db = folder / "aa.sqlite"
     sel = selection(args) if args.aa_same else (
         [x for op in (QUICK_OPS if args.quick else ["*", "aten::*"]) for x in ("--ops", op)]
-        + ["--dtypes", args.aa_dtypes or args.dtypes])
+        + ["--dtypes", args.aa_dtypes or args.dtypes, "--sizes", args.aa_sizes or args.sizes])
     if args.aa_max_samples:
         sel += ["--max-samples", str(args.aa_max_samples)]
     ids = []
@@ -197,6 +197,9 @@ def main() -> None:
     ap.add_argument("--aa-same", action="store_true", help="A/A on part 1's selection (default: the sweep, no models)")
     ap.add_argument("--aa-dtypes", help="the A/A runs' dtypes (default: --dtypes)")
     ap.add_argument("--aa-max-samples", type=int, default=0, help="the A/A runs' samples per op x dtype (0: all)")
+    ap.add_argument("--sizes", default="auto", choices=["auto", "samples", "ladder", "all"],
+                    help="op items at sample sizes, on the size ladder, or both (as conformance run; auto: both)")
+    ap.add_argument("--aa-sizes", choices=["auto", "samples", "ladder", "all"], help="the A/A runs' --sizes (default: --sizes)")
     ap.add_argument("--reuse", action="store_true", help="with --keep: take the finished runs already there")
     ap.add_argument("--cost", action="store_true", help="only measure what the self-consistency re-runs cost")
     ap.add_argument("--cost-ops", action="append", default=[])

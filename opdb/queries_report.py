@@ -267,6 +267,8 @@ class LadderSizes:
     def describe(self) -> str:
         if self.note is not None:
             return self.note
+        if self.first_failing is not None and self.largest_passing is None:
+            return f"{self.failing_status} at every size tried, the smallest {self.first_failing:,} elements"
         if self.first_failing is not None:
             return f"{self.failing_status} from {self.first_failing:,} elements"
         return f"passes up to {self.largest_passing:,} elements" if self.largest_passing else "no size passed"

@@ -90,3 +90,15 @@ def test_the_shipped_bf16_cumsum_regression_is_found_at_op_level(runs):
         assert ladder_sizes(st, clean)["cumsum", "bfloat16"].first_failing is None
         result = run_gate(st, clean, shipped)
     assert ("cumsum", "bfloat16") in {(f.name, f.dtype) for f in result.of("regression")}
+
+
+def test_a_rung_whose_output_would_not_fit_is_not_run():
+    """``diag`` of a vector is a square matrix: its output grows as the square of its input, so
+    the ladder stops where the output would pass the memory budget (16,383 elements: 1 GiB)."""
+    from conformance.inputs.opinfo import by_name, samples
+
+    info = by_name()["diag"]
+    seed = ladder.seed_sample(info, enumerate(samples(info, torch.float32)), "diag", "float32", 0)
+    assert isinstance(seed, ladder.Seed) and seed.sample.input.ndim == 1
+    assert seed.power == pytest.approx(2.0, abs=0.05)
+    assert seed.out_bytes(4095) < ladder.MAX_BYTES < seed.out_bytes(16_383)

@@ -31,6 +31,7 @@ from conformance.targets import Target
 from conformance.targets.base import Dispatched, OpTrace
 
 from .compare import Meta, bitwise_equal, leaves
+from .metacheck import OUT_OF_CONTRACT, meta_refusal
 from .placement import (
     active_guards,
     clone_sample,
@@ -44,7 +45,6 @@ from .placement import (
     unguarded,
 )
 from .refcache import SharedCpu, unchanged_sample
-from .metacheck import OUT_OF_CONTRACT, meta_refusal
 from .selfcheck import NOT_REPRODUCIBLE, WRITES_PAST, again_on_poisoned, undefined
 
 _FLOAT_LOW = (torch.float32, torch.bfloat16, torch.float16)

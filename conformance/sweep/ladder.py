@@ -23,7 +23,12 @@ and size. A grown sample the CPU refuses is not used: the next sample is tried
 
 Each item's key is ``op|ladder|dtype|N`` (N: the element count asked for); its row's
 ``proof.ladder`` holds the input's actual element count and the dimension grown. A rung whose
-inputs would exceed :data:`MAX_BYTES` is not run.
+inputs would exceed :data:`MAX_BYTES` with its output (predicted from two small CPU trials: ``diag`` of a
+vector grows its output as the square) is not run. A rung run before (a resumed group, or a
+worker that died on it) ends the walk there: its verdict is not known to the worker, and a rung
+that killed a worker would again. A rung that takes longer than :data:`RUNG_SECONDS` is the
+last one climbed to, and an op whose grown sample gives one output per slice (``unbind``) has no
+ladder.
 
 Example::
 
@@ -41,7 +46,9 @@ from __future__ import annotations
 
 import hashlib
 import math
+import time
 from collections.abc import Callable, Container, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -49,9 +56,17 @@ import torch
 from conformance.check.verdict import Status
 from conformance.work import Group, ItemKey
 
-#: The powers of two around which the ladder's rungs sit (one below, one above each).
+#: The powers of two around which the ladder's rungs sit: one just below and one just above each
+#: up to 2^16, one just above 2^18 and 2^20 (the two largest hold four fifths of the elements a
+#: ladder runs: one rung each keeps its cost near a sixth of a pair's).
 POWERS = (10, 12, 14, 16, 18, 20)
-RUNGS = tuple(sorted(2**k + d for k in POWERS for d in (-1, 1)))
+PAIRED = (10, 12, 14, 16)
+RUNGS = tuple(sorted([2**k + d for k in PAIRED for d in (-1, 1)] + [2**k + 1 for k in POWERS if k not in PAIRED]))
+#: A rung that takes longer than this (seconds, its whole item) is the last: the next is four times
+#: larger, and an op whose cost grows faster than its input (a pairwise loss) would take minutes.
+#: Generous, so that a loaded machine does not end a climb that an idle one finishes (the rungs of
+#: common ops take well under a second at 2^20).
+RUNG_SECONDS = 5.0
 #: Bytes of grown input tensors one item may hold (each side holds its copies, and the
 #: arbiter a float64 one): a rung above it is not run.
 MAX_BYTES = 64 * 2**20
@@ -148,11 +163,41 @@ def rung_seed(op: str, dtype: str, numel: int, seed: int) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}|{op}|{dtype}|{numel}".encode()).digest()[:7], "little")
 
 
-def seed_sample(info: Any, samples: Iterator[tuple[int, Any]], op: str, dtype: str, seed: int
-                ) -> tuple[int, Any, int] | tuple[None, None, str]:
+@dataclass(frozen=True)
+class Seed:
+    """The sample an op x dtype's ladder grows, and how its output grows with it: two CPU trials
+    (at the first rung and at the third) fit ``out_bytes = out0 * (numel / in0) ** power``, so
+    that a rung whose output would not fit (``diag`` of 65,535 elements is a 65,535^2 matrix) is
+    not run."""
+
+    index: int
+    sample: Any
+    axis: int
+    in0: int = 1
+    out0: int = 0
+    power: float = 1.0
+
+    def out_bytes(self, numel: int) -> float:
+        return self.out0 * (numel / self.in0) ** self.power
+
+
+def _out_bytes(result: Any) -> tuple[int, int]:
+    from torch.utils._pytree import tree_flatten
+
+    tensors = [t for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor)]
+    return sum(t.numel() * t.element_size() for t in tensors), len(tensors)
+
+
+def seed_sample(info: Any, samples: Iterator[tuple[int, Any]], op: str, dtype: str, seed: int) -> Seed | str:
     """The first of the op's samples that grows to the first rung and whose grown form the CPU
-    accepts: (its index, the sample, the dimension grown), or (None, None, why none does)."""
+    accepts (:class:`Seed`), or why none does."""
     import warnings
+
+    def trial(g: Any) -> tuple[int, int]:
+        """The CPU's output bytes and output tensors for the grown sample ``g``."""
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")
+            return _out_bytes(info.op(g.input, *g.args, **g.kwargs))
 
     why = f"none of its first {SEED_SAMPLES} samples has a strided input of rank 1 or more that grows"
     for index, sample in samples:
@@ -162,14 +207,26 @@ def seed_sample(info: Any, samples: Iterator[tuple[int, Any]], op: str, dtype: s
         if g is None:
             continue
         try:
-            with warnings.catch_warnings(), torch.no_grad():
-                warnings.simplefilter("ignore")
-                info.op(g.input, *g.args, **g.kwargs)
+            out0, n0 = trial(g)
         except Exception as exc:  # noqa: BLE001 - the CPU refuses the grown form: try the next sample
             why = f"the CPU refuses its samples grown (sample {index}: {type(exc).__name__}: {str(exc).strip()[:160]})"
             continue
-        return index, sample, _axis(sample, sample.input.ndim)
-    return None, None, why
+        axis = _axis(sample, sample.input.ndim)
+        power = 1.0
+        g2 = grow(sample, RUNGS[2], seed=rung_seed(op, dtype, RUNGS[2], seed))
+        if g2 is not None:
+            try:
+                out1, n1 = trial(g2)
+            except Exception:  # noqa: BLE001 - the rung itself will say what the CPU does there
+                out1, n1 = 0, n0
+            if n1 != n0:  # one output per slice (unbind): a rung is a million tensors to compare
+                why = (f"its sample {index} grown gives one output per slice ({n0:,} tensors at "
+                       f"{g.input.numel():,} elements, {n1:,} at {g2.input.numel():,})")
+                continue
+            if out0 and out1 > 0 and g2.input.numel() > g.input.numel():
+                power = max(1.0, math.log(out1 / out0) / math.log(g2.input.numel() / g.input.numel()))
+        return Seed(index, sample, axis, g.input.numel(), out0, power)
+    return why
 
 
 def rung_sample(info: Any, op: str, dtype: str, numel: int, seed: int) -> Any:
@@ -177,10 +234,11 @@ def rung_sample(info: Any, op: str, dtype: str, numel: int, seed: int) -> Any:
     ValueError when this torch's samples no longer grow to it."""
     from conformance.inputs.opinfo import samples
 
-    _, sample, why = seed_sample(info, enumerate(samples(info, getattr(torch, dtype), seed=seed)), op, dtype, seed)
-    grown = None if sample is None else grow(sample, numel, seed=rung_seed(op, dtype, numel, seed))
+    found = seed_sample(info, enumerate(samples(info, getattr(torch, dtype), seed=seed)), op, dtype, seed)
+    grown = None if isinstance(found, str) else grow(found.sample, numel, seed=rung_seed(op, dtype, numel, seed))
     if grown is None:
-        raise ValueError(f"no grown sample of {op} {dtype} with {numel:,} elements ({why if sample is None else 'it no longer grows to that size'})")
+        why = found if isinstance(found, str) else "it no longer grows to that size"
+        raise ValueError(f"no grown sample of {op} {dtype} with {numel:,} elements ({why})")
     return grown
 
 
@@ -189,35 +247,45 @@ def walk(info: Any, group: Group, samples: Iterator[tuple[int, Any]], seed: int,
          on_start: Callable[[str], None] | None) -> Iterator[dict[str, Any]]:
     """The ladder's rows for one op x dtype. ``evaluate(numel, grown_sample)``: the item's row,
     decided as a function-variant sample (renamed here to the ladder's key)."""
-    index, sample, axis = seed_sample(info, samples, group.op, group.dtype, seed)
-    if sample is None:
+    found = seed_sample(info, samples, group.op, group.dtype, seed)
+    if isinstance(found, str):
         key = str(group.item(VARIANT, 0))
         if key not in skip:
             yield {"item_key": key, "op": group.op, "variant": VARIANT, "dtype": group.dtype, "sample": 0,
-                   "status": "skip", "error": f"no size ladder: {axis}", "duration_s": 0.0, "seed": seed}
+                   "status": "skip", "error": f"no size ladder: {found}", "duration_s": 0.0, "seed": seed}
         return
-
+    sample, axis = found.sample, found.axis
     sizes: set[int] = set()  # element counts run: two rungs that grow to one count run once
+    slow = [False]  # a rung took longer than RUNG_SECONDS: the climb ends
 
     def run(numel: int) -> dict[str, Any] | None:
+        """The rung's row; None where it is not run (too large, a size already run)."""
         key = ItemKey(group.op, VARIANT, group.dtype, numel)
-        if str(key) in skip:
-            return None
         g = grow(sample, numel, seed=rung_seed(group.op, group.dtype, numel, seed))
-        if g is None or nbytes(g) > MAX_BYTES or g.input.numel() in sizes:
+        if (g is None or g.input.numel() in sizes
+                or nbytes(g) + found.out_bytes(g.input.numel()) > MAX_BYTES):
             return None
         sizes.add(g.input.numel())
         if on_start:
             on_start(str(key))
+        t0 = time.perf_counter()
         row = evaluate(numel, g)
+        took = time.perf_counter() - t0
         row.update(item_key=str(key), variant=VARIANT, sample=numel)
         row["proof"] = {**(row.get("proof") or {}), "ladder": {
-            "numel": g.input.numel(), "dim": axis, "from_sample": index}}
+            "numel": g.input.numel(), "dim": axis, "from_sample": found.index}}
+        if took > RUNG_SECONDS:
+            row["proof"]["ladder"]["last"] = f"this size took {took:.1f} s: larger ones are not run"
+            slow[0] = True
         return row
 
     rest = sample.input.numel() // sample.input.shape[axis]  # elements per unit of the grown dimension
     passed = 0  # the element count of the largest rung that passed
     for numel in RUNGS:
+        if str(ItemKey(group.op, VARIANT, group.dtype, numel)) in skip:
+            # run before (a resume, or a worker that died on a later rung): its verdict is not
+            # known here, and climbing past a rung that may have killed a worker would again
+            return
         row = run(numel)
         if row is None:
             continue
@@ -226,12 +294,16 @@ def walk(info: Any, group: Group, samples: Iterator[tuple[int, Any]], seed: int,
         if status.passed:
             passed = row["proof"]["ladder"]["numel"]
         if not status.failed:  # passed, or neutral (skipped, unsupported): climb on
+            if slow[0]:
+                return
             continue
         # failed: bisect the grown dimension's length between the last passing rung and this one,
         # so that the failing item with the fewest elements is the size the op goes wrong at
         lo, hi = passed // rest, row["proof"]["ladder"]["numel"] // rest
         while passed and hi - lo > 1:
             mid = (lo + hi) // 2
+            if str(ItemKey(group.op, VARIANT, group.dtype, mid * rest)) in skip:
+                return
             probe = run(mid * rest)
             if probe is None:
                 break
@@ -242,5 +314,5 @@ def walk(info: Any, group: Group, samples: Iterator[tuple[int, Any]], seed: int,
                 hi = mid
         return
 
-__all__ = ["MAX_BYTES", "POWERS", "RUNGS", "SEED_SAMPLES", "SIZES", "VARIANT", "grow", "rung_sample", "seed_sample",
+__all__ = ["MAX_BYTES", "PAIRED", "POWERS", "RUNG_SECONDS", "RUNGS", "SEED_SAMPLES", "SIZES", "VARIANT", "Seed", "grow", "rung_sample", "seed_sample",
            "walk", "wanted"]

@@ -22,7 +22,6 @@ from typing import Any
 import torch
 
 from conformance.check import comparators, contracts, selfcheck
-from conformance.sweep import ladder
 from conformance.check.batching import OpBatches
 from conformance.check.compare import TWIN_FACTOR, arbitrate, compare, leaves, twin_errors
 from conformance.check.contracts import DEFAULT_BUDGET
@@ -33,6 +32,7 @@ from conformance.check.refcache import open_cache
 from conformance.check.verdict import NOT_COMPILED, Status, decide, decide_unrun
 from conformance.inputs.opinfo import DEFAULT_SEED, SPARSE_VARIANTS, by_name, cpu_dtypes, samples, variant_fn
 from conformance.select import VARIANTS, parse_dtypes, select_ops
+from conformance.sweep import ladder
 from conformance.targets import Target
 from conformance.work import NOTHING, Group, ItemKey, Selection
 
