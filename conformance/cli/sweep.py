@@ -50,7 +50,7 @@ CLI_VARIANTS = "function,inplace,out,backward,sparse_coo,sparse_csr,sparse_csc,s
               help="Comma-separated OpInfo variants to run (sparse_*: the OpInfo's own samples in that layout).")
 @click.option("--sizes", type=click.Choice(["auto", "samples", "ladder", "all"]), default="auto", show_default=True,
               help="Op items at the OpInfo's sample sizes, on the size ladder (one sample per op x dtype grown to "
-                   "element counts just below and above 2^10 ... 2^20, the first failing size bisected), or both; "
+                   "element counts around the powers of two from 2^10 to 2^20, the first failing size bisected), or both; "
                    "auto: both on an eager target, samples on a compiler target (each rung is a compile).")
 @click.option("--contracts", "contracts", multiple=True, metavar="LIST",
               help="Contract checks besides values: metadata, aliasing, noncontiguous, variants, out, errors, "
