@@ -92,6 +92,8 @@ class Skip:
     search's corpus entry, a ``schema_corpus`` row); None: nothing stored, or the corpus is off.
     ``batch``: False once a compiled batch of this group's samples killed or hung a worker
     (:mod:`conformance.check.batching`): its items then compile one at a time.
+    ``failed``: those of ``done`` whose recorded status failed (a kind whose walk depends on
+    what it found, the size ladder, takes the same steps on a resume).
     """
 
     done: frozenset[str] = frozenset()
@@ -99,6 +101,7 @@ class Skip:
     crash_safe: bool = False
     batch: bool = True
     replay: dict[str, Any] | None = field(default=None, compare=False, repr=False)
+    failed: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
 
     def __contains__(self, key: object) -> bool:
         key = str(key)

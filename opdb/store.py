@@ -33,6 +33,7 @@ from typing import Any
 import sqlite_utils
 
 from . import schema
+from .status import FAILING
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 BUSY_TIMEOUT_MS = 60_000
@@ -336,10 +337,12 @@ class Store:
     def runs(self) -> list[dict[str, Any]]:
         return list(self.db.query("select * from runs order by started_at, id"))
 
-    def done_keys(self, table: str, run_id: str) -> set[str]:
-        """Item keys already recorded for ``run_id`` (what a resumed run skips)."""
+    def done_keys(self, table: str, run_id: str, *, failing: bool = False) -> set[str]:
+        """Item keys already recorded for ``run_id`` (what a resumed run skips); ``failing``:
+        only those whose status failed."""
+        where = f" and status in ({', '.join('?' * len(FAILING))})" if failing else ""
         return {r[0] for r in self.db.execute(
-            f"select item_key from [{table}] where run_id = ?", [run_id]).fetchall()}
+            f"select item_key from [{table}] where run_id = ?{where}", [run_id, *(sorted(FAILING) if failing else ())]).fetchall()}
 
     def replace_gate_decisions(self, baseline_run: str, candidate_run: str, rows: Sequence[dict[str, Any]]) -> None:
         """Replace the stored gate decisions of one (baseline, candidate) pair."""

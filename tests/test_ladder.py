@@ -102,3 +102,22 @@ def test_a_rung_whose_output_would_not_fit_is_not_run():
     assert isinstance(seed, ladder.Seed) and seed.sample.input.ndim == 1
     assert seed.power == pytest.approx(2.0, abs=0.05)
     assert seed.out_bytes(4095) < ladder.MAX_BYTES < seed.out_bytes(16_383)
+
+
+def test_a_resumed_walk_takes_the_steps_an_uninterrupted_one_took():
+    """Cut the walk after each of its items (a kill -9, a worker restart) and resume it with what
+    the run recorded (``Skip.done``, ``Skip.failed``): the items and verdicts are the same."""
+    from conformance.sweep.opinfo import SweepConfig, run_group
+    from conformance.targets import get_target
+    from conformance.work import Group, Skip
+
+    target, cfg = get_target("neuron-emu", str(SEEDED)), SweepConfig(sizes="ladder")
+    group = Group("amax", "float32")  # wrong from 3,000 elements: climbs, fails, bisects
+    full = [(r["item_key"], r["status"]) for r in run_group(target, group, cfg)]
+    failing = {k for k, s in full if s == "mismatch"}
+    assert len(full) > 6 and failing
+    for cut in range(1, len(full)):
+        done = frozenset(k for k, _ in full[:cut])
+        rest = [(r["item_key"], r["status"]) for r in
+                run_group(target, group, cfg, skip=Skip(done, failed=done & failing))]
+        assert full[:cut] + rest == full, cut

@@ -29,7 +29,7 @@ def _keys(db, run_id=None):
 
 def test_kill_9_then_resume_completes_exactly(tmp_path):
     ref_db, db = tmp_path / "ref.sqlite", tmp_path / "killed.sqlite"
-    spec = RunSpec(target="cpu", ops=OPS, dtypes=("float32", "int64"), workers=1)
+    spec = RunSpec(target="cpu", ops=OPS, dtypes=("float32", "int64"), workers=1, sizes="auto")  # as the CLI
     execute_run(spec, ref_db)
     expected = _keys(ref_db)
     cmd = [sys.executable, "-m", "conformance", "run", "--target", "cpu", "-n", "1", "--quiet",

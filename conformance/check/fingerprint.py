@@ -163,7 +163,9 @@ def fingerprint(target: Any, reference: Any, *, ref_kind: str) -> dict[str, Any]
     if n:
         mag = np.abs(finite)
         k = max(1, math.ceil(0.99 * n))
-        fp.update(bias=float(finite.sum()) / n, rms=math.sqrt(float(np.dot(finite, finite)) / n),
+        # np.sum, not np.dot: BLAS's dot splits a long vector by its thread count, so the last
+        # digits of a million-element item's rms differed between a Ray actor and a local worker
+        fp.update(bias=float(finite.sum()) / n, rms=math.sqrt(float(np.sum(finite * finite)) / n),
                   p99=float(np.partition(mag, k - 1)[k - 1]), max=float(mag.max()))
     return fp
 

@@ -48,6 +48,7 @@ class Work:
     run_id: str
     groups: Sequence[Group]
     done: Mapping[str, set[str]] = field(default_factory=dict)  # group key -> item keys recorded
+    failed: Mapping[str, set[str]] = field(default_factory=dict)  # group key -> those of them that failed
     only: Mapping[str, frozenset[str]] | None = None  # group key -> the only item keys to run
     history: Mapping[str, float] | None = None  # group key -> wall seconds it took before
     stage: str = "sweep"  # the progress line's name for this work

@@ -43,6 +43,7 @@ from typing import Any
 
 from conformance.select import SelectionError
 from conformance.work import Group
+from opdb.status import FAILING
 
 from .executor import Recorder, Sink, Summary, Work
 from .kinds import TABLES
@@ -82,9 +83,11 @@ class _Host:
                               keep_alive=True)
 
     def run(self, group: Group, done: frozenset[str], only: frozenset[str] | None,
-            replay: dict[str, Any] | None) -> Iterator[tuple[list[tuple[dict[str, Any], str]], dict[str, Any] | None]]:
+            replay: dict[str, Any] | None, failed: frozenset[str] = frozenset(),
+            ) -> Iterator[tuple[list[tuple[dict[str, Any], str]], dict[str, Any] | None]]:
         sup = self.sup
         sup.done = {group.key: set(done)}
+        sup.failed = {group.key: set(failed)}
         sup.only = None if only is None else {group.key: only}
         sup.corpus = {group.key: replay} if replay is not None else {}
         finished = sup.feed(group)
@@ -128,13 +131,13 @@ class GroupRunner:
                 "neuron_cores": os.environ.get("NEURON_RT_VISIBLE_CORES")}
 
     def run(self, spec: RunSpec, group: Group, done: frozenset[str], only: frozenset[str] | None,
-            replay: dict[str, Any] | None) -> Iterator[Any]:
+            replay: dict[str, Any] | None, failed: frozenset[str] = frozenset()) -> Iterator[Any]:
         spec = _node_local(spec)
         host = self.hosts.pop(spec, None) or _Host(spec)
         self.hosts[spec] = host  # the most recent last
         while len(self.hosts) > HOSTS_PER_ACTOR:
             self.hosts.popitem(last=False)[1].close()
-        yield from host.run(group, done, only, replay)
+        yield from host.run(group, done, only, replay, failed)
 
 
 # -- the driver side ------------------------------------------------------------------------
@@ -146,6 +149,7 @@ class _Lane:
     recorder: Recorder
     summary: Summary
     seen: dict[str, set[str]] = field(default_factory=lambda: collections.defaultdict(set))  # group key -> received
+    failed: dict[str, set[str]] = field(default_factory=lambda: collections.defaultdict(set))  # of them, failing
 
 
 @dataclass
@@ -281,9 +285,10 @@ class RayExecutor:
             lane = self.lanes[lane_i]
             w = lane.work
             done = frozenset(w.done.get(group.key, ())) | frozenset(lane.seen.get(group.key, ()))
+            failed = frozenset(w.failed.get(group.key, ())) | frozenset(lane.failed.get(group.key, ()))
             only = w.only.get(group.key, frozenset()) if w.only is not None else None
             replay = (w.corpus or {}).get(group.key)
-            gen = actor.handle.run.remote(w.spec, group, done, only, replay)
+            gen = actor.handle.run.remote(w.spec, group, done, only, replay, failed)
             actor.task = _Task(lane_i, group, actor, gen, time.monotonic())
 
     def _collect(self, timeout: float) -> None:
@@ -330,6 +335,8 @@ class RayExecutor:
         seen = lane.seen[task.group.key]
         for row, table in rows:
             seen.add(row["item_key"])
+            if row.get("status") in FAILING:
+                lane.failed[task.group.key].add(row["item_key"])
             lane.recorder.record(row, table)
         if end is not None:
             self._finished(task, end)
@@ -342,6 +349,7 @@ class RayExecutor:
         self.group_times.append({"run_id": lane.work.run_id, "shard": lane.work.spec.shard,
                                  "group_key": task.group.key, "kind": task.group.kind, "wall_s": wall})
         lane.seen.pop(task.group.key, None)
+        lane.failed.pop(task.group.key, None)
         task.actor.task = None
 
     def _lost(self, task: _Task, why: str) -> None:

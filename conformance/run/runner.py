@@ -75,7 +75,8 @@ def run_canaries(spec: RunSpec, store: Store, run_id: str) -> str | None:
     data = datafiles.canaries()
     # Values only: a broken install shows in values and errors; a contract failure of a canary op
     # is the build's finding, reported by the run's own items of that op.
-    cspec = spec.replace(variants=("function",), max_samples=data.samples, workers=1, contracts=("none",))
+    cspec = spec.replace(variants=("function",), max_samples=data.samples, workers=1, contracts=("none",),
+                         sizes="samples")  # a few small samples: the ladder is the sweep's
     groups = [Group(op, data.dtype) for op in data.ops]
     rows: list[dict[str, Any]] = []
     sup = executor(Work(cspec, run_id, groups), sink=lambda row, table: rows.append(row))
@@ -380,9 +381,10 @@ def _start(spec: RunSpec, store: Store, resume: str | None, prepared: Prepared |
         store.finish_run(run_id, shard=spec.shard, status="infra")
         return Summary(run_id, infra=infra)
     done = _done_by_group(set().union(*(store.done_keys(table, run_id) for table in TABLES)))
+    failed = _done_by_group(set().union(*(store.done_keys(table, run_id, failing=True) for table in TABLES)))
     history = group_seconds(store, target=spec.target, torch_version=torch.__version__, exclude_run=run_id)
     build = (store.get_run(run_id) or {}).get("build") or str(spec.build)  # the build the target reported
-    return Work(spec, run_id, groups, done, history=history, stage=f"sweep {spec.target} {build}".rstrip(),
+    return Work(spec, run_id, groups, done, failed=failed, history=history, stage=f"sweep {spec.target} {build}".rstrip(),
                 corpus=_corpus(spec, store, groups))
 
 

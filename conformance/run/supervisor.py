@@ -33,6 +33,7 @@ from conformance.check.verdict import Status, decide_unrun
 from conformance.select import SelectionError
 from conformance.work import Group, ItemKey, Skip
 from opdb import Store
+from opdb.status import FAILING
 
 from .executor import Recorder, Sink, Summary, Work
 from .isolation import Inflight, read_output
@@ -193,6 +194,8 @@ class Supervisor:
         self.stage = stage
         self.group_times: list[dict[str, Any]] = []  # wall seconds of each group finished (opdb group_times)
         self.done = done
+        # group key -> its item keys recorded as failing (earlier sessions', then this one's)
+        self.failed: dict[str, set[str]] = {g: set(keys) for g, keys in (work.failed or {}).items()}
         self.only = only
         self.summary = Summary(run_id)
         self.progress = progress
@@ -272,7 +275,8 @@ class Supervisor:
         if self.only is not None:
             return Skip(frozenset(seen), only=self.only.get(group.key, frozenset()), batch=batch)
         return Skip(frozenset(self.done.get(group.key, ())) | frozenset(seen),
-                    crash_safe=group.key in self.crash_safe, replay=self.corpus.get(group.key), batch=batch)
+                    crash_safe=group.key in self.crash_safe, replay=self.corpus.get(group.key), batch=batch,
+                    failed=frozenset(self.failed.get(group.key, ())))
 
     def _restart(self, slot: _Slot) -> _Slot:
         """Replace a dead or killed worker; it continues the same group after the bad item."""
@@ -283,6 +287,8 @@ class Supervisor:
         return new
 
     def _record(self, row: dict[str, Any], table: str) -> None:
+        if row.get("status") in FAILING:  # a restarted worker's walk reads it (Skip.failed)
+            self.failed.setdefault(ItemKey.parse(row["item_key"]).group_key, set()).add(row["item_key"])
         (self.relay or self.recorder.record)(row, table)
 
     def _synthetic(self, group: Group, key: str, status: Status, error: str, duration: float,

@@ -24,9 +24,10 @@ and size. A grown sample the CPU refuses is not used: the next sample is tried
 Each item's key is ``op|ladder|dtype|N`` (N: the element count asked for); its row's
 ``proof.ladder`` holds the input's actual element count and the dimension grown. A rung whose
 inputs would exceed :data:`MAX_BYTES` with its output (predicted from two small CPU trials: ``diag`` of a
-vector grows its output as the square) is not run. A rung run before (a resumed group, or a
-worker that died on it) ends the walk there: its verdict is not known to the worker, and a rung
-that killed a worker would again. A rung that takes longer than :data:`RUNG_SECONDS` is the
+vector grows its output as the square) is not run. A rung recorded before (a resumed run, or a
+worker restarted after it died on a later one) is not run again, and whether it failed is taken
+from the run (``Skip.failed``): a resumed walk takes the steps an uninterrupted one took, and a
+rung that killed a worker is a failure the walk bisects below. A rung that takes longer than :data:`RUNG_SECONDS` is the
 last one climbed to, and an op whose grown sample gives one output per slice (``unbind``) has no
 ladder.
 
@@ -112,6 +113,15 @@ def _fresh(like: torch.Tensor, shape: tuple[int, ...], gen: torch.Generator) -> 
     return torch.randint(int(lo), int(hi) + 1, shape, generator=gen, dtype=torch.int64).to(dtype)
 
 
+def _length(x: torch.Tensor, axis: int, numel: int) -> int:
+    """How long the grown dimension is for a rung of ``numel`` elements (the others stay)."""
+    rest = x.numel() // x.shape[axis]
+    length = math.ceil(numel / rest)
+    if any(numel < 2**k <= rest * length for k in range(numel.bit_length() + 1)):
+        length = numel // rest  # a rung just below a power of two stays below it
+    return length
+
+
 def grow(sample: Any, numel: int, *, seed: int) -> Any | None:
     """``sample`` with its input grown along the dimension the op runs along to hold at least
     ``numel`` elements (see the module doc), or None when it cannot grow: a non-tensor or
@@ -122,10 +132,7 @@ def grow(sample: Any, numel: int, *, seed: int) -> Any | None:
     if not isinstance(x, torch.Tensor) or x.layout != torch.strided or x.ndim == 0 or x.numel() == 0:
         return None
     axis = _axis(sample, x.ndim)
-    rest = x.numel() // x.shape[axis]
-    length = math.ceil(numel / rest)
-    if any(numel < 2**k <= rest * length for k in range(numel.bit_length() + 1)):
-        length = numel // rest  # a rung just below a power of two stays below it
+    length = _length(x, axis, numel)
     if length <= x.shape[axis]:
         return None
     shape = tuple(x.shape)
@@ -255,63 +262,72 @@ def walk(info: Any, group: Group, samples: Iterator[tuple[int, Any]], seed: int,
                    "status": "skip", "error": f"no size ladder: {found}", "duration_s": 0.0, "seed": seed}
         return
     sample, axis = found.sample, found.axis
+    rest = sample.input.numel() // sample.input.shape[axis]  # elements per unit of the grown dimension
+    failed_before = getattr(skip, "failed", frozenset())
     sizes: set[int] = set()  # element counts run: two rungs that grow to one count run once
     slow = [False]  # a rung took longer than RUNG_SECONDS: the climb ends
+    rows: list[dict[str, Any]] = []  # the row of the rung just run, for the caller to yield
 
-    def run(numel: int) -> dict[str, Any] | None:
-        """The rung's row; None where it is not run (too large, a size already run)."""
-        key = ItemKey(group.op, VARIANT, group.dtype, numel)
-        g = grow(sample, numel, seed=rung_seed(group.op, group.dtype, numel, seed))
-        if (g is None or g.input.numel() in sizes
-                or nbytes(g) + found.out_bytes(g.input.numel()) > MAX_BYTES):
+    def rung(numel: int) -> tuple[str, int] | None:
+        """Run the rung of ``numel`` elements (its row into ``rows``) and say how it went:
+        ("failed" | "passed" | "neutral", its element count), or None where it is not run (too
+        large, a count already run). A rung recorded before (a resumed run, or a worker restarted
+        after a later item) is not run again: whether it failed is what the run recorded
+        (``Skip.failed``), so that a resumed walk takes the steps an uninterrupted one took."""
+        key = str(ItemKey(group.op, VARIANT, group.dtype, numel))
+        actual = rest * _length(sample.input, axis, numel)
+        if actual <= sample.input.numel() or actual in sizes:
             return None
-        sizes.add(g.input.numel())
+        if key in skip:
+            sizes.add(actual)
+            return ("failed" if key in failed_before else "passed"), actual
+        g = grow(sample, numel, seed=rung_seed(group.op, group.dtype, numel, seed))
+        if g is None or nbytes(g) + found.out_bytes(g.input.numel()) > MAX_BYTES:
+            return None
+        sizes.add(actual)
         if on_start:
-            on_start(str(key))
+            on_start(key)
         t0 = time.perf_counter()
         row = evaluate(numel, g)
         took = time.perf_counter() - t0
-        row.update(item_key=str(key), variant=VARIANT, sample=numel)
+        row.update(item_key=key, variant=VARIANT, sample=numel)
         row["proof"] = {**(row.get("proof") or {}), "ladder": {
             "numel": g.input.numel(), "dim": axis, "from_sample": found.index}}
         if took > RUNG_SECONDS:
             row["proof"]["ladder"]["last"] = f"this size took {took:.1f} s: larger ones are not run"
             slow[0] = True
-        return row
+        rows.append(row)
+        status = Status(row["status"])
+        return ("failed" if status.failed else "passed" if status.passed else "neutral"), actual
 
-    rest = sample.input.numel() // sample.input.shape[axis]  # elements per unit of the grown dimension
     passed = 0  # the element count of the largest rung that passed
     for numel in RUNGS:
-        if str(ItemKey(group.op, VARIANT, group.dtype, numel)) in skip:
-            # run before (a resume, or a worker that died on a later rung): its verdict is not
-            # known here, and climbing past a rung that may have killed a worker would again
-            return
-        row = run(numel)
-        if row is None:
+        got = rung(numel)
+        yield from rows
+        rows.clear()
+        if got is None:
             continue
-        yield row
-        status = Status(row["status"])
-        if status.passed:
-            passed = row["proof"]["ladder"]["numel"]
-        if not status.failed:  # passed, or neutral (skipped, unsupported): climb on
+        how, actual = got
+        if how == "passed":
+            passed = actual
+        if how != "failed":  # passed, or neutral (skipped, unsupported): climb on
             if slow[0]:
                 return
             continue
         # failed: bisect the grown dimension's length between the last passing rung and this one,
         # so that the failing item with the fewest elements is the size the op goes wrong at
-        lo, hi = passed // rest, row["proof"]["ladder"]["numel"] // rest
+        lo, hi = passed // rest, actual // rest
         while passed and hi - lo > 1:
             mid = (lo + hi) // 2
-            if str(ItemKey(group.op, VARIANT, group.dtype, mid * rest)) in skip:
-                return
-            probe = run(mid * rest)
+            probe = rung(mid * rest)
+            yield from rows
+            rows.clear()
             if probe is None:
                 break
-            yield probe
-            if not Status(probe["status"]).failed:
-                lo = mid
-            else:
+            if probe[0] == "failed":
                 hi = mid
+            else:
+                lo = mid
         return
 
 __all__ = ["MAX_BYTES", "PAIRED", "POWERS", "RUNG_SECONDS", "RUNGS", "SEED_SAMPLES", "SIZES", "VARIANT", "Seed", "grow", "rung_sample", "seed_sample",

@@ -340,7 +340,8 @@ def run_group(target: Target, group: Group, config: SweepConfig, *, skip: Contai
     want_samples, want_ladder = ladder.wanted(config.sizes, target.compiler)
     if want_samples:
         yield from _sample_rows(target, info, group, config, skip, on_start)
-    if want_ladder and comparators.comparator_for(group.op) != "meta":  # an empty*'s values mean nothing
+    # the ladder's items are function-variant calls; an empty*'s values mean nothing
+    if want_ladder and "function" in config.variants and comparators.comparator_for(group.op) != "meta":
         yield from _ladder_rows(target, info, group, config, skip, on_start)
 
 
