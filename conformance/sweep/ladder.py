@@ -266,12 +266,11 @@ def walk(info: Any, group: Group, samples: Iterator[tuple[int, Any]], seed: int,
     failed_before = getattr(skip, "failed", frozenset())
     sizes: set[int] = set()  # element counts run: two rungs that grow to one count run once
     slow = [False]  # a rung took longer than RUNG_SECONDS: the climb ends
-    rows: list[dict[str, Any]] = []  # the row of the rung just run, for the caller to yield
 
-    def rung(numel: int) -> tuple[str, int] | None:
-        """Run the rung of ``numel`` elements (its row into ``rows``) and say how it went:
-        ("failed" | "passed" | "neutral", its element count), or None where it is not run (too
-        large, a count already run). A rung recorded before (a resumed run, or a worker restarted
+    def rung(numel: int) -> tuple[str, int, dict[str, Any] | None] | None:
+        """Run the rung of ``numel`` elements and say how it went: ("failed" | "passed" |
+        "neutral", its element count, its row), or None where it is not run (too large, a count
+        already run). A rung recorded before (a resumed run, or a worker restarted
         after a later item) is not run again: whether it failed is what the run recorded
         (``Skip.failed``), so that a resumed walk takes the steps an uninterrupted one took."""
         key = str(ItemKey(group.op, VARIANT, group.dtype, numel))
@@ -280,7 +279,7 @@ def walk(info: Any, group: Group, samples: Iterator[tuple[int, Any]], seed: int,
             return None
         if key in skip:
             sizes.add(actual)
-            return ("failed" if key in failed_before else "passed"), actual
+            return ("failed" if key in failed_before else "passed"), actual, None
         g = grow(sample, numel, seed=rung_seed(group.op, group.dtype, numel, seed))
         if g is None or nbytes(g) + found.out_bytes(g.input.numel()) > MAX_BYTES:
             return None
@@ -296,18 +295,17 @@ def walk(info: Any, group: Group, samples: Iterator[tuple[int, Any]], seed: int,
         if took > RUNG_SECONDS:
             row["proof"]["ladder"]["last"] = f"this size took {took:.1f} s: larger ones are not run"
             slow[0] = True
-        rows.append(row)
         status = Status(row["status"])
-        return ("failed" if status.failed else "passed" if status.passed else "neutral"), actual
+        return ("failed" if status.failed else "passed" if status.passed else "neutral"), actual, row
 
     passed = 0  # the element count of the largest rung that passed
     for numel in RUNGS:
         got = rung(numel)
-        yield from rows
-        rows.clear()
         if got is None:
             continue
-        how, actual = got
+        how, actual, row = got
+        if row is not None:
+            yield row
         if how == "passed":
             passed = actual
         if how != "failed":  # passed, or neutral (skipped, unsupported): climb on
@@ -320,10 +318,10 @@ def walk(info: Any, group: Group, samples: Iterator[tuple[int, Any]], seed: int,
         while passed and hi - lo > 1:
             mid = (lo + hi) // 2
             probe = rung(mid * rest)
-            yield from rows
-            rows.clear()
             if probe is None:
                 break
+            if probe[2] is not None:
+                yield probe[2]
             if probe[0] == "failed":
                 hi = mid
             else:
