@@ -162,3 +162,28 @@ def test_long_output_keeps_its_head_and_tail_and_the_file_is_emptied(tmp_path):
     assert text.startswith("first line") and text.endswith("last line") and "bytes left out" in text
     assert len(text) < OUTPUT_MAX + 100
     assert path.stat().st_size == 0 and read_output(str(path)) is None
+
+
+def test_capture_files_of_dead_supervisors_are_swept(tmp_path, monkeypatch):
+    """A supervisor killed before it cleans up (a Ray actor ends by ray.kill) leaves its workers'
+    capture files; the next supervisor removes those of dead pids, and no other file."""
+    from conformance.run import isolation
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(isolation, "_swept", False)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    old = time.time() - 3600
+    dead = tmp_path / f"conformance-worker-{gone.pid}-abc.out"
+    fresh_dead = tmp_path / f"conformance-worker-{gone.pid}-new.out"  # written a moment ago: kept
+    mine = tmp_path / f"conformance-worker-{os.getpid()}-def.out"
+    other = tmp_path / "conformance-worker-notapid.out"
+    for f in (dead, fresh_dead, mine, other):
+        f.write_text("")
+        if f is not fresh_dead:
+            os.utime(f, (old, old))
+    made = isolation.new_output_file()
+    assert Path(made).parent == tmp_path and Path(made).name.startswith(f"conformance-worker-{os.getpid()}-")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [fresh_dead.name, mine.name, other.name, Path(made).name])
+    assert isolation.sweep_stale_outputs() == 0  # once per process

@@ -104,6 +104,63 @@ def _watch(parent: int, supervisor: int) -> None:
             _die()
 
 
+#: Capture files are named ``conformance-worker-<supervisor pid>-<random>.out`` in the temp folder.
+OUTPUT_PREFIX = "conformance-worker-"
+
+
+def new_output_file() -> str:
+    """A fresh capture file for a worker of this process. A supervisor removes its files when it
+    ends; one killed first (a Ray actor ends by ``ray.kill``) cannot, and the next supervisor on
+    this machine removes them (:func:`sweep_stale_outputs`), known by the pid in their names."""
+    import tempfile
+
+    sweep_stale_outputs()
+    fd, path = tempfile.mkstemp(prefix=f"{OUTPUT_PREFIX}{os.getpid()}-", suffix=".out")
+    os.close(fd)
+    return path
+
+
+_swept = False
+
+
+def sweep_stale_outputs(min_age_s: float = 60.0) -> int:
+    """Remove the capture files of supervisors that are gone (their pid lives no more) and that
+    nothing wrote for ``min_age_s``; once per process. Returns how many went."""
+    global _swept
+    import tempfile
+
+    if _swept:
+        return 0
+    _swept = True
+    folder, removed, now = tempfile.gettempdir(), 0, time.time()
+    try:
+        names = [n for n in os.listdir(folder) if n.startswith(OUTPUT_PREFIX) and n.endswith(".out")]
+    except OSError:
+        return 0
+    for name in names:
+        pid = name[len(OUTPUT_PREFIX):].split("-", 1)[0]
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        path = os.path.join(folder, name)
+        try:
+            if now - os.stat(path).st_mtime >= min_age_s:
+                os.unlink(path)
+                removed += 1
+        except OSError:
+            pass  # another supervisor removed it first
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # it lives, as another user's
+        return True
+    return True
+
+
 def read_output(path: str, *, clear: bool = True, limit: int = OUTPUT_MAX) -> str | None:
     """What was written to a capture file, or None; emptied after. Past ``limit`` bytes only the
     head and the tail are read (an item that printed gigabytes costs no memory here)."""

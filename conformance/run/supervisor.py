@@ -36,7 +36,7 @@ from opdb import Store
 from opdb.status import FAILING
 
 from .executor import Recorder, Sink, Summary, Work
-from .isolation import Inflight, read_output
+from .isolation import Inflight, new_output_file, read_output
 from .kinds import TABLES, kind_of
 from .progress import Eta, Pricer, Reporter, Snapshot
 from .spec import RunSpec
@@ -216,8 +216,7 @@ class Supervisor:
     # process management
     def _spawn(self, output: str | None = None, inflight: Inflight | None = None) -> _Slot:
         if output is None:
-            fd, output = tempfile.mkstemp(prefix="conformance-worker-", suffix=".out")
-            os.close(fd)
+            output = new_output_file()
         inflight = inflight or Inflight(self.ctx, PHASES, BATCH_PHASE)
         inflight.reset()  # the worker it was shared with is dead: nothing in flight
         parent, child = self.ctx.Pipe()
