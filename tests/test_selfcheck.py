@@ -287,3 +287,29 @@ def test_an_input_the_meta_kernel_refuses_is_outside_the_contract():
     assert out.cpu_error is None and ran
     # an OpInfo sample (no check_first) is not held to it: its author wrote it within the contract
     assert run_item(target, _info(op, "bn"), "function", _sample(*bad)).cpu_error is None
+
+
+def test_a_helper_is_held_to_its_public_namesakes_contract():
+    """``_cholesky_solve_helper`` is ``cholesky_solve``'s kernel: its meta checks nothing, and its
+    CPU kernel reads past a non-square factor (heap garbage the reference can agree with). The
+    public op of the same signature, found by the name, refuses the factor; ops that are no
+    helper, or whose namesake takes other arguments, have none."""
+    from conformance.check.metacheck import OUT_OF_CONTRACT, contract_refusal, meta_refusal, public_namesake
+
+    op = torch.ops.aten._cholesky_solve_helper.default
+    assert public_namesake(op) is torch.ops.aten.cholesky_solve.default
+    assert public_namesake(torch.ops.aten._cholesky_solve_helper.out) is torch.ops.aten.cholesky_solve.out
+    assert public_namesake(torch.ops.aten.abs.default) is None
+    assert public_namesake(torch.ops.aten._values.default) is None  # no helper by its name
+    assert public_namesake(torch.ops.aten._fft_c2c.default) is None  # no namesake
+    bad = (torch.randn(3, 2), torch.randn(3, 4), False)
+    good = (torch.randn(3, 2), torch.randn(3, 3), False)
+    assert meta_refusal(op, *bad) is None  # its own meta sees nothing wrong
+    refused = contract_refusal(op, *bad)
+    assert refused.startswith("aten::cholesky_solve.default's meta") and "square" in refused
+    assert contract_refusal(op, *good) is None
+
+    out = run_item(get_target("cpu"), _info(op, "chol"), "function", _sample(*bad), guard=True, check_first=True)
+    assert out.cpu_error.startswith(OUT_OF_CONTRACT) and "cholesky_solve" in out.cpu_error
+    out = run_item(get_target("cpu"), _info(op, "chol"), "function", _sample(*good), guard=True, check_first=True)
+    assert out.cpu_error is None

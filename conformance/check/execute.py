@@ -31,7 +31,7 @@ from conformance.targets import Target
 from conformance.targets.base import Dispatched, OpTrace
 
 from .compare import Meta, bitwise_equal, leaves
-from .metacheck import OUT_OF_CONTRACT, meta_refusal
+from .metacheck import OUT_OF_CONTRACT, contract_refusal
 from .placement import (
     active_guards,
     clone_sample,
@@ -207,9 +207,9 @@ def run_item(target: Target, info: Any, variant: str, sample: Any, *, want_arbit
                 return out
             # nor may it read past what the CPU kernel allocates itself (no guard reaches there):
             # the op's meta kernel, PyTorch's second statement of its contract, must accept it
+            # (a helper's, its public namesake's too)
             placed = on_device(sample, "cpu") if variant == "function" else None  # its device arguments named
-            refused = placed is not None and meta_refusal(lambda i, a, k: fn(i, *a, **k), placed.input,
-                                                          placed.args, placed.kwargs)
+            refused = placed is not None and contract_refusal(fn, placed.input, *placed.args, **placed.kwargs)
             if refused:
                 out.cpu_error = f"{OUT_OF_CONTRACT} ({refused})"[:2000]
                 return out

@@ -15,6 +15,13 @@ hold) it says nothing: only a refusal of the contract counts. The schema search,
 are drawn from a schema and not written by an op's author, holds every input to it before the
 target runs (:func:`conformance.check.execute.run_item` with ``check_first``).
 
+An op named as another's helper (``_cholesky_solve_helper``, ``_X_impl``) is the kernel behind
+its public namesake, which checks the inputs before it calls the helper; the helper's own meta
+may check nothing (``_cholesky_solve_helper``'s only computes a shape, and its CPU kernel reads
+past a non-square factor). :func:`contract_refusal` holds such a helper to its namesake's meta
+as well, where the namesake has the helper's signature (:func:`public_namesake`): the naming
+convention and the schemas say which op that is, no list does.
+
 Example::
 
     >>> import torch
@@ -69,7 +76,7 @@ def _cannot_tell() -> tuple[type[BaseException], ...]:
     return (*(getattr(ft, n) for n in names if hasattr(ft, n)), GuardOnDataDependentSymNode, NotImplementedError)
 
 
-def meta_refusal(call: Callable[..., Any], *args: Any, **kwargs: Any) -> str | None:
+def meta_refusal(call: Callable[..., Any], /, *args: Any, **kwargs: Any) -> str | None:
     """``call(*args, **kwargs)`` with every tensor in the arguments made a fake tensor of the same
     metadata: the meta kernel's error ("Type: message", first line, at most 300 characters) when
     it refuses them, None when it accepts them or cannot tell. Never raises."""
@@ -104,4 +111,47 @@ def meta_refusal(call: Callable[..., Any], *args: Any, **kwargs: Any) -> str | N
     return None
 
 
-__all__ = ["OUT_OF_CONTRACT", "meta_refusal"]
+#: The name endings by which an internal op says it is the kernel behind a public one.
+HELPER_SUFFIXES = ("_helper", "_impl")
+
+
+def _signature(schema: Any) -> tuple[list[str], list[str], list[str]]:
+    args = schema.arguments
+    return ([str(a.type) for a in args if not a.kwarg_only], [str(a.type) for a in args if a.kwarg_only],
+            [str(r.type) for r in schema.returns])
+
+
+def public_namesake(op: Any) -> Any | None:
+    """The public op an internal helper is the kernel of: for ``aten::_X_helper.overload`` (or
+    ``_X_impl``), ``aten::X.overload`` when it takes and returns the same types; else None."""
+    schema = getattr(op, "_schema", None)
+    if schema is None or "::" not in schema.name:
+        return None
+    namespace, name = schema.name.split("::", 1)
+    if not name.startswith("_"):
+        return None
+    base = name.lstrip("_")
+    for suffix in HELPER_SUFFIXES:
+        if not base.endswith(suffix) or len(base) == len(suffix):
+            continue
+        packet = getattr(getattr(torch.ops, namespace), base[: -len(suffix)], None)
+        overload = schema.overload_name or "default"
+        if packet is None or overload not in packet.overloads():
+            continue
+        public = getattr(packet, overload)
+        if _signature(public._schema) == _signature(schema):
+            return public
+    return None
+
+
+def contract_refusal(op: Any, /, *args: Any, **kwargs: Any) -> str | None:
+    """:func:`meta_refusal` of ``op`` on the arguments, then, for an internal helper, of its
+    :func:`public_namesake` (its refusal names that op); None when both accept or cannot tell."""
+    refused = meta_refusal(op, *args, **kwargs)
+    public = public_namesake(op) if refused is None else None
+    if public is not None and (refused := meta_refusal(public, *args, **kwargs)):
+        return f"{public._schema.name}.{public._overloadname}'s meta, {refused}"[:300]
+    return refused
+
+
+__all__ = ["HELPER_SUFFIXES", "OUT_OF_CONTRACT", "contract_refusal", "meta_refusal", "public_namesake"]
