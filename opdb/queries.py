@@ -40,7 +40,8 @@ def latest_run(store: Store, *, target: str | None = None, build: str | None = N
             clauses.append(f"{col} = ?")
             params.append(val)
     where = " and ".join(clauses) or "1"
-    rows = list(store.db.query(f"select * from runs where {where} order by started_at desc, id desc limit 1", params))
+    rows = store.live_runs(list(store.db.query(
+        f"select * from runs where {where} order by started_at desc, id desc limit 1", params)))
     return rows[0] if rows else None
 
 

@@ -56,7 +56,7 @@ def builds(store: Store) -> list[BuildRuns]:
     build ``-`` (their default), and a run of neuron-emu 2.33.0 is no run of device:neuron.
     """
     by_build: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for r in store.db.query("select * from runs order by started_at, id"):
+    for r in store.runs():
         by_build.setdefault((r["target"] or "", r["build"] or "-"), []).append(r)
     out = []
     for (target, build), runs in by_build.items():

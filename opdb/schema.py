@@ -57,6 +57,7 @@ RUN_SHARDS = {
     "finished_at": str,
     "status": str,
     "items_total": int,
+    "owner": str,  # "pid:start" of the process that runs it (a killed one is found by it)
 }
 
 OPS = {
@@ -393,8 +394,13 @@ def _v13(db: sqlite_utils.Database) -> None:
     db["claims"].create(CLAIMS, pk=("run_id", "api", "dtype"), if_not_exists=True)
 
 
+def _v14(db: sqlite_utils.Database) -> None:
+    if "owner" not in db["run_shards"].columns_dict:
+        db["run_shards"].add_column("owner", str)
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10,
-                                                             _v11, _v12, _v13]
+                                                             _v11, _v12, _v13, _v14]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

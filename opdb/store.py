@@ -123,6 +123,33 @@ def same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
         return False
 
 
+def process_owner(pid: int | None = None) -> str:
+    """``pid:start`` naming a live process on this host (``start``: its start time in clock ticks
+    since boot, from /proc, so that a reused pid is another owner; empty where /proc has none)."""
+    pid = os.getpid() if pid is None else pid
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            start = fh.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError):
+        start = ""
+    return f"{pid}:{start}"
+
+
+def owner_gone(owner: str | None) -> bool:
+    """Whether the process ``owner`` (:func:`process_owner`) on this host is gone; False when
+    it cannot tell (no owner recorded)."""
+    pid, _, start = (owner or "").partition(":")
+    if not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        pass  # it lives (another user's)
+    return bool(start) and process_owner(int(pid)) != owner
+
+
 class Store:
     """An opdb database: schema-checked, WAL mode, busy timeout for concurrent writers.
 
@@ -155,6 +182,9 @@ class Store:
                 db.conn.close()
                 self.db = sqlite_utils.Database(mem)
             schema.migrate(self.db)
+        self._killed = self._killed_shards()
+        if self._killed and not self.readonly:
+            self._mark_killed()
 
     # -- opening -----------------------------------------------------------------------
     @classmethod
@@ -194,6 +224,8 @@ class Store:
         self.readonly = False
         if schema.version(self.db) < schema.SCHEMA_VERSION:
             schema.migrate(self.db)
+        if self._killed:
+            self._mark_killed()
 
     @classmethod
     def memory(cls) -> Store:
@@ -274,26 +306,68 @@ class Store:
             self.insert("runs", [row])
         self.insert("run_shards", [{"run_id": run_id, "shard": shard, "host": host,
                                     "started_at": now(), "finished_at": None,
-                                    "status": "running", "items_total": items_total}],
+                                    "status": "running", "items_total": items_total,
+                                    "owner": process_owner()}],
                     replace=True)
         return run_id
 
     def resume_run(self, run_id: str, shard: str = "1/1") -> dict[str, Any]:
-        """Mark an interrupted run (shard) as running again; refuses unknown or finished runs."""
+        """Mark an interrupted (or killed) run shard as running again; refuses unknown or finished
+        runs, and a shard that another live process on this host runs (two writers of one run)."""
         run = self.get_run(run_id)
         if run is None:
             raise OpdbError(f"{self.path}: no run with id {run_id!r} to resume")
         shard_row = self.db.execute(
-            "select status from run_shards where run_id = ? and shard = ?", [run_id, shard]
+            "select status, host, owner from run_shards where run_id = ? and shard = ?", [run_id, shard]
         ).fetchone()
         if shard_row and shard_row[0] == "finished":
             raise OpdbError(f"{self.path}: run {run_id!r} shard {shard} already finished; nothing to resume")
+        if (shard_row and shard_row[0] == "running" and shard_row[1] == socket.gethostname() and shard_row[2]
+                and shard_row[2] != process_owner() and not owner_gone(shard_row[2])):
+            raise OpdbError(f"{self.path}: run {run_id!r} shard {shard} is still running (process "
+                            f"{shard_row[2].split(':')[0]} on this host); stop it before resuming it")
         with self._transaction():
             self.db.execute("update runs set status = 'running', finished_at = null where id = ?", [run_id])
             self.db.execute(
-                "insert or replace into run_shards (run_id, shard, host, started_at, status) "
-                "values (?, ?, ?, ?, 'running')", [run_id, shard, socket.gethostname(), now()])
+                "insert or replace into run_shards (run_id, shard, host, started_at, status, owner) "
+                "values (?, ?, ?, ?, 'running', ?)", [run_id, shard, socket.gethostname(), now(), process_owner()])
         return self.get_run(run_id) or {}
+
+    # -- killed runs: a shard left 'running' by a process that is gone (kill -9, a lost machine)
+    def _killed_shards(self) -> set[tuple[str, str]]:
+        """This host's running shards whose process is gone."""
+        if "owner" not in self.db["run_shards"].columns_dict:
+            return set()
+        rows = self.db.execute("select run_id, shard, owner from run_shards where status = 'running' and host = ?",
+                               [socket.gethostname()]).fetchall()
+        return {(r, s) for r, s, owner in rows if owner_gone(owner)}
+
+    def _mark_killed(self) -> None:
+        with self._transaction():
+            for run_id, shard in sorted(self._killed):
+                self.db.execute("update run_shards set status = 'interrupted' where run_id = ? and shard = ? "
+                                "and status = 'running'", [run_id, shard])
+                self._refresh_run_status(run_id)
+        self._killed = set()
+
+    def killed(self, run_id: str) -> bool:
+        """Whether the run was found with a shard whose process is gone when this store opened."""
+        return any(r == run_id for r, _ in self._killed) or (
+            (row := self.db.execute("select count(*) from run_shards where run_id = ? and status = 'interrupted' "
+                                    "and finished_at is null", [run_id]).fetchone()) is not None and row[0] > 0)
+
+    def live_runs(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Rows of ``runs`` as they stand: a read-only store cannot mark a killed run, so its
+        rows say 'interrupted' for it here (every running shard of it gone)."""
+        if not self._killed:
+            return rows
+        for row in rows:
+            if row.get("status") != "running":
+                continue
+            shards = self.db.execute("select shard, status from run_shards where run_id = ?", [row["id"]]).fetchall()
+            if shards and all(st != "running" or (row["id"], sh) in self._killed for sh, st in shards):
+                row["status"] = "interrupted"
+        return rows
 
     def shard_status(self, run_id: str, shard: str = "1/1") -> str | None:
         """A run shard's status (``running``, ``interrupted``, ``finished``, ...); None when the
@@ -331,11 +405,11 @@ class Store:
                         [status, finished, run_id])
 
     def get_run(self, run_id: str) -> dict[str, Any] | None:
-        rows = list(self.db.query("select * from runs where id = ?", [run_id]))
+        rows = self.live_runs(list(self.db.query("select * from runs where id = ?", [run_id])))
         return rows[0] if rows else None
 
     def runs(self) -> list[dict[str, Any]]:
-        return list(self.db.query("select * from runs order by started_at, id"))
+        return self.live_runs(list(self.db.query("select * from runs order by started_at, id")))
 
     def done_keys(self, table: str, run_id: str, *, failing: bool = False) -> set[str]:
         """Item keys already recorded for ``run_id`` (what a resumed run skips); ``failing``:

@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from conformance.cli import main
-from conformance.run.runner import CodeChangedWarning, RunSpec, _git_sha, execute_run
+from conformance.run.runner import CodeChangedWarning, KilledRunResumed, RunSpec, _git_sha, execute_run
 from opdb import Store
 
 # Enough work (conv2d and sort have many samples) that the kill always lands mid-run: the canaries'
@@ -50,10 +50,14 @@ def test_kill_9_then_resume_completes_exactly(tmp_path):
     proc.wait()
     partial = _keys(db)
     assert 0 < len(partial) < len(expected)
-    with Store.open(db) as st:
+    with Store.open(db, create=False) as st:  # a reader (the site, the listing) sees it killed
         run_id = st.runs()[0]["id"]
-        assert st.get_run(run_id)["status"] == "running"
-    r = CliRunner().invoke(main, ["run", "--resume", run_id, "--db", str(db), "--quiet", "-n", "1"])
+        assert st.get_run(run_id)["status"] == "interrupted"
+    with Store.open(db) as st:  # a writer marks it so
+        assert st.get_run(run_id)["status"] == "interrupted" and st.killed(run_id)
+        assert st.shard_status(run_id) == "interrupted"
+    with pytest.warns(KilledRunResumed, match=f"run {run_id} was killed"):
+        r = CliRunner().invoke(main, ["run", "--resume", run_id, "--db", str(db), "--quiet", "-n", "1"])
     assert r.exit_code == 0, r.output
     final = _keys(db)
     assert len(final) == len({k for k, _ in final})  # nothing doubled
@@ -160,3 +164,37 @@ def test_a_run_resumed_with_other_harness_code_says_so(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error", CodeChangedWarning)
         execute_run(spec, db, resume=summary.run_id)
+
+
+def test_a_run_is_killed_only_when_its_process_is_gone(tmp_path):
+    """A running shard whose process lives is running (resuming it would make two writers of one
+    run: refused); one whose process is gone, or whose pid now names another process, is killed."""
+    from opdb import OpdbError
+    from opdb.store import owner_gone, process_owner
+
+    db = tmp_path / "runs.sqlite"
+    with Store.open(db) as st:
+        run_id = st.start_run(target="cpu", build="-", torch_version="x", config={})
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        with Store.open(db) as st:
+            st.db.execute("update run_shards set owner = ?", [process_owner(other.pid)])
+        with Store.open(db, create=False) as st:
+            assert st.get_run(run_id)["status"] == "running" and not st.killed(run_id)
+        with Store.open(db) as st, pytest.raises(
+                OpdbError, match=f"run {run_id!r} shard 1/1 is still running .process {other.pid}"):
+            st.resume_run(run_id)
+    finally:
+        other.kill()
+        other.wait()
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    assert owner_gone(f"{gone.pid}:1") and not owner_gone(process_owner()) and not owner_gone(None)
+    me, start = process_owner().split(":")
+    assert owner_gone(f"{me}:{int(start) + 1}")  # the pid lives, but it is another process now
+    with Store.open(db) as st:
+        st.db.execute("update run_shards set owner = ?", [f"{gone.pid}:1"])
+    with Store.open(db) as st:
+        assert st.get_run(run_id)["status"] == "interrupted" and st.killed(run_id)
+        st.resume_run(run_id)
+        assert st.get_run(run_id)["status"] == "running" and not st.killed(run_id)

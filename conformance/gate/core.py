@@ -159,7 +159,7 @@ def _check(store: Store, run: dict[str, Any], role: str) -> None:
     if run["status"] == "partial":
         raise GateError(f"{what} is partial: some of its shards are missing; merge all shard databases first")
     if run["status"] != "finished":
-        # A killed run stays 'running' (nothing marks it after kill -9); an interrupted one says so.
+        # A killed run on this host reads 'interrupted' (its process is gone); one on another host stays 'running'.
         raise GateError(f"{what} is {run['status']}, not finished (interrupted, killed or still running); "
                         f"finish it with `conformance run --resume {run['id']}` first")
     items = (store.count("op_results", run_id=run["id"]) - store.count("op_results", run_id=run["id"], variant="canary")

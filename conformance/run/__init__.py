@@ -10,7 +10,7 @@ canaries, re-runs).
 from conformance._lazy import exports
 
 __getattr__, __dir__ = exports(__name__, {
-    "runner": ("CodeChangedWarning", "EmptyRun", "Prepared", "check", "config_difference", "execute_run",
+    "runner": ("CodeChangedWarning", "EmptyRun", "KilledRunResumed", "Prepared", "check", "config_difference", "execute_run",
                "prepare", "rerun_items", "run_canaries", "run_into", "stderr_progress", "stored_summary"),
     "spec": ("RunSpec",),
     "executor": ("EXECUTORS", "Executor", "Summary", "Work", "executor"),

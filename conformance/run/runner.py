@@ -32,7 +32,7 @@ from .progress import Console
 from .spec import RunSpec
 from .supervisor import CPU_CRASHED, Supervisor, start_worker_server, worker_context
 
-__all__ = ["CodeChangedWarning", "EmptyRun", "Prepared", "RunSpec", "Summary", "Supervisor", "check", "execute_run",
+__all__ = ["CodeChangedWarning", "EmptyRun", "KilledRunResumed", "Prepared", "RunSpec", "Summary", "Supervisor", "check", "execute_run",
            "prepare", "rerun_items", "run_canaries", "run_into", "run_together", "stderr_progress"]
 
 
@@ -52,6 +52,10 @@ def _git_sha() -> str:
         return ref[:12]
     except OSError:
         return ""
+
+
+class KilledRunResumed(UserWarning):
+    """``--resume`` of a run whose process was killed (kill -9, a lost machine): it says so."""
 
 
 class CodeChangedWarning(UserWarning):
@@ -364,6 +368,12 @@ def _start(spec: RunSpec, store: Store, resume: str | None, prepared: Prepared |
     spec = spec.replace(refcache=spec.refcache_for(store.path), **session)
     if resume:
         _warn_if_code_changed(store.get_run(resume) or {"id": resume})
+        if store.killed(resume):
+            import warnings
+
+            warnings.warn(KilledRunResumed(
+                f"run {resume} was killed: its process is gone and nothing marked its end; it resumes from "
+                "the items it recorded (the item in flight when it died runs again)"), stacklevel=2)
         store.resume_run(resume, shard=spec.shard)
         run_id = resume
     else:
