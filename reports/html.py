@@ -55,6 +55,16 @@ def _pct(part: int | float | None, whole: int | float | None) -> str:
     return f"{100.0 * part / whole:.1f}%"
 
 
+def _noun(n: Any, word: str) -> str:
+    """``word`` as it follows the number ``n``: "1 sample", "2 samples" (``word`` is singular;
+    one ending in "y" after a consonant takes "ies", one in "s" or "x" takes "es")."""
+    if n == 1:
+        return word
+    if word.endswith("y") and word[-2:-1] not in "aeiou":
+        return word[:-1] + "ies"
+    return word + ("es" if word.endswith(("s", "x")) else "s")
+
+
 def make_environment() -> jinja2.Environment:
     """The report's single jinja2 Environment: autoescape on for everything, strict undefined."""
     env = jinja2.Environment(
@@ -67,6 +77,7 @@ def make_environment() -> jinja2.Environment:
     )
     env.filters["num"] = _num
     env.filters["pct"] = _pct
+    env.filters["noun"] = _noun
     env.globals["STATUSES"] = STATUSES
     return env
 

@@ -48,6 +48,8 @@ def test_console_groups_largest_first_with_evidence_and_and_more():
     detail = lines[lines.index(regs[0]) + 1]
     assert "max rel err 0.5 (abs 2)" in detail and "error: values differ" in detail
     assert "repro: conformance repro 7 --db o.sqlite" in detail
+    one = [line for line in lines if line.startswith("  REGRESSION") and "(1 " in line]
+    assert one and all(line.endswith("(1 item)") for line in one)  # never "1 items"
     # 30 one-item groups + drift + the model: 34 groups, 15 shown
     more = next(line for line in lines if line.startswith("  and "))
     assert more == "  and 19 more failing groups (19 items): site/2.33.0/regressions.html"
@@ -61,7 +63,7 @@ def test_drift_and_flaky_and_recompiles_are_said_as_what_they_are():
     lines = summary_lines(_result(n_small=0), LINKS)
     assert not any("pass -> pass" in line for line in lines), lines
     assert "  DRIFT cos [function, float32] error grew 4x while passing (40 samples)" in lines
-    assert "  REGRESSION mlp-0 [compile, float32] recompiles 1 -> 4 (still pass) (1 items)" in lines
+    assert "  REGRESSION mlp-0 [compile, float32] recompiles 1 -> 4 (still pass) (1 item)" in lines
     flaky = [line for line in lines if line.startswith("  FLAKY")]
     assert flaky == ["  FLAKY sin [function, float32] pass -> mismatch, not reproduced on every re-run (6 items)"]
     assert "re-runs of 1 representative(s): pass, mismatch" in lines[lines.index(flaky[0]) + 1]
@@ -152,8 +154,8 @@ def test_contract_regressions_name_their_contracts_in_every_rendering(tmp_path):
         "aliasing,out", "out", ["aliasing"])
     assert reruns == ["add|out|float32|0"]  # a status that did not change is not re-run
     lines = summary_lines(result)
-    assert "  REGRESSION add [out, float32] pass -> contract (out) (1 items)" in lines
-    assert "  REGRESSION add [out, float32] contract (out) -> contract (aliasing, out) (1 items)" in lines
+    assert "  REGRESSION add [out, float32] pass -> contract (out) (1 item)" in lines
+    assert "  REGRESSION add [out, float32] contract (out) -> contract (aliasing, out) (1 item)" in lines
     md = markdown(result)
     assert "| op | `add` | out | float32 | pass → contract \\(out\\) | 1 |" in md
     assert "contract \\(out\\) → contract \\(aliasing, out\\)" in md
@@ -186,3 +188,13 @@ def test_evidence_shows_the_baseline_error_and_a_models_normwise_error():
     assert "max rel err 0.5 (abs 2; baseline 0.001)" in text
     # a model's evidence is the normwise error its tolerance judges, not the element-wise 73.5
     assert "normwise rel err 0.2 (baseline 0.001)" in text and "73.5" not in text
+
+
+def test_the_report_says_one_sample_and_two_samples():
+    from reports.html import make_environment
+
+    t = make_environment().from_string('{{ n|num }} {{ n|noun("sample") }}, {{ n|noun("overload") }}, '
+                                       '{{ n|noun("family") }}, {{ n|noun("day") }}, {{ n|noun("pass") }}')
+    assert t.render(n=1) == "1 sample, overload, family, day, pass"
+    assert t.render(n=2) == "2 samples, overloads, families, days, passes"
+    assert t.render(n=0).startswith("0 samples")

@@ -104,7 +104,7 @@ def sweep_status(db_path: str | None, target: Any, names: list[str], res: AuditR
         if failing * 2 > samples:  # most sweep samples reaching it fail: the op itself is at fault
             out[name] = ("mismatch", f"sweep {run['id']}", f"{failing} of {samples} sweep samples reaching it fail")
         else:
-            detail = f"{samples} sweep samples" + (f", {failing} failing" if failing else "")
+            detail = f"{samples} sweep sample{'' if samples == 1 else 's'}" + (f", {failing} failing" if failing else "")
             out[name] = ("pass", f"sweep {run['id']}", detail)
         # where it runs: its own samples, else (a functional or in-place overload that no sample ran
         # natively) through its out= overload, as structured kernels do: the device reports the fallback there

@@ -99,7 +99,7 @@ def _header(g: FindingGroup) -> str:
     unit = "samples" if op_numerics else "items"
     size = g.drift.get("samples", g.size) if op_numerics else g.size
     mark = ", unconfirmed" if g.unconfirmed else ""
-    return f"  {label} {g.name} [{g.variant}, {g.dtype}] {g.transition} ({size} {unit}{mark})"
+    return f"  {label} {g.name} [{g.variant}, {g.dtype}] {g.transition} ({_n(size, unit[:-1])}{mark})"
 
 
 def _explained(result: GateResult, grouped: list[FindingGroup]) -> str:
@@ -125,7 +125,7 @@ def summary_lines(result: GateResult, links: Links | None = None, top: int = CON
     grouped = groups(result)
     for cat in CATEGORIES:
         n_groups = sum(1 for g in grouped if g.category == cat)
-        lines.append(f"  {cat:<12}{len(result.of(cat)):>7}" + (f"   ({n_groups} groups)" if n_groups else ""))
+        lines.append(f"  {cat:<12}{len(result.of(cat)):>7}" + (f"   ({_n(n_groups, 'group')})" if n_groups else ""))
     if result.common is not None:
         lines.append(f"  common-only: compared {result.common['compared']} items; ignored "
                      f"{result.common['only_baseline']} only in the baseline, "
