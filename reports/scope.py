@@ -45,6 +45,17 @@ def build_labels(builds: list[q.BuildRuns]) -> list[str]:
             else b.build for b in builds]
 
 
+def build_folder(store: Store, target: str, build: str) -> str | None:
+    """The folder the site gives a (target, build): the slug of its label, as :func:`build_infos`
+    names them (in build order, with one :class:`Slugger`); None when the database has no run of it."""
+    slug, all_builds = Slugger(), q.builds(store)
+    for b, label in zip(all_builds, build_labels(all_builds), strict=True):
+        folder = slug(label)
+        if b.target == target and b.build == (build or "-"):
+            return folder
+    return None
+
+
 def build_infos(store: Store, slug: Slugger) -> list[BuildInfo]:
     """Every (target, build) of the database, ordered by start time, with its status counts; each
     build's previous build is the one of the same target before it."""

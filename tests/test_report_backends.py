@@ -239,3 +239,16 @@ def test_long_lists_say_how_many_more(backends_db, tmp_path, monkeypatch):
     with Store.open(backends_db) as st:
         render_site(st, tmp_path / "site")
     assert "and 1 more op × dtype groups" in (tmp_path / "site/backends.html").read_text()
+
+
+def test_the_gate_links_the_page_the_site_renders_for_its_target(backends_db, backends_site):
+    """Beside other targets a build's folder is named by its label (``cpu`` for the cpu run's
+    build '-'): the gate's report link names that folder, one the site has."""
+    from conformance.cli.gate import _report_page
+
+    with Store.open(backends_db, create=False) as st:
+        for target, build, folder in (("cpu", "-", "cpu"), ("inductor", "-", "inductor"),
+                                      ("neuron-emu", "2.33.0", "2.33.0")):
+            link = _report_page(str(backends_site), st, {"target": target, "build": build})
+            assert link == f"{backends_site}/{folder}/regressions.html" and Path(link).is_file(), link
+        assert _report_page("", st, {"target": "cpu", "build": "-"}) == ""

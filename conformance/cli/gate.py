@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -74,7 +75,7 @@ def gate_cmd(baseline: str, candidate: str, reruns: int, budget_s: float, max_re
                                                        "error": str(exc)}, indent=1))
             click.echo(f"error: {exc}", err=True)
             sys.exit(EXIT_USAGE)
-        links = gate_links(st, result, db_path, _report_page(report, result.candidate["build"]))
+        links = gate_links(st, result, db_path, _report_page(report, st, result.candidate))
     for line in summary_lines(result, links):
         click.echo(line)
     if json_path:
@@ -86,13 +87,16 @@ def gate_cmd(baseline: str, candidate: str, reruns: int, budget_s: float, max_re
     sys.exit(EXIT_FAILURES if result.verdict == "fail" else EXIT_OK)
 
 
-def _report_page(site: str | None, build: str) -> str:
-    """The candidate build's regressions page in a report site (a folder or a URL)."""
+def _report_page(site: str | None, store: Store, candidate: dict[str, Any]) -> str:
+    """The candidate build's regressions page in a report site (a folder or a URL) of this
+    database: the folder the site names it by (beside other targets, ``cpu`` or ``TARGET BUILD``)."""
     if not site:
         return ""
     from reports.html import Slugger
+    from reports.scope import build_folder
 
-    return f"{site.rstrip('/')}/{Slugger()(build)}/regressions.html"
+    folder = build_folder(store, candidate["target"], candidate["build"]) or Slugger()(candidate["build"] or "-")
+    return f"{site.rstrip('/')}/{folder}/regressions.html"
 
 
 @ledger_group.command("stale")
