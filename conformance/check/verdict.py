@@ -25,11 +25,21 @@ _UNSUPPORTED = [
     re.compile(r"not implemented for '" + _DTYPE_WORDS, re.I),
     re.compile(_DTYPE_WORDS + r".{0,80}(not supported|unsupported|is not available)", re.I),
     re.compile(r"(unsupported|not supported).{0,40}" + _DTYPE_WORDS, re.I),
+    # the dispatcher's own refusal: no kernel of this op for a quantized dtype (quint8, qint8, ...)
+    # on the device, which has no quantized backend
+    re.compile(r"with arguments from the 'Quantized\w*' backend"),
 ]
 
 
 def is_unsupported_dtype(message: str) -> bool:
-    """Does a target's error message say the dtype is unsupported?"""
+    """Does a target's error message say the dtype is unsupported?
+
+        >>> is_unsupported_dtype("Could not run 'aten::_empty_affine_quantized' with arguments from the "
+        ...                      "'Quantizedneuron' backend. This could be because ...")
+        True
+        >>> is_unsupported_dtype("Could not run 'aten::foo' with arguments from the 'neuron' backend.")
+        False
+    """
     return any(p.search(message) for p in _UNSUPPORTED)
 
 
