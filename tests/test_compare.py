@@ -211,16 +211,17 @@ def test_an_empty_tensor_has_no_layout_to_differ_in():
     assert not strides_agree(Meta.of(torch.empty(0, 4)), Meta.of(torch.empty(4, 0)))
 
 
-def test_a_device_without_a_quantized_backend_rejects_the_dtype():
-    """The dispatcher's refusal of a quantized dtype on a device with no quantized backend (the
-    emulated neuron device, as a real PrivateUse1 one) is the target rejecting the dtype, not an
-    error of the op; a missing kernel of a plain dtype stays an error."""
+def test_a_device_without_a_quantized_backend_rejects_the_layout():
+    """The dispatcher's refusal of a quantized tensor on a device with no quantized backend (the
+    emulated neuron device, as a real PrivateUse1 one) is the target refusing that layout (as the
+    layout probe and coverage count quantized tensors), not an error of the op; a missing kernel
+    of a plain tensor stays an error."""
     from conformance.targets import get_target
 
     get_target("neuron-emu", "ideal")
     with pytest.raises(NotImplementedError) as info:
         torch.ops.aten._empty_affine_quantized.default([2], dtype=torch.quint8, device="neuron")
     message = f"{type(info.value).__name__}: {info.value}"
-    assert decide(cpu_error=None, target_error=message, close=False) is Status.UNSUPPORTED_DTYPE
-    assert not is_unsupported_dtype("NotImplementedError: Could not run 'aten::foo' with arguments from the "
-                                    "'neuron' backend.")
+    assert decide(cpu_error=None, target_error=message, close=False) is Status.UNSUPPORTED_LAYOUT
+    plain = "NotImplementedError: Could not run 'aten::foo' with arguments from the 'neuron' backend."
+    assert decide(cpu_error=None, target_error=plain, close=False) is Status.ERROR
