@@ -34,7 +34,7 @@ from .status import FAILING, FAILS_GATE
 from .store import Store
 
 CANARY = "canary"  # the variant of canary items (conformance.run.run_canaries)
-NOT_OPINFO = (CANARY, "schema")  # variants whose items are not samples of an OpInfo op
+NOT_OPINFO = (CANARY, "schema", "traced")  # variants whose items are not samples of an OpInfo op
 UNREACHABLE = ("composite_implicit", "no_cpu_kernel")  # coverage states a backend cannot be asked for
 
 

@@ -207,6 +207,25 @@ GROUP_TIMES = {
 # first inputs the CPU rejected, every input it accepted, the minimal failing ones), replayed by
 # later runs instead of searching again while the fingerprint holds (conformance/inputs/corpus.py).
 # An entry is inputs only: every verdict is recomputed by running them on the target and the CPU.
+TRACED_SIGNATURES = {
+    "torch_version": str,  # the torch the signature was traced with (its ATen overloads' own)
+    "key": str,  # sha1 of the overload and its arguments' structure (shapes, strides, dtypes, non-tensors)
+    "op": str,  # aten::name.overload
+    "dtype": str,  # its first floating tensor argument's dtype (else its first tensor's; "none")
+    "spec": str,  # JSON: {"args": [...], "kwargs": {...}}, tensors as {"T": {...}} (conformance.sweep.traced)
+    "numel": int,  # elements of its tensor arguments
+    "nbytes": int,  # bytes of the storage its tensor arguments view
+    "calls": int,  # calls of it in the traced models (all of them)
+    "models": int,  # models that call it
+}
+
+TRACED_USES = {
+    "torch_version": str,
+    "key": str,  # traced_signatures.key
+    "model": str,  # the model graph (its model id) that calls it
+    "calls": int,  # how often, in one forward and backward
+}
+
 SCHEMA_CORPUS = {
     "overload": str,  # aten::name.overload
     "fingerprint": str,  # sha256 of the basis below: a different one means search again
@@ -292,12 +311,14 @@ TABLES: dict[str, dict[str, type]] = {
     "cause_reach": CAUSE_REACH,
     "cause_runs": CAUSE_RUNS,
     "claims": CLAIMS,
+    "traced_signatures": TRACED_SIGNATURES,
+    "traced_uses": TRACED_USES,
 }
 
 
 # Tables that shard databases contribute to a merge (gate decisions are derived, not merged).
 MERGED = ("runs", "run_shards", "ops", "op_results", "model_results", "coverage", "flakes", "group_times",
-          "schema_corpus")
+          "schema_corpus", "traced_signatures", "traced_uses")
 
 
 def _v1(db: sqlite_utils.Database) -> None:
@@ -399,8 +420,14 @@ def _v14(db: sqlite_utils.Database) -> None:
         db["run_shards"].add_column("owner", str)
 
 
+def _v15(db: sqlite_utils.Database) -> None:
+    db["traced_signatures"].create(TRACED_SIGNATURES, pk=("torch_version", "key"), if_not_exists=True)
+    db["traced_signatures"].create_index(["torch_version", "op", "dtype"], if_not_exists=True)
+    db["traced_uses"].create(TRACED_USES, pk=("torch_version", "key", "model"), if_not_exists=True)
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10,
-                                                             _v11, _v12, _v13, _v14]
+                                                             _v11, _v12, _v13, _v14, _v15]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

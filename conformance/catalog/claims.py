@@ -172,7 +172,7 @@ def measure(rows: Iterable[dict[str, Any]]) -> dict[tuple[str, str], Measured]:
             continue
         error = r.get("error") or ""
         reached = set(json.loads(r.get("reached_ops") or "[]")) | native | fallback
-        if r.get("variant") == "schema":
+        if r.get("variant") in ("schema", "traced"):  # items of one ATen overload
             blamed = {r["op"]}
         else:
             blamed = {n if "." in n else n + ".default" for n in _NAMED.findall(error)} & reached

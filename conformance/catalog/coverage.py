@@ -56,7 +56,7 @@ class _Acc:
 
 
 def _source(variant: str) -> str:
-    return {"backward": "backward", "schema": "schema"}.get(variant, "opinfo")
+    return {"backward": "backward", "schema": "schema", "traced": "traced"}.get(variant, "opinfo")
 
 
 def _accumulate(rows: Iterable[dict]) -> tuple[dict[str, _Acc], dict[str, str]]:

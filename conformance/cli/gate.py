@@ -135,8 +135,10 @@ def ledger_stale(ledger_path: str | None, n_runs: int, target: str | None, db_pa
               help="Graphs per family for the full per-graph protocol (0: the whole corpus; hours on 2 cores).")
 @click.option("--no-models", is_flag=True, help="Skip the model corpus.")
 @click.option("--no-schema", is_flag=True, help="Skip schema-driven coverage.")
-@click.option("--sizes", type=click.Choice(["auto", "samples", "ladder", "all"]), default="auto", show_default=True,
-              help="Op items at sample sizes, on the size ladder, or both (as for conformance run).")
+@click.option("--sizes", type=click.Choice(["auto", "samples", "ladder", "traced", "all"]), default="auto",
+              show_default=True,
+              help="Op items at sample sizes, on the size ladder, at the signatures traced from the night's model "
+                   "graphs (traced once, before the first build's sweep), or all (as for conformance run).")
 @click.option("-n", "--workers", default=2, show_default=True, help="Worker processes per run.")
 @click.option("--shard", default="1/1", show_default=True, metavar="K/N",
               help="Run this shard of every build's work (merge the shard databases, then --finish).")

@@ -48,10 +48,13 @@ CLI_VARIANTS = "function,inplace,out,backward,sparse_coo,sparse_csr,sparse_csc,s
 @click.option("--thorough", is_flag=True, help="reference_inputs instead of sample_inputs.")
 @click.option("--variants", default=CLI_VARIANTS, show_default=True,
               help="Comma-separated OpInfo variants to run (sparse_*: the OpInfo's own samples in that layout).")
-@click.option("--sizes", type=click.Choice(["auto", "samples", "ladder", "all"]), default="auto", show_default=True,
-              help="Op items at the OpInfo's sample sizes, on the size ladder (one sample per op x dtype grown to "
-                   "element counts around the powers of two from 2^10 to 2^20, the first failing size bisected), or both; "
-                   "auto: both on an eager target, samples on a compiler target (each rung is a compile).")
+@click.option("--sizes", type=click.Choice(["auto", "samples", "ladder", "traced", "all"]), default="auto",
+              show_default=True,
+              help="Op items at the OpInfo's sample sizes; on the size ladder (one sample per op x dtype grown to "
+                   "element counts around the powers of two from 2^10 to 2^20, the first failing size bisected); at "
+                   "the signatures traced from the model graphs (`conformance trace`, stored in the database); or all. "
+                   "auto: the samples and the traced signatures, and the ladder on an eager target (on a compiler "
+                   "target each rung is a compile).")
 @click.option("--contracts", "contracts", multiple=True, metavar="LIST",
               help="Contract checks besides values: metadata, aliasing, noncontiguous, variants, out, errors, "
                    "determinism; 'all', 'none' or 'default' (all on an eager target; metadata, variants, "
@@ -167,6 +170,36 @@ def _modes(text: str) -> tuple[str, ...]:
     if not chosen or any(m not in ("eager", "compile") for m in chosen):
         raise UsageProblem(f"--model-modes {text!r}: expected eager, compile or both")
     return chosen
+
+
+@main.command("trace")
+@click.option("--models", "models", multiple=True, default=("all",), show_default=True,
+              help="Model families whose graphs are traced (repeatable; all, hf or family names such as mlp, gpt).")
+@click.option("--model-limit", type=int, default=6, show_default=True, help="Graphs per family (0: every graph).")
+@click.option("--dtypes", "dtypes", default="float32,bfloat16", show_default=True, metavar="LIST",
+              help="The dtypes the graphs are traced in (those of the model lane: float32, bfloat16).")
+@click.option("--quiet", is_flag=True, help="No progress line.")
+@db_option(default="results/opdb.sqlite")
+@handles_errors
+def trace_cmd(models: tuple[str, ...], model_limit: int, dtypes: str, quiet: bool, db_path: str) -> None:
+    """Trace every ATen call of the model graphs on the CPU (forward and backward) and store each
+    distinct signature (overload, shapes, strides, dtypes, arguments) with the models using it.
+    Runs then replay them at those sizes (--sizes auto, traced or all).
+
+    Example: conformance trace --models gpt --models vit --model-limit 3 --db results/opdb.sqlite
+    """
+    from conformance.sweep.traced import trace_into
+
+    chosen = [d.strip() for d in dtypes.split(",") if d.strip()]
+    bad = [d for d in chosen if d not in ("float32", "bfloat16", "float16", "float64")]
+    if bad or not chosen:
+        raise UsageProblem(f"--dtypes {dtypes!r}: expected floating dtypes the model graphs run in (float32, bfloat16)")
+    from conformance.run.runner import stderr_progress
+
+    with Store.open(db_path) as st:
+        lines = trace_into(st, list(models), model_limit or None, chosen, progress=None if quiet else stderr_progress())
+    for line in lines:
+        click.echo(line)
 
 
 @main.command("repro")

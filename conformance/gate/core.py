@@ -396,12 +396,14 @@ def _fold_flaky(findings: list[Finding]) -> list[Finding]:
     return [f for f in findings if f not in folded.values()]
 
 
-def _rerun(candidate: dict[str, Any], keys: list[str], attempts: int) -> dict[str, list[str]]:
-    from conformance.run.runner import rerun_items
+def _rerun(candidate: dict[str, Any], keys: list[str], attempts: int, store: Store | None = None) -> dict[str, list[str]]:
+    from conformance.run.runner import rerun_items, traced_replays
     from conformance.run.spec import RunSpec
 
     spec = RunSpec.from_run(candidate, workers=2)
-    return rerun_items(spec, candidate["id"], keys, attempts)
+    # a traced item's input is its stored signature: the re-run replays it from the database
+    replay = traced_replays(spec, store, keys) if store is not None else None
+    return rerun_items(spec, candidate["id"], keys, attempts, replay=replay)
 
 
 def check_limits(attempts: int, budget_s: float, max_reruns: int) -> None:
@@ -433,6 +435,9 @@ def run_gate(store: Store, baseline_ref: str, candidate_ref: str, *, attempts: i
                         f"({counts['only_baseline']} only in the baseline, {counts['only_candidate']} only in the "
                         f"candidate); nothing to compare")
     result = GateResult(baseline, candidate, findings, common=counts if common_only else None)
+    if rerun is None:
+        def rerun(c: dict[str, Any], keys: list[str], n: int) -> dict[str, list[str]]:
+            return _rerun(c, keys, n, store)
     result.confirmation = confirm(findings, candidate, attempts, rerun, budget_s=budget_s, max_reruns=max_reruns)
     result.findings = findings = _fold_flaky(findings)
     from .first_bad import annotate  # imports this module (the numerics test)

@@ -106,6 +106,7 @@ def run_nightly(spec: NightlySpec, db_path: str | os.PathLike[str], progress: Ca
             _check_resumable(store, spec)
         # named first: after a kill -9 this line is what --resume takes
         echo(f"== nightly {result.prefix}" + (" (resumed) ==" if resume else " =="))
+        trace_stage(spec, store, progress, echo)
         sweep_stage(spec, store, result, progress, echo, resume=bool(resume))
         if result.interrupted is not None:
             echo(f"nightly interrupted in the sweep of {result.interrupted}: nothing after it ran; continue it with "
@@ -117,6 +118,34 @@ def run_nightly(spec: NightlySpec, db_path: str | os.PathLike[str], progress: Ca
             return result
         finish_stages(store, spec, result, echo, run_ids=list(result.runs.values()), db_label=str(db_path))
     return result
+
+
+def trace_stage(spec: NightlySpec, store: Store, progress: Callable[[str], None] | None, echo: Echo) -> None:
+    """The op signatures of the night's model graphs (:mod:`conformance.sweep.traced`), traced
+    once and shared by every build's sweep: where the database holds none for this torch and the
+    sweeps ask for them (``--sizes`` auto, traced or all, and models selected). ``conformance
+    trace`` adds more (other families, more graphs per family)."""
+    import torch
+
+    from conformance.models.selection import MODEL_DTYPES
+    from conformance.sweep.ladder import traced_wanted
+    from conformance.sweep.traced import trace_into
+    from opdb import traced as stored
+
+    if not traced_wanted(spec.run.sizes) or not spec.run.models:
+        return
+    have = stored.summary(store, torch.__version__)
+    if have["signatures"]:
+        echo(f"== trace: {have['signatures']} op signatures of {have['models']} model graphs stored for torch "
+             f"{torch.__version__}, replayed by every build ==")
+        return
+    wanted = [d.strip() for ds in spec.run.dtypes for d in ds.split(",")] if spec.run.dtypes else list(MODEL_DTYPES)
+    dtypes = [d for d in MODEL_DTYPES if d in wanted]
+    if not dtypes:
+        return
+    echo(f"== trace: the op signatures of the model graphs ({', '.join(spec.run.models)}), once for every build ==")
+    for line in trace_into(store, spec.run.models, spec.run.model_limit, dtypes, progress):
+        echo(line)
 
 
 def _check_resumable(store: Store, spec: NightlySpec) -> None:

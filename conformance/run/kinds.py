@@ -20,9 +20,10 @@ from conformance.models.runner import MODEL
 from conformance.select import SelectionError, shard_of
 from conformance.sweep.opinfo import OPINFO
 from conformance.sweep.schema import SCHEMA
+from conformance.sweep.traced import TRACED
 from conformance.work import Group, ItemKey, Selection, WorkKind
 
-KINDS: tuple[WorkKind, ...] = (OPINFO, SCHEMA, MODEL)
+KINDS: tuple[WorkKind, ...] = (OPINFO, SCHEMA, TRACED, MODEL)
 TABLES = tuple(dict.fromkeys(k.table for k in KINDS))  # the result tables a run writes
 _BY_NAME = {k.name: k for k in KINDS}
 _BY_VARIANT = {v: k for k in KINDS for v in k.variants}

@@ -111,10 +111,12 @@ def _rerun_status(row: dict[str, Any]) -> str:
     return row["status"]
 
 
-def rerun_items(spec: RunSpec, run_id: str, keys: Sequence[str], attempts: int) -> dict[str, list[str]]:
+def rerun_items(spec: RunSpec, run_id: str, keys: Sequence[str], attempts: int,
+                replay: dict[str, dict[str, Any]] | None = None) -> dict[str, list[str]]:
     """Re-run chosen items ``attempts`` times each (same seeds, isolated workers); returns the
     statuses per item key (:data:`opdb.status.UNREPRODUCIBLE` for a re-run whose CPU reference did not agree
-    with itself). Nothing is written."""
+    with itself). ``replay``: by group key, what a group replays (:func:`traced_replays`).
+    Nothing is written."""
     by_group: dict[str, set[str]] = collections.defaultdict(set)
     of_group: dict[str, Group] = {}
     for text in keys:
@@ -125,7 +127,7 @@ def rerun_items(spec: RunSpec, run_id: str, keys: Sequence[str], attempts: int) 
     only = {g: frozenset(v) for g, v in by_group.items()}
     out: dict[str, list[str]] = collections.defaultdict(list)
     for _ in range(attempts):
-        sup = executor(Work(spec, run_id, groups, only=only),
+        sup = executor(Work(spec, run_id, groups, only=only, corpus=replay),
                        sink=lambda row, table: out[row["item_key"]].append(_rerun_status(row)))
         sup.run()
     return dict(out)
@@ -394,8 +396,10 @@ def _start(spec: RunSpec, store: Store, resume: str | None, prepared: Prepared |
     failed = _done_by_group(set().union(*(store.done_keys(table, run_id, failing=True) for table in TABLES)))
     history = group_seconds(store, target=spec.target, torch_version=torch.__version__, exclude_run=run_id)
     build = (store.get_run(run_id) or {}).get("build") or str(spec.build)  # the build the target reported
+    traced_groups, signatures = _traced(spec, store)
+    groups = [*groups, *traced_groups]
     return Work(spec, run_id, groups, done, failed=failed, history=history, stage=f"sweep {spec.target} {build}".rstrip(),
-                corpus=_corpus(spec, store, groups))
+                corpus={**_corpus(spec, store, groups), **signatures})
 
 
 def _execute(sup: Any, store: Store) -> list[Summary]:
@@ -408,6 +412,44 @@ def _execute(sup: Any, store: Store) -> list[Summary]:
         signal.signal(signal.SIGTERM, previous)
         store.insert("group_times", sup.group_times)  # a resumed group keeps its first timing
     return list(getattr(sup, "summaries", [summary]))
+
+
+def _traced(spec: RunSpec, store: Store) -> tuple[list[Group], dict[str, dict[str, Any]]]:
+    """The run's traced groups (:mod:`conformance.sweep.traced`: the signatures the database holds
+    for this torch, as ``--sizes``, ``--ops``, ``--dtypes`` and ``--shard`` select them) and, by
+    group key, what each replays (``{"signatures": [...]}``, each with the models using it)."""
+    from conformance.sweep.ladder import traced_wanted
+    from conformance.sweep.traced import TRACED, replayed, selects
+    from opdb import traced as stored
+
+    if not traced_wanted(spec.sizes) or not (spec.opinfo or spec.selection.aten_globs):
+        return [], {}
+    chosen = {k: sigs for k, sigs in replayed(stored.selected(store, torch.__version__)).items()
+              if selects(spec.selection, *k)}
+    groups = shard_of([Group(op, dtype, TRACED.name) for op, dtype in chosen], parse_shard(spec.shard))
+    return groups, _replays(store, groups, chosen)
+
+
+def traced_replays(spec: RunSpec, store: Store, keys: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """What re-running these item keys of a run of ``spec`` replays: for those of traced groups,
+    the group's signatures as the run had them (:func:`rerun_items`' ``replay``)."""
+    from conformance.sweep.traced import TRACED, replayed
+    from opdb import traced as stored
+
+    wanted = {ItemKey.parse(k).group_key for k in keys if kind_of_item(k) is TRACED}
+    if not wanted:
+        return {}
+    chosen = {k: sigs for k, sigs in replayed(stored.selected(store, torch.__version__)).items()
+              if f"{k[0]}{ItemKey.SEP}{k[1]}" in wanted}
+    return _replays(store, [Group(op, dtype, TRACED.name) for op, dtype in chosen], chosen)
+
+
+def _replays(store: Store, groups: Sequence[Group], chosen: dict[tuple[str, str], list[Any]]) -> dict[str, dict[str, Any]]:
+    from opdb import traced as stored
+
+    users = stored.uses(store, torch.__version__, [s["key"] for g in groups for s in chosen[(g.op, g.dtype)]])
+    return {g.key: {"signatures": [{**s, "used_by": [m for m, _ in users.get(s["key"], [])][:10]}
+                                   for s in chosen[(g.op, g.dtype)]]} for g in groups}
 
 
 def _corpus(spec: RunSpec, store: Store, groups: Sequence[Group]) -> dict[str, dict[str, Any]]:

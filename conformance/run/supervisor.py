@@ -271,8 +271,9 @@ class Supervisor:
 
     def _skip(self, group: Group, seen: set[str]) -> Skip:
         batch = group.key not in self.unbatched
-        if self.only is not None:
-            return Skip(frozenset(seen), only=self.only.get(group.key, frozenset()), batch=batch)
+        if self.only is not None:  # a re-run: a traced group's signatures still come with it
+            return Skip(frozenset(seen), only=self.only.get(group.key, frozenset()), batch=batch,
+                        replay=self.corpus.get(group.key) if group.kind == "traced" else None)
         return Skip(frozenset(self.done.get(group.key, ())) | frozenset(seen),
                     crash_safe=group.key in self.crash_safe, replay=self.corpus.get(group.key), batch=batch,
                     failed=frozenset(self.failed.get(group.key, ())))

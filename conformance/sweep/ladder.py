@@ -74,14 +74,20 @@ MAX_BYTES = 64 * 2**20
 #: Samples of an op x dtype tried, in order, for one that grows and that the CPU accepts grown.
 SEED_SAMPLES = 8
 VARIANT = "ladder"
-#: ``--sizes``: "auto" is both on an eager target and the samples alone on a compiler target,
-#: where every rung is a compile of its own.
-SIZES = ("auto", "samples", "ladder", "all")
+#: ``--sizes``: "auto" is the samples, the signatures traced from models
+#: (:mod:`conformance.sweep.traced`) where the database holds some, and on an eager target the
+#: ladder (on a compiler target every rung is a compile of its own); "all" is every one.
+SIZES = ("auto", "samples", "ladder", "traced", "all")
 
 
 def wanted(sizes: str, compiler: bool) -> tuple[bool, bool]:
     """(run the samples, run the ladder) for ``--sizes`` on a target (compiler or eager)."""
-    return sizes != "ladder", sizes in ("ladder", "all") or (sizes == "auto" and not compiler)
+    return sizes not in ("ladder", "traced"), sizes in ("ladder", "all") or (sizes == "auto" and not compiler)
+
+
+def traced_wanted(sizes: str) -> bool:
+    """Whether ``--sizes`` asks for the traced signatures (where the database holds some)."""
+    return sizes in ("traced", "all", "auto")
 
 
 def _axis(sample: Any, ndim: int) -> int:

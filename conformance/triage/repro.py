@@ -41,7 +41,7 @@ from opdb.queries import op_result
 
 # Which attribute of the OpInfo a variant calls (schema results call the overload itself).
 _VARIANT_ATTR = {"function": "op", "canary": "op", "backward": "op", "out": "op", "inplace": "inplace_variant",
-                 **dict.fromkeys(SPARSE_VARIANTS, "op"), "schema": None, "ladder": "op"}
+                 **dict.fromkeys(SPARSE_VARIANTS, "op"), "schema": None, "traced": None, "ladder": "op"}
 
 _TEMPLATE = '''"""{doc}
 """
@@ -204,10 +204,10 @@ def write_repro(store: Store, result_id: int, out_dir: str | Path) -> Path:
     out = Path(out_dir)
     inputs = f"repro_{int(result_id)}_inputs.pt"
     op = _field(row, "op", where)
-    if variant == "schema":
+    if variant in ("schema", "traced"):  # the overload itself, on the stored input
         if not row.get("inputs"):
-            raise ValueError(f"{where}: a passing schema-driven result keeps no input; only failing "
-                             "ones store their shrunk input")
+            raise ValueError(f"{where}: a passing {variant} result keeps no input; only failing ones store "
+                             "their input")
         saved = load_inputs(row["inputs"], where=f"{where}: column inputs")
         if not (isinstance(saved, dict) and isinstance(saved.get("args"), (list, tuple))
                 and isinstance(saved.get("kwargs"), dict)):
@@ -254,7 +254,7 @@ def write_repro(store: Store, result_id: int, out_dir: str | Path) -> Path:
               "sized_out": bool(target.compiler),
               "inputs": inputs, "atol": _tol(row.get("atol"), where, "atol"), "rtol": _tol(row.get("rtol"), where, "rtol")}
     failed = _contracts(row.get("contract_failed"), where)
-    if failed and variant != "schema":
+    if failed and variant not in ("schema", "traced"):
         # what the script needs to evaluate the item as the sweep did: the same target (the values
         # get_target accepted above), the same sample (dtype, index, seed) and those contracts
         record.update(contracts=failed, target=_field(run, "target", f"{where}: its run"),
