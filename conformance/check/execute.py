@@ -209,7 +209,8 @@ def run_item(target: Target, info: Any, variant: str, sample: Any, *, want_arbit
             # the op's meta kernel, PyTorch's second statement of its contract, must accept it
             # (a helper's, its public namesake's too)
             placed = on_device(sample, "cpu") if variant == "function" else None  # its device arguments named
-            refused = placed is not None and contract_refusal(fn, placed.input, *placed.args, **placed.kwargs)
+            refused = placed is not None and contract_refusal(fn, placed.input, *placed.args,
+                                                              overload_=getattr(info, "packet", None), **placed.kwargs)
             if refused:
                 out.cpu_error = f"{OUT_OF_CONTRACT} ({refused})"[:2000]
                 return out

@@ -144,11 +144,12 @@ def public_namesake(op: Any) -> Any | None:
     return None
 
 
-def contract_refusal(op: Any, /, *args: Any, **kwargs: Any) -> str | None:
+def contract_refusal(op: Any, /, *args: Any, overload_: Any = None, **kwargs: Any) -> str | None:
     """:func:`meta_refusal` of ``op`` on the arguments, then, for an internal helper, of its
-    :func:`public_namesake` (its refusal names that op); None when both accept or cannot tell."""
+    :func:`public_namesake` (its refusal names that op); None when both accept or cannot tell.
+    ``overload_``: the OpOverload ``op`` calls, where ``op`` wraps it (the schema search's call)."""
     refused = meta_refusal(op, *args, **kwargs)
-    public = public_namesake(op) if refused is None else None
+    public = public_namesake(overload_ if overload_ is not None else op) if refused is None else None
     if public is not None and (refused := meta_refusal(public, *args, **kwargs)):
         return f"{public._schema.name}.{public._overloadname}'s meta, {refused}"[:300]
     return refused
