@@ -296,6 +296,64 @@ def ladder_sizes(store: Store, run_id: str) -> dict[tuple[str, str], LadderSizes
     return out
 
 
+@dataclass(frozen=True)
+class TracedSizes:
+    """The traced signatures of one ATen overload x dtype replayed in a run (``traced`` items;
+    conformance.sweep.traced): how many, how many failed, the largest passing and the smallest
+    failing one (elements of their tensor arguments), and the models calling the failing ones."""
+
+    overload: str
+    dtype: str
+    signatures: int
+    failing: int
+    largest_passing: int | None
+    smallest_failing: int | None
+    failing_status: str | None
+    failing_id: int | None
+    calls: int  # of all its signatures, in the traced models
+    failing_calls: int
+    models: tuple[str, ...]  # calling a failing signature (the first few)
+
+    def describe(self) -> str:
+        if not self.failing:
+            return f"all {self.signatures} pass, up to {self.largest_passing or 0:,} elements"
+        return (f"{self.failing} of {self.signatures} fail ({self.failing_calls:,} of {self.calls:,} traced calls), "
+                f"the smallest at {self.smallest_failing or 0:,} elements")
+
+
+def traced_sizes(store: Store, run_id: str) -> dict[tuple[str, str], TracedSizes]:
+    """Each traced overload x dtype of run ``run_id`` (:class:`TracedSizes`), by (overload, dtype)."""
+    by: dict[tuple[str, str], list[tuple[Any, ...]]] = {}
+    for row in store.db.execute(
+            """select op, dtype, status, json_extract(proof, '$.traced.numel'), id,
+                      coalesce(json_extract(proof, '$.traced.calls'), 0), json_extract(proof, '$.traced.used_by')
+               from op_results where run_id = ? and variant = 'traced' order by op, dtype, sample""", [run_id]):
+        by.setdefault((row[0], row[1]), []).append(row[2:])
+    out = {}
+    for (op, dtype), rows in by.items():
+        bad = [r for r in rows if r[0] in FAILING]
+        good = [r[1] or 0 for r in rows if Status(r[0]).passed]
+        first = min(bad, key=lambda r: r[1] or 0) if bad else None
+        models = tuple(dict.fromkeys(m for r in bad for m in json.loads(r[4] or "[]")))[:5]
+        out[op, dtype] = TracedSizes(op, dtype, len(rows), len(bad), max(good, default=None),
+                                     first[1] if first else None, first[0] if first else None,
+                                     first[2] if first else None, sum(r[3] for r in rows), sum(r[3] for r in bad),
+                                     models)
+    return out
+
+
+def traced_share(store: Store, run_id: str) -> tuple[int, int]:
+    """(traced calls whose signature passes, traced calls replayed) in run ``run_id``: the share of
+    the models' calls, weighted by how often the models make them, that the build gets right."""
+    passed = tuple(s.value for s in Status if s.passed)
+    row = store.db.execute(
+        f"""select coalesce(sum(case when status in ({', '.join('?' * len(passed))})
+                                 then json_extract(proof, '$.traced.calls') else 0 end), 0),
+                  coalesce(sum(json_extract(proof, '$.traced.calls')), 0)
+           from op_results where run_id = ? and variant = 'traced'""", [*passed, run_id]).fetchone()
+    return int(row[0]), int(row[1])
+
+
 def op_sample_stream(store: Store, run_id: str) -> Iterator[tuple[str, int, str, str, float | None, str]]:
     """``(op, id, dtype, status, max_rel_err, row_json)`` for every op result of a run, ordered by
     op, each op's failing samples first.

@@ -121,6 +121,9 @@ class SummaryPage(Page):
     trend_svg: Markup
     prev: Link | None  # the previous build's summary, when it is rendered
     links: list[Link]
+    # (calls passing, calls replayed) of the signatures traced from the model graphs, weighted by
+    # how often the models make each call; (0, 0): the run replayed none
+    traced_calls: tuple[int, int] = (0, 0)
 
 
 @dataclass
@@ -176,6 +179,10 @@ class OpPage(Page):
     other_targets: list[Link] = field(default_factory=list)  # the same op's page in other targets' builds
     # the size ladder per dtype (opdb.queries_report.LadderSizes); empty: the run had none
     ladder: list[Any] = field(default_factory=list)
+    # the traced signatures per overload x dtype (opdb.queries_report.TracedSizes): the page's own
+    # overload, or an OpInfo's overloads of its name; and the overloads' own pages
+    traced: list[Any] = field(default_factory=list)
+    traced_links: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

@@ -51,7 +51,7 @@ def counted(tmp_path_factory) -> tuple[Path, Path, list[str], dict[str, str]]:
 
 
 def _console_counts(text: str) -> dict[str, int]:
-    return {m[1]: int(m[2]) for m in re.finditer(r"^  (\w+)\s+(\d+)(?:\s+\(\d+ groups\))?$", text, re.M)}
+    return {m[1]: int(m[2]) for m in re.finditer(r"^  (\w+)\s+(\d+)(?:\s+\(\d+ groups?\))?$", text, re.M)}
 
 
 def _html(out: Path, rel: str) -> str:

@@ -96,6 +96,28 @@ def test_the_broken_build_fails_at_the_models_size_and_the_gate_names_it(traced_
     assert result.confirmation.confirmed == 1 and not result.of("flaky")
 
 
+def test_the_op_page_and_the_summary_show_the_traced_verdicts(traced_db, tmp_path):
+    import shutil
+
+    from reports import render_site
+
+    db = tmp_path / "all.sqlite"
+    shutil.copy(traced_db, db)
+    spec = RunSpec(target="neuron-emu", build="2.33.0", ops=("cumsum",), dtypes=("bfloat16",), sizes="all",
+                   variants=("function",), max_samples=1, contracts=("none",), workers=1)
+    with Store.open(db) as st:  # the samples, the ladder and the traced signatures
+        run_into(spec, st)
+        render_site(st, tmp_path, db_label="all.sqlite")
+    page = (tmp_path / "2.33.0/ops/cumsum.html").read_text()  # the OpInfo op's page names its overload's
+    section = page.split('<section id="traced">', 1)[1].split("</section>", 1)[0]
+    row = section.split('data-overload="aten::cumsum.default" data-dtype="bfloat16" class="failing">', 1)[1]
+    assert "1 of 2 fail" in row and "10,000" in row and "scan.long|bfloat16" in row
+    own = (tmp_path / "2.33.0/ops/aten_cumsum.default.html").read_text()
+    assert 'id="traced"' in own and ',"traced",' in own  # the overload's page: the section and its rows
+    summary = (tmp_path / "2.33.0/index.html").read_text()
+    assert 'data-k="traced"' in summary and "of 1 model calls traced pass" not in summary
+
+
 def test_the_trace_command_stores_the_model_graphs_signatures(tmp_path):
     db = tmp_path / "cli.sqlite"
     r = CliRunner().invoke(main, ["trace", "--models", "mlp", "--model-limit", "1", "--dtypes", "float32",

@@ -245,6 +245,7 @@ def coverage_stage(store: Store, run_ids: Sequence[str], echo: Echo) -> dict[str
 
     from conformance.catalog import coverage
     from conformance.catalog import overloads as catalog
+    from opdb.queries_report import traced_share
 
     if not store.count("ops", torch_version=torch.__version__):
         store.store_catalog([o.row(torch.__version__) for o in catalog.overloads(with_opinfos=True)])
@@ -254,6 +255,10 @@ def coverage_stage(store: Store, run_ids: Sequence[str], echo: Echo) -> dict[str
         shares[rid] = coverage.reachable_share(counts)
         echo(f"coverage of {rid}: backend-reachable overloads exercised {shares[rid]}; "
              + ", ".join(f"{k}={v}" for k, v in sorted(counts.items())))
+        good, calls = traced_share(store, rid)
+        if calls:
+            echo(f"  traced calls passing: {good:,} of {calls:,} ({100 * good / calls:.1f}%), weighted by how often "
+                 "the traced model graphs make each call")
     return shares
 
 

@@ -419,7 +419,6 @@ class TracedReplay:
             info = _Info(_overload(group.op))
         except (AttributeError, ValueError) as exc:
             info, missing = None, exc
-        config = dataclasses.replace(config, reference_check="every")
         values_only = dataclasses.replace(config, contracts=("none",))
         for i, sig in enumerate(sigs):
             index = sample_index(sig["key"])
@@ -443,7 +442,8 @@ class TracedReplay:
             models = sig.get("used_by") or []
             row.update(item_key=key, variant=VARIANT, sample=index, seed=config.seed)
             row["proof"] = {**(row.get("proof") or {}), "traced": {
-                "key": sig["key"], "calls": sig["calls"], "models": sig["models"], "used_by": models[:10]}}
+                "key": sig["key"], "numel": sig["numel"], "calls": sig["calls"], "models": sig["models"],
+                "used_by": models[:10]}}
             if not Status(row["status"]).passed and row["status"] != Status.SKIP.value:
                 row["error"] = f"{row.get('error') or row['status']} ({_used_by(models, sig['models'])})"[:2000]
                 row["inputs"] = _inputs(spec, seed)  # what repro replays (the sweep's own call, again)

@@ -41,8 +41,13 @@ def pages(b: BuildScope) -> Iterator[tuple[str, OpPage]]:
     ladders: dict[str, list[q.LadderSizes]] = {}
     for (op, _), sizes in sorted(q.ladder_sizes(b.store, b.info.op_run["id"]).items()):
         ladders.setdefault(op, []).append(sizes)
+    traced: dict[str, list[q.TracedSizes]] = {}  # by the overload's name ("cumsum"), and by the overload
+    for (overload, _), sizes in sorted(q.traced_sizes(b.store, b.info.op_run["id"]).items()):
+        traced.setdefault(overload, []).append(sizes)
+        traced.setdefault(overload.split("::", 1)[-1].split(".", 1)[0], []).append(sizes)
     for op, group in itertools.groupby(q.op_sample_stream(b.store, b.info.op_run["id"]), key=lambda r: r[0]):
-        yield from _op_pages(b, op, list(group), op_classes.get(op, []), outcomes.get(op, []), ladders.get(op, []))
+        yield from _op_pages(b, op, list(group), op_classes.get(op, []), outcomes.get(op, []), ladders.get(op, []),
+                             traced.get(op, []))
 
 
 def _clip(text: str, chars: int = DETAIL_CHARS) -> str:
@@ -78,7 +83,8 @@ def contract_table(outcomes: list[qk.ContractOutcome]) -> tuple[list[str], list[
 
 
 def _op_pages(b: BuildScope, op: str, rows: list[tuple], classes: list[str],
-              outcomes: list[qk.ContractOutcome], ladder: list[q.LadderSizes] = ()) -> Iterator[tuple[str, OpPage]]:
+              outcomes: list[qk.ContractOutcome], ladder: list[q.LadderSizes] = (),
+              traced: list[q.TracedSizes] = ()) -> Iterator[tuple[str, OpPage]]:
     info = b.info
     b.op_pages.add(op)
     slug = b.op_slug(op)
@@ -124,4 +130,5 @@ def _op_pages(b: BuildScope, op: str, rows: list[tuple], classes: list[str],
             samples_json=table_spec(columns, rows_json, filters=filters, id="samples-table",
                                     failing=sorted(FAILING), db=b.db_label),
             part=k + 1, parts=parts, other_builds=builds, other_targets=targets, contracts=contracts,
-            contract_rows=contract_rows, ladder=list(ladder))
+            contract_rows=contract_rows, ladder=list(ladder), traced=list(traced),
+            traced_links={t.overload: f"{b.op_slug(t.overload)}.html" for t in traced if t.overload in b.site.op_slugs(info)})

@@ -63,4 +63,4 @@ def pages(b: BuildScope) -> Iterator[tuple[str, SummaryPage]]:
         by_class=by_class, by_dtype=by_dtype, states=states, slowest=slowest,
         trend_svg=b.site.trend_svg(highlight=info.build),
         prev=Link(f"../{prev.slug}/index.html", prev.build) if prev and prev.rendered else None,
-        links=links)
+        links=links, traced_calls=q.traced_share(store, run["id"]) if run else (0, 0))
