@@ -132,3 +132,32 @@ def test_the_trace_command_stores_the_model_graphs_signatures(tmp_path):
     assert bad.exit_code == 2 and "--dtypes 'int64'" in bad.output
     unknown = CliRunner().invoke(main, ["trace", "--models", "nosuch", "--db", str(db)])
     assert unknown.exit_code == 2 and "unknown model family 'nosuch'" in unknown.output
+
+
+def test_the_selection_picks_traced_overloads_by_their_aten_or_their_own_name():
+    from conformance.work import Selection
+
+    assert tr.selects(Selection(), "aten::cumsum.default", "bfloat16")
+    assert tr.selects(Selection(ops=("cumsum",)), "aten::cumsum.out", "float32")
+    assert tr.selects(Selection(ops=("aten::cumsum.*",)), "aten::cumsum.default", "float32")
+    assert tr.selects(Selection(ops=("add",)), "aten::add_.Tensor", "float32")  # its in-place form too
+    assert not tr.selects(Selection(ops=("cumsum",)), "aten::cumprod.default", "float32")
+    assert not tr.selects(Selection(dtypes=("float32,int64",)), "aten::cumsum.default", "bfloat16")
+
+
+def test_the_nightly_traces_once_and_every_later_night_reuses_the_signatures():
+    from conformance.gate.nightly import NightlySpec, trace_stage
+
+    store, said = Store.memory(), []
+    spec = NightlySpec(run=RunSpec(models=("mlp",), model_limit=1, dtypes=("float32,int64",), sizes="auto"))
+    trace_stage(spec, store, None, said.append)
+    assert said[0].startswith("== trace: the op signatures of the model graphs (mlp)") and "traced 1 model graphs" in said[1]
+    n = stored.summary(store, torch.__version__)["signatures"]
+    assert n > 5
+    trace_stage(spec, store, None, said.append)
+    assert said[-1] == (f"== trace: {n} op signatures of 1 model graphs stored for torch {torch.__version__}, "
+                        "replayed by every build ==")
+    quiet = []  # no traced sizes asked for, or no model graphs: nothing traced
+    trace_stage(NightlySpec(run=RunSpec(models=("mlp",), sizes="samples")), Store.memory(), None, quiet.append)
+    trace_stage(NightlySpec(run=RunSpec(models=(), sizes="all")), Store.memory(), None, quiet.append)
+    assert quiet == []
