@@ -343,14 +343,18 @@ def traced_sizes(store: Store, run_id: str) -> dict[tuple[str, str], TracedSizes
 
 
 def traced_share(store: Store, run_id: str) -> tuple[int, int]:
-    """(traced calls whose signature passes, traced calls replayed) in run ``run_id``: the share of
-    the models' calls, weighted by how often the models make them, that the build gets right."""
-    passed = tuple(s.value for s in Status if s.passed)
+    """(traced calls whose signature's values pass, traced calls judged) in run ``run_id``: the
+    share of the models' calls, weighted by how often the models make them, that the build gets
+    right. A ``contract`` item's values passed (its failed contract checked a variant of the call,
+    a channels_last or out= form, that the model does not make: the op page shows it); a skipped
+    signature, which no verdict judged, counts in neither."""
+    passed = (*(s.value for s in Status if s.passed), Status.CONTRACT.value)
     row = store.db.execute(
         f"""select coalesce(sum(case when status in ({', '.join('?' * len(passed))})
                                  then json_extract(proof, '$.traced.calls') else 0 end), 0),
                   coalesce(sum(json_extract(proof, '$.traced.calls')), 0)
-           from op_results where run_id = ? and variant = 'traced'""", [*passed, run_id]).fetchone()
+           from op_results where run_id = ? and variant = 'traced' and status != ?""",
+        [*passed, run_id, Status.SKIP.value]).fetchone()
     return int(row[0]), int(row[1])
 
 

@@ -257,8 +257,8 @@ def coverage_stage(store: Store, run_ids: Sequence[str], echo: Echo) -> dict[str
              + ", ".join(f"{k}={v}" for k, v in sorted(counts.items())))
         good, calls = traced_share(store, rid)
         if calls:
-            echo(f"  traced calls passing: {good:,} of {calls:,} ({100 * good / calls:.1f}%), weighted by how often "
-                 "the traced model graphs make each call")
+            echo(f"  traced model calls giving the CPU's values: {good:,} of {calls:,} ({100 * good / calls:.1f}%), "
+                 "each signature weighted by how often the model graphs make it")
     return shares
 
 
