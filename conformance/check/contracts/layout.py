@@ -175,13 +175,13 @@ def check_aliasing(s: Subject) -> Check | None:
 
 # -- noncontiguous ---------------------------------------------------------------------------
 
-def noncontiguous_copy(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+def noncontiguous_copy(t: torch.Tensor, device: torch.device | str, gap: Any = None) -> torch.Tensor:
     """``t`` on ``device`` as a non-contiguous view (every other element of a buffer twice its
-    size, the gaps filled with NaN or the dtype's largest value), or a plain copy when ``t`` has
-    fewer than two elements or is not strided."""
+    size, the gaps filled with ``gap``, by default NaN or the dtype's largest value), or a plain
+    copy when ``t`` has fewer than two elements or is not strided."""
     if t.layout != torch.strided or t.numel() < 2:
         return t.to(device, copy=True)
-    big = torch.full((t.numel() * 2,), filler(t.dtype), dtype=t.dtype)  # built on the CPU, moved once
+    big = torch.full((t.numel() * 2,), filler(t.dtype) if gap is None else gap, dtype=t.dtype)  # built on the CPU, moved once
     big[::2].view(t.shape).copy_(t)
     return big.to(device)[::2].view(t.shape)
 
@@ -207,6 +207,7 @@ def check_noncontiguous(s: Subject) -> Check | None:
            for t in tensors):
         layouts.append(("channels_last", _channels_last))
     dev = s.device
+    unjudged: list[str] = []
     for label, make in layouts:
         phase("target")
         try:
@@ -230,8 +231,30 @@ def check_noncontiguous(s: Subject) -> Check | None:
             problems.append(f"{label} inputs: on the target {why}, the CPU accepts them")
             continue
         ok2, why2 = s.close(got, cpu_got)
-        if not ok2:
-            problems.append(f"{label} inputs give other values than contiguous ones on the target ({why}), "
-                            f"and than the CPU's for the same layout ({why2})")
-    return fail("; ".join(problems)) if problems else PASS
+        if ok2:
+            continue
+        if label == "non-contiguous" and _reads_the_gaps(s, cpu_got):
+            # the CPU kernel's result depends on the memory between the view's elements: it
+            # ignores the strides, so no result on that input is a reference (PyTorch's bug, not
+            # the target's; seen on the ideal build, _weight_norm_interface)
+            unjudged.append(f"{label} inputs: the CPU's result depends on the memory between the elements "
+                            "(its kernel reads past the view's strides), so there is no reference for them")
+            continue
+        problems.append(f"{label} inputs give other values than contiguous ones on the target ({why}), "
+                        f"and than the CPU's for the same layout ({why2})")
+    if problems:
+        return fail("; ".join(problems))
+    return na("; ".join(unjudged)) if unjudged and len(unjudged) == len(layouts) else PASS
+
+
+def _reads_the_gaps(s: Subject, cpu_got: Any) -> bool:
+    """Whether the CPU's result on non-contiguous inputs changes with what fills the gaps between
+    their elements (the view's values are the same): its kernel reads memory the view skips."""
+    phase("cpu")
+    try:
+        other = clone_sample(s.sample, lambda t: noncontiguous_copy(t.detach(), "cpu", gap=0), "cpu")
+        again = execute.invoke(s.fn, "function", other, "cpu", None)
+    except Exception:  # noqa: BLE001 - it refused the other fill: it looked at the gaps
+        return True
+    return not s.same(again, cpu_got)[0]
 
