@@ -2,7 +2,8 @@
 
 **Part 1, ideal.** The sweep on the ``ideal`` build, the emulator as a perfect twin of the CPU
 (every op the CPU's own kernel over the device's memory, no numerics rules, no defects): the
-OpInfo sweep (every variant), the schema search and the model graphs. Anything that fails there is
+OpInfo sweep (every variant), the schema search, the model graphs' traced op calls (traced into
+the database first, as the nightly does) and the model graphs. Anything that fails there is
 the harness's own doing or an emulator fidelity gap. Prints the failing items per lane and
 status, then every cause with its items; a cause the knowledge file (``conformance/data/causes.toml``)
 explains as a known fidelity gap shows the fix it needs, any other is UNEXPLAINED.
@@ -60,12 +61,17 @@ def selection(args: argparse.Namespace) -> list[str]:
 def lane(row: dict) -> str:
     if row.get("family") is not None:
         return "models"
-    return "schema" if row.get("variant") == "schema" else "opinfo"
+    return row["variant"] if row.get("variant") in ("schema", "traced") else "opinfo"
 
 
 def ideal(args: argparse.Namespace, folder: Path) -> int:
     db = folder / "ideal.sqlite"
-    took = 0.0 if args.reuse and _finished(db) else conformance(
+    fresh = not (args.reuse and _finished(db))
+    if fresh and args.models != "none" and args.sizes in ("auto", "traced", "all"):
+        # the model graphs' own op calls, replayed at their sizes (the traced lane), as the nightly has them
+        conformance("trace", "--models", args.models, "--model-limit", str(args.model_limit), "--db", str(db),
+                    "--quiet")
+    took = 0.0 if not fresh else conformance(
         "run", "--build", "ideal", *selection(args), "--db", str(db), "--exit-zero", "--quiet", "-n", str(args.workers))
     with Store.open(db) as st:
         run = next(r for r in st.runs() if r["status"] == "finished")
@@ -79,7 +85,7 @@ def ideal(args: argparse.Namespace, folder: Path) -> int:
         for r in ops + models:
             totals[lane(r)][r["status"]] += 1
         bad = 0
-        for name in ("opinfo", "schema", "models"):
+        for name in ("opinfo", "schema", "traced", "models"):
             c = totals.get(name, Counter())
             fails = {s: n for s, n in c.items() if Status(s) in FAILING}
             bad += sum(fails.values())
@@ -131,6 +137,10 @@ def aa(args: argparse.Namespace, folder: Path) -> int:
         + ["--dtypes", args.aa_dtypes or args.dtypes, "--sizes", args.aa_sizes or args.sizes])
     if args.aa_max_samples:
         sel += ["--max-samples", str(args.aa_max_samples)]
+    aa_sizes = args.aa_sizes or args.sizes
+    if aa_sizes in ("auto", "traced", "all") and args.models != "none" and not (args.reuse and _finished(db)):
+        conformance("trace", "--models", args.models, "--model-limit", str(args.model_limit), "--db", str(db),
+                    "--quiet")  # one trace, replayed by both runs
     ids = []
     for i in (1, 2):
         rid = f"aa{i}-{args.aa_build}"
@@ -197,9 +207,10 @@ def main() -> None:
     ap.add_argument("--aa-same", action="store_true", help="A/A on part 1's selection (default: the sweep, no models)")
     ap.add_argument("--aa-dtypes", help="the A/A runs' dtypes (default: --dtypes)")
     ap.add_argument("--aa-max-samples", type=int, default=0, help="the A/A runs' samples per op x dtype (0: all)")
-    ap.add_argument("--sizes", default="auto", choices=["auto", "samples", "ladder", "all"],
-                    help="op items at sample sizes, on the size ladder, or both (as conformance run; auto: both)")
-    ap.add_argument("--aa-sizes", choices=["auto", "samples", "ladder", "all"], help="the A/A runs' --sizes (default: --sizes)")
+    ap.add_argument("--sizes", default="auto", choices=["auto", "samples", "ladder", "traced", "all"],
+                    help="op items at sample sizes, on the size ladder, at the model graphs' traced calls, or all "
+                         "(as conformance run)")
+    ap.add_argument("--aa-sizes", choices=["auto", "samples", "ladder", "traced", "all"], help="the A/A runs' --sizes (default: --sizes)")
     ap.add_argument("--reuse", action="store_true", help="with --keep: take the finished runs already there")
     ap.add_argument("--cost", action="store_true", help="only measure what the self-consistency re-runs cost")
     ap.add_argument("--cost-ops", action="append", default=[])
