@@ -193,7 +193,7 @@ def test_a_cpu_kernel_that_reads_past_the_strides_is_no_reference_for_non_contig
 
     from conformance.check.contracts.layout import noncontiguous_copy
     from conformance.sweep.opinfo import evaluate
-    from conformance.sweep.traced import _Info
+    from conformance.sweep.schema import OverloadInfo
     from conformance.targets import get_target
 
     op = torch.ops.aten._weight_norm_interface.default
@@ -202,7 +202,8 @@ def test_a_cpu_kernel_that_reads_past_the_strides_is_no_reference_for_non_contig
     nan_gaps = op(noncontiguous_copy(v, "cpu"), noncontiguous_copy(w, "cpu"), 2)[1]
     zero_gaps = op(noncontiguous_copy(v, "cpu", gap=0), noncontiguous_copy(w, "cpu", gap=0), 2)[1]
     assert not torch.equal(nan_gaps, zero_gaps)  # the CPU kernel reads the gaps
-    row = evaluate(get_target("neuron-emu", "ideal"), _Info(op), "aten::_weight_norm_interface.default", "function",
+    row = evaluate(get_target("neuron-emu", "ideal"), OverloadInfo("aten::_weight_norm_interface.default"),
+                   "aten::_weight_norm_interface.default", "function",
                    "float32", 0, SampleInput(v, args=(w, 2)), SweepConfig(contracts=("noncontiguous",)))
     assert row["status"] == "pass"
     assert row["contracts"]["noncontiguous"]["outcome"] == "n/a"

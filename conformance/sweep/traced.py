@@ -370,26 +370,6 @@ def selects(selection: Selection, op: str, dtype: str) -> bool:
             or any(fnmatchcase(base, g) or fnmatchcase(base.rstrip("_"), g) for g in selection.info_globs))
 
 
-class _Info:
-    """The slice of an OpInfo the executor uses, for one traced overload (its function variant)."""
-
-    def __init__(self, op: Any) -> None:
-        self.name = op_name(op)
-        self.variant_test_name = ""
-        self.op = op
-        self.inplace_variant = None
-        self.method_variant = None
-        self.aliases = ()
-        self.supports_out = False
-        self.error_inputs_func = None
-
-
-def _overload(name: str) -> Any:
-    namespace, rest = name.split("::", 1)
-    packet, _, overload = rest.partition(".")
-    return getattr(getattr(getattr(torch.ops, namespace), packet), overload or "default")
-
-
 def _used_by(models: Sequence[str], n_models: int) -> str:
     shown = ", ".join(models[:3]) + (", ..." if n_models > 3 else "")
     return f"used by {n_models} model{'' if n_models == 1 else 's'}: {shown}"
@@ -413,11 +393,12 @@ class TracedReplay:
         import dataclasses
 
         from conformance.sweep.opinfo import evaluate, harness_error
+        from conformance.sweep.schema import OverloadInfo
 
         sigs = (getattr(skip, "replay", None) or {}).get("signatures") or []
         try:
-            info = _Info(_overload(group.op))
-        except (AttributeError, ValueError) as exc:
+            info = OverloadInfo(group.op)
+        except (AttributeError, ValueError) as exc:  # an overload this torch does not have
             info, missing = None, exc
         values_only = dataclasses.replace(config, contracts=("none",))
         for i, sig in enumerate(sigs):

@@ -108,6 +108,10 @@ class _Info:
         self.error_inputs_func = None
 
 
+#: The executor's view of a bare ATen overload (the traced lane's items use it too).
+OverloadInfo = _Info
+
+
 def _sample_of(call: Call) -> Any:
     from torch.testing._internal.opinfo.core import SampleInput  # heavy: only when a search runs
 
