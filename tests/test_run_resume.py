@@ -198,3 +198,26 @@ def test_a_run_is_killed_only_when_its_process_is_gone(tmp_path):
         assert st.get_run(run_id)["status"] == "interrupted" and st.killed(run_id)
         st.resume_run(run_id)
         assert st.get_run(run_id)["status"] == "running" and not st.killed(run_id)
+
+
+def test_the_harness_commit_is_read_from_a_clone_a_worktree_and_packed_refs(tmp_path):
+    from pathlib import Path
+
+    sha = "0123456789abcdef0123456789abcdef01234567"
+    clone = tmp_path / "clone"
+    (clone / ".git/refs/heads").mkdir(parents=True)
+    (clone / ".git/HEAD").write_text("ref: refs/heads/main\n")
+    (clone / ".git/packed-refs").write_text(f"# pack-refs with: peeled\n{sha} refs/heads/main\n")
+    assert _git_sha(clone) == sha[:12]  # the branch only in packed-refs
+    (clone / ".git/refs/heads/main").write_text("f" * 40 + "\n")
+    assert _git_sha(clone) == "f" * 12  # a loose ref wins
+    tree = tmp_path / "tree"
+    (clone / ".git/worktrees/tree").mkdir(parents=True)
+    (clone / ".git/worktrees/tree/HEAD").write_text(sha + "\n")  # a detached worktree
+    (clone / ".git/worktrees/tree/commondir").write_text("../..\n")
+    tree.mkdir()
+    (tree / ".git").write_text(f"gitdir: {clone / '.git/worktrees/tree'}\n")
+    assert _git_sha(tree) == sha[:12]
+    (clone / ".git/worktrees/tree/HEAD").write_text("ref: refs/heads/main\n")
+    assert _git_sha(tree) == "f" * 12  # its branch's ref, in the common folder
+    assert _git_sha(tmp_path / "nothing") == "" and _git_sha(Path(tmp_path)) == ""

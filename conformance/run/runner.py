@@ -43,15 +43,29 @@ def _done_by_group(keys: set[str]) -> dict[str, set[str]]:
     return out
 
 
-def _git_sha() -> str:
-    head = Path(__file__).resolve().parents[2] / ".git" / "HEAD"  # conformance/run/ -> the checkout
+def _git_sha(checkout: Path | None = None) -> str:
+    """The harness checkout's commit (12 hex digits), read from its files (no git needed): a
+    clone's ``.git`` folder or a worktree's ``.git`` file (``gitdir: …``), the branch's ref loose
+    or in ``packed-refs``; "" when there is none."""
+    git = (checkout or Path(__file__).resolve().parents[2]) / ".git"  # conformance/run/ -> the checkout
     try:
-        ref = head.read_text().strip()
-        if ref.startswith("ref: "):
-            return (head.parent / ref[5:]).read_text().strip()[:12]
-        return ref[:12]
-    except OSError:
-        return ""
+        if git.is_file():  # a worktree: its own HEAD there, the refs in the common folder
+            git = Path(git.read_text().split(":", 1)[1].strip())
+        common = git / (git / "commondir").read_text().strip() if (git / "commondir").is_file() else git
+        ref = (git / "HEAD").read_text().strip()
+        if not ref.startswith("ref: "):
+            return ref[:12]
+        name = ref[5:]
+        for folder in (git, common):
+            if (folder / name).is_file():
+                return (folder / name).read_text().strip()[:12]
+        for line in (common / "packed-refs").read_text().splitlines():
+            sha, _, packed = line.partition(" ")
+            if packed == name:
+                return sha[:12]
+    except (OSError, IndexError):
+        pass
+    return ""
 
 
 class KilledRunResumed(UserWarning):
