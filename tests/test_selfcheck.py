@@ -160,11 +160,14 @@ def test_guards_surround_every_cpu_copy_and_keep_aliasing():
                                 "aten::_log_softmax_backward_data.out", "aten::grid_sampler_2d.out"])
 def test_schema_search_on_ideal_reports_no_garbage(ideal, op):
     """Each of these was a mismatch on ``ideal`` (uninitialised results, reads past a shorter
-    input, out-of-range modes): the search now keeps to inputs the CPU reproduces."""
+    input, out-of-range modes): the search now keeps to inputs the CPU reproduces and the op's
+    meta kernel accepts (an out-of-range mode is refused before the CPU runs it)."""
+    from conformance.check.metacheck import OUT_OF_CONTRACT
+
     row = _schema(ideal, op)
     assert row["status"] in ("pass", "pass_fallback", "skip"), (row["status"], row["error"])
     if row["status"] == "skip":
-        assert selfcheck.NOT_REPRODUCIBLE in row["error"]
+        assert selfcheck.NOT_REPRODUCIBLE in row["error"] or OUT_OF_CONTRACT in row["error"]
 
 
 @pytest.mark.parametrize("op", ["aten::empty_like.out", "aten::new_empty_strided.out"])
@@ -324,3 +327,26 @@ def test_a_helper_is_held_to_its_public_namesakes_contract():
     out = run_item(get_target("cpu"), schema_info, "function", sample, guard=True, check_first=True)
     assert out.cpu_error.startswith(OUT_OF_CONTRACT) and "aten::cholesky_solve.out's meta" in out.cpu_error, \
         out.cpu_error
+
+
+def test_an_input_outside_the_contract_never_reaches_the_cpu_kernel():
+    """The meta check comes first: ``_cholesky_solve_helper``'s CPU kernel, handed a non-square
+    factor, reads past its own copy of it, and repeated such calls aborted a worker (SIGABRT, a
+    corrupted heap) when inputs were refused only after the CPU had run them."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    from conformance.check.metacheck import OUT_OF_CONTRACT
+
+    calls = []  # the kernel's real calls (the meta check calls it on fake tensors)
+    op = torch.ops.aten._cholesky_solve_helper.default
+
+    def kernel(*a, **k):
+        if not isinstance(a[0], FakeTensor):
+            calls.append(a)
+        return op(*a, **k)
+
+    info = _info(kernel, "chol")
+    info.packet = op  # the overload the wrapper calls, as the schema search's info names it
+    out = run_item(get_target("cpu"), info, "function", _sample(torch.randn(3, 2), torch.randn(3, 4), False),
+                   guard=True, check_first=True)
+    assert out.cpu_error.startswith(OUT_OF_CONTRACT) and not calls

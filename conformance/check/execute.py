@@ -187,6 +187,18 @@ def run_item(target: Target, info: Any, variant: str, sample: Any, *, want_arbit
             except Exception as exc:  # noqa: BLE001 - the CPU reference failed: the item is skipped
                 return None, None, err(exc)
 
+        if guard and check_first and variant == "function":
+            # a guarded item (the schema search's) is held to the op's meta kernel, PyTorch's
+            # second statement of its contract (a helper's public namesake's too), before anything
+            # runs: a CPU kernel given an input outside it may read past its own buffers (no guard
+            # reaches there) and corrupt the worker's heap (_cholesky_solve_helper on a non-square
+            # factor ended in SIGABRT once its inputs were refused only after the CPU ran them)
+            placed = on_device(sample, "cpu")  # its device arguments named
+            refused = contract_refusal(fn, placed.input, *placed.args, overload_=getattr(info, "packet", None),
+                                       **placed.kwargs)
+            if refused:
+                out.cpu_error = f"{OUT_OF_CONTRACT} ({refused})"[:2000]
+                return out
         out.cpu, out.cpu_sample, out.cpu_error = shared.get("cpu", reference, unchanged_sample(sample, lambda: on_device(sample, "cpu")))
         if out.cpu_error is not None:
             return out
@@ -204,15 +216,6 @@ def run_item(target: Target, info: Any, variant: str, sample: Any, *, want_arbit
             u = undefined(out.cpu, *runs)
             if u.any:
                 out.cpu_error = u.describe()
-                return out
-            # nor may it read past what the CPU kernel allocates itself (no guard reaches there):
-            # the op's meta kernel, PyTorch's second statement of its contract, must accept it
-            # (a helper's, its public namesake's too)
-            placed = on_device(sample, "cpu") if variant == "function" else None  # its device arguments named
-            refused = placed is not None and contract_refusal(fn, placed.input, *placed.args,
-                                                              overload_=getattr(info, "packet", None), **placed.kwargs)
-            if refused:
-                out.cpu_error = f"{OUT_OF_CONTRACT} ({refused})"[:2000]
                 return out
         dev = target.device
         phase("target")
