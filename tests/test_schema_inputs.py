@@ -314,3 +314,19 @@ def test_file_arguments_stay_out_of_the_working_directory():
 
     for c in _examples(torch.ops.aten.from_file.default, 20):
         assert os.path.dirname(c.args[0]) == tempfile.gettempdir()
+
+
+def test_cpu_preflight_refuses_what_the_ops_contract_refuses_before_running_it():
+    """A crash-safe search pre-flights each input and then runs the target on it alone: an input
+    the op's meta kernel (or a helper's public namesake's) refuses must stop before either, as in
+    the sweep (``_cholesky_solve_helper`` on a non-square factor crashed the target, an A/A's
+    false crash)."""
+    from torch.testing._internal.opinfo.core import SampleInput
+
+    from conformance.check.metacheck import OUT_OF_CONTRACT
+    from conformance.sweep.schema import OverloadInfo
+
+    info = OverloadInfo("aten::_cholesky_solve_helper.default")
+    why = cpu_preflight(info, SampleInput(torch.randn(2, 1, 1, 2), args=(torch.randn(2, 2, 1, 1, 2), True)))
+    assert why.startswith(f"CPU reference failed: {OUT_OF_CONTRACT}") and "square" in why
+    assert cpu_preflight(info, SampleInput(torch.randn(3, 2), args=(torch.randn(3, 3), False))) is None

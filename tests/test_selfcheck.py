@@ -311,6 +311,11 @@ def test_a_helper_is_held_to_its_public_namesakes_contract():
     refused = contract_refusal(op, *bad)
     assert refused.startswith("aten::cholesky_solve.default's meta") and "square" in refused
     assert contract_refusal(op, *good) is None
+    # batch dimensions the public op would broadcast before calling its helper: its meta's output
+    # shape is not the helper's, and the helper's kernel would index the smaller one past its end
+    broadcast = (torch.randn(1, 4, 2), torch.randn(2, 4, 4), False)
+    assert meta_refusal(op, *broadcast) is None and meta_refusal(torch.ops.aten.cholesky_solve.default, *broadcast) is None
+    assert "gives outputs of shapes [(2, 4, 2)] where the helper's gives [(1, 4, 2)]" in contract_refusal(op, *broadcast)
 
     out = run_item(get_target("cpu"), _info(op, "chol"), "function", _sample(*bad), guard=True, check_first=True)
     assert out.cpu_error.startswith(OUT_OF_CONTRACT) and "cholesky_solve" in out.cpu_error

@@ -41,7 +41,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_leaves, tree_map
 
 #: How an item whose input the op's meta kernel refuses is skipped (the schema search rejects it).
 OUT_OF_CONTRACT = "outside the op's contract: its meta kernel refuses an input the CPU kernel accepts"
@@ -80,6 +80,12 @@ def meta_refusal(call: Callable[..., Any], /, *args: Any, **kwargs: Any) -> str 
     """``call(*args, **kwargs)`` with every tensor in the arguments made a fake tensor of the same
     metadata: the meta kernel's error ("Type: message", first line, at most 300 characters) when
     it refuses them, None when it accepts them or cannot tell. Never raises."""
+    return _fake_run(call, args, kwargs)[1]
+
+
+def _fake_run(call: Callable[..., Any], args: Any, kwargs: Any) -> tuple[list[tuple[int, ...]] | None, str | None]:
+    """(the output shapes of the fake call, or None where it did not run or cannot tell; its
+    refusal as :func:`meta_refusal` words it, or None)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     mode = FakeTensorMode(allow_fallback_kernels=False)
@@ -90,25 +96,29 @@ def meta_refusal(call: Callable[..., Any], /, *args: Any, **kwargs: Any) -> str 
     try:
         fargs, fkwargs = tree_map(fake, (args, kwargs))
     except Exception:  # noqa: BLE001 - a tensor kind fakes cannot hold: nothing to say
-        return None
+        return None, None
     quiet = logging.getLogger("torch._subclasses.fake_tensor")  # it logs each refusal's traceback
     level = quiet.level
     quiet.setLevel(logging.CRITICAL)
     try:
         with mode, torch.no_grad():
-            call(*fargs, **fkwargs)
+            result = call(*fargs, **fkwargs)
+        shapes = [tuple(x.shape) for x in tree_leaves(result) if isinstance(x, torch.Tensor)]
     except _cannot_tell():
-        return None
+        return None, None
     except REFUSALS as exc:
         head = (str(exc).strip().splitlines() or [""])[0]
         if any(s in head.lower() for s in _OWN_LIMITS):
-            return None
-        return f"{type(exc).__name__}: {head}"[:300]
+            return None, None
+        return None, f"{type(exc).__name__}: {head}"[:300]
     except Exception:  # noqa: BLE001 - the fake machinery's own trouble (a TypeError calling
-        return None  # the call the CPU took, an internal assert): nothing said of the input
+        return None, None  # the call the CPU took, an internal assert): nothing said of the input
     finally:
         quiet.setLevel(level)
-    return None
+    try:
+        return [tuple(int(d) for d in s) for s in shapes], None
+    except (TypeError, ValueError):  # a symbolic size: no shape to hold against another's
+        return None, None
 
 
 #: The name endings by which an internal op says it is the kernel behind a public one.
@@ -148,11 +158,20 @@ def contract_refusal(op: Any, /, *args: Any, overload_: Any = None, **kwargs: An
     """:func:`meta_refusal` of ``op`` on the arguments, then, for an internal helper, of its
     :func:`public_namesake` (its refusal names that op); None when both accept or cannot tell.
     ``overload_``: the OpOverload ``op`` calls, where ``op`` wraps it (the schema search's call)."""
-    refused = meta_refusal(op, *args, **kwargs)
+    own, refused = _fake_run(op, args, kwargs)
     public = public_namesake(overload_ if overload_ is not None else op) if refused is None else None
-    if public is not None and (refused := meta_refusal(public, *args, **kwargs)):
-        return f"{public._schema.name}.{public._overloadname}'s meta, {refused}"[:300]
-    return refused
+    if public is None:
+        return refused
+    name = f"{public._schema.name}.{public._overloadname}"
+    theirs, refused = _fake_run(public, args, kwargs)
+    if refused:
+        return f"{name}'s meta, {refused}"[:300]
+    if own is not None and theirs is not None and own != theirs:
+        # the public op makes its inputs agree (broadcasts the batch dimensions) before it calls
+        # its helper, whose kernel then indexes them alike: inputs that need that are not the helper's
+        return (f"{name}'s meta gives outputs of shapes {theirs} where the helper's gives {own}: the public op "
+                "makes such inputs agree before it calls its helper")[:300]
+    return None
 
 
 __all__ = ["HELPER_SUFFIXES", "OUT_OF_CONTRACT", "contract_refusal", "meta_refusal", "public_namesake"]

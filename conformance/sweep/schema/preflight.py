@@ -106,8 +106,22 @@ def cpu_preflight(info: Any, sample: Any) -> str | None:
     or one whose result depends on what lies past its inputs (the first child runs it again
     between other guards, as the sweep's self-check does) rejects the input, not the search; so
     does the reference's own error ("CPU reference failed: ...", as the sweep words it: the
-    target is never run alone on an input the CPU refuses). Up to :data:`CPU_PREFLIGHTS`
+    target is never run alone on an input the CPU refuses). Before any of it, the input is held to
+    the op's meta kernel (:func:`conformance.check.metacheck.contract_refusal`, as the sweep
+    holds it): one outside the op's contract runs nowhere. Up to :data:`CPU_PREFLIGHTS`
     children, each for :func:`_cpu_limit` seconds."""
+    from conformance.check.metacheck import OUT_OF_CONTRACT, contract_refusal
+
+    overload = getattr(info, "packet", None)  # the search's overload (a bare function has no meta)
+    if overload is not None:  # the overload itself, on fake tensors: nothing runs here for real
+        from conformance.inputs.schema import NOARG
+
+        placed = on_device(sample, "cpu")
+        args = [a for a in (placed.input, *placed.args) if a is not NOARG]
+        refused = contract_refusal(overload, *args, **placed.kwargs)
+        if refused:
+            return f"CPU reference failed: {OUT_OF_CONTRACT} ({refused})"
+
     def run(check: bool) -> int:
         with guarded_inputs() as guards:
             cpu = on_device(sample, "cpu")
