@@ -11,6 +11,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
+from conformance.catalog.overloads import op_name
 from conformance.check.compare import leaves
 from conformance.structure import map_leaves, map_tensors
 
@@ -18,10 +19,6 @@ from .results import AuditInputError
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 RECORDS_PER_OP = 2  # isolated checks per overload (its first calls)
-
-
-def op_name(func: Any) -> str:
-    return f"{func.namespace}::{func._schema.name.split('::', 1)[1]}.{func._overloadname}"
 
 
 @dataclass

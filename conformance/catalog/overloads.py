@@ -23,6 +23,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -74,6 +75,11 @@ def packet_of(name: str) -> torch._ops.OpOverload:
     """The OpOverload object for ``aten::name.overload``."""
     base, overload = name.split("::", 1)[1].rsplit(".", 1)
     return getattr(getattr(torch.ops.aten, base), overload)
+
+
+def op_name(func: Any) -> str:
+    """``namespace::name.overload`` of an OpOverload (the inverse of :func:`packet_of`)."""
+    return f"{func.namespace}::{func._schema.name.split('::', 1)[1]}.{func._overloadname}"
 
 
 def _has_kernel(qualified: str, key: str) -> bool:

@@ -433,13 +433,11 @@ def _traced(spec: RunSpec, store: Store) -> tuple[list[Group], dict[str, dict[st
     for this torch, as ``--sizes``, ``--ops``, ``--dtypes`` and ``--shard`` select them) and, by
     group key, what each replays (``{"signatures": [...]}``, each with the models using it)."""
     from conformance.sweep.ladder import traced_wanted
-    from conformance.sweep.traced import TRACED, replayed, selects
-    from opdb import traced as stored
+    from conformance.sweep.traced import TRACED, selects
 
     if not traced_wanted(spec.sizes) or not (spec.opinfo or spec.selection.aten_globs):
         return [], {}
-    chosen = {k: sigs for k, sigs in replayed(stored.selected(store, torch.__version__)).items()
-              if selects(spec.selection, *k)}
+    chosen = _signatures(store, lambda op, dtype: selects(spec.selection, op, dtype))
     groups = shard_of([Group(op, dtype, TRACED.name) for op, dtype in chosen], parse_shard(spec.shard))
     return groups, _replays(store, groups, chosen)
 
@@ -447,15 +445,22 @@ def _traced(spec: RunSpec, store: Store) -> tuple[list[Group], dict[str, dict[st
 def traced_replays(spec: RunSpec, store: Store, keys: Sequence[str]) -> dict[str, dict[str, Any]]:
     """What re-running these item keys of a run of ``spec`` replays: for those of traced groups,
     the group's signatures as the run had them (:func:`rerun_items`' ``replay``)."""
-    from conformance.sweep.traced import TRACED, replayed
-    from opdb import traced as stored
+    from conformance.sweep.traced import TRACED
 
     wanted = {ItemKey.parse(k).group_key for k in keys if kind_of_item(k) is TRACED}
     if not wanted:
         return {}
-    chosen = {k: sigs for k, sigs in replayed(stored.selected(store, torch.__version__)).items()
-              if f"{k[0]}{ItemKey.SEP}{k[1]}" in wanted}
+    chosen = _signatures(store, lambda op, dtype: Group(op, dtype).key in wanted)
     return _replays(store, [Group(op, dtype, TRACED.name) for op, dtype in chosen], chosen)
+
+
+def _signatures(store: Store, keep: Callable[[str, str], bool]) -> dict[tuple[str, str], list[Any]]:
+    """The signatures a run replays (:func:`conformance.sweep.traced.replayed`) of the (overload,
+    dtype) pairs ``keep`` accepts."""
+    from conformance.sweep.traced import replayed
+    from opdb import traced as stored
+
+    return {k: sigs for k, sigs in replayed(stored.selected(store, torch.__version__)).items() if keep(*k)}
 
 
 def _replays(store: Store, groups: Sequence[Group], chosen: dict[tuple[str, str], list[Any]]) -> dict[str, dict[str, Any]]:

@@ -57,6 +57,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from conformance.catalog.overloads import op_name
 from conformance.check.verdict import Status, decide_unrun
 from conformance.work import NOTHING, Group, ItemKey, Selection
 
@@ -161,10 +162,6 @@ def _tensors(v: Any) -> Iterator[dict[str, Any]]:
     elif isinstance(v, dict):
         for x in v.values():
             yield from _tensors(x)
-
-
-def op_name(func: Any) -> str:
-    return f"{func.namespace}::{func._schema.name.split('::', 1)[1]}.{func._overloadname}"
 
 
 def signature_of(func: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Signature:
