@@ -33,7 +33,14 @@ Defects (``[[defects]]``: ``op`` glob on "aten::name.overload", optional ``dtype
 * ``nondeterministic`` -- every second call of the op nudges each finite floating output element by
   one ULP (integer and bool outputs unchanged): repeated calls differ, within any tolerance;
 * ``noncontiguous_wrong`` -- like ``wrong_result``, but only when an input tensor (not an out=
-  argument) is non-contiguous; contiguous inputs give right values.
+  argument) is non-contiguous; contiguous inputs give right values;
+* ``slow``             -- a performance regression: the call takes ``magnitude`` times as long (a
+  required factor in (1, 100], e.g. 1.3, 2, 5).  The device does proportional extra work -- it
+  times the call and then busy-works on the CPU until ``magnitude`` x that time has passed -- and
+  nothing else changes: same routing (a zero-copy native or fallback op stays one), same values
+  (bitwise), same native/fallback counts.  It fires on every matching call (``probability`` < 1 is
+  refused); ``dtypes`` and ``min_numel`` filter as for the other kinds; several slow defects on one
+  call multiply their factors.  Infrastructure ops (allocation, copies, views) are never slowed.
 
 ``[runtime]`` says how the device's runtime behaves: ``recover_errors`` (default true, as on the
 real device) re-runs an op whose device execution fails (an ``error`` defect, a dtype or layout
@@ -69,6 +76,8 @@ DEFECT_KINDS = (
     # Contract defects: the values are right (or within tolerance) but a contract of the op is not.
     "wrong_strides", "view_as_copy", "out_reallocates", "accepts_invalid", "nondeterministic",
     "noncontiguous_wrong",
+    # Performance defects: right values and contracts, more time.
+    "slow",
 )
 DTYPE_NAMES = (
     "float16", "bfloat16", "float32", "float64", "int8", "uint8", "int16", "int32", "int64", "bool",
@@ -76,6 +85,7 @@ DTYPE_NAMES = (
 )
 MATMUL_INPUTS = ("fp32", "bf16", "fp16")
 MAX_MAGNITUDE = 1000.0
+MAX_SLOWDOWN = 100.0   # a `slow` defect's magnitude: a time factor in (1, MAX_SLOWDOWN]
 ROUNDING = ("rne", "stochastic")
 
 
@@ -295,6 +305,23 @@ def _check_kind_target(path, key, glob, kind):
         raise _err(path, key, glob, f"for kind '{kind}', a glob matching at least one {what}; this one matches none")
 
 
+def _slow_factor(path: Path, key: str, d: dict) -> float:
+    """A ``slow`` defect's magnitude (its time factor), checked; it fires on every matching call."""
+    if "magnitude" not in d:
+        raise _err(path, f"{key}.magnitude", None,
+                   f"for kind 'slow', a time factor > 1 and <= {MAX_SLOWDOWN:g} (required key: the call "
+                   "takes magnitude times as long, e.g. 1.3, 2, 5)")
+    mag = float(d["magnitude"])
+    if not (math.isfinite(mag) and 1.0 < mag <= MAX_SLOWDOWN):
+        raise _err(path, f"{key}.magnitude", d["magnitude"],
+                   f"for kind 'slow', a finite time factor > 1 and <= {MAX_SLOWDOWN:g} (the call takes "
+                   "magnitude times as long, e.g. 1.3, 2, 5)")
+    if float(d.get("probability", 1.0)) < 1.0:
+        raise _err(path, f"{key}.probability", d["probability"],
+                   "for kind 'slow', 1 (or no probability key): a slow defect fires on every matching call")
+    return mag
+
+
 def _resolve(ref: str, relative_to: Path | None) -> Path:
     p = Path(ref)
     if ref.endswith(".toml") or "/" in ref or "\\" in ref:
@@ -420,10 +447,13 @@ def _load(path: Path, stack: tuple[Path, ...]) -> Build:
             raise _err(path, f"{key}.probability", d["probability"], "a number in (0, 1]")
         if int(d.get("min_numel", 0)) < 0:
             raise _err(path, f"{key}.min_numel", d["min_numel"], "a non-negative integer")
-        mag = float(d.get("magnitude", 0.05))
-        if not (math.isfinite(mag) and -1.0 <= mag <= MAX_MAGNITUDE):
-            raise _err(path, f"{key}.magnitude", d["magnitude"],
-                       f"a finite relative error in [-1, {MAX_MAGNITUDE:g}] (results are scaled by 1 + magnitude)")
+        if d["kind"] == "slow":
+            mag = _slow_factor(path, key, d)
+        else:
+            mag = float(d.get("magnitude", 0.05))
+            if not (math.isfinite(mag) and -1.0 <= mag <= MAX_MAGNITUDE):
+                raise _err(path, f"{key}.magnitude", d["magnitude"],
+                           f"a finite relative error in [-1, {MAX_MAGNITUDE:g}] (results are scaled by 1 + magnitude)")
         defects.append(Defect(
             op=d["op"], kind=d["kind"], dtypes=tuple(dts) if dts is not None else None,
             min_numel=int(d.get("min_numel", 0)), magnitude=mag,

@@ -9,6 +9,10 @@ The C++ fallback asks :func:`classify` once per operator and caches the answer:
 * ``PYTHON``   -- the Python handler (:func:`neuron_emu.dispatch.handle`) runs it: build numerics
   and defects.
 
+``slow`` defects change none of that: :func:`classify` hands the C++ fallback their time factor
+and filters (dtype mask, ``min_numel``) beside the action, and the fallback times each matching
+call -- whichever path runs it -- and busy-works until the factor times that time has passed.
+
 Infrastructure ops (allocation, copies, views: ``INFRA_GLOBS``) are always ``NATIVE`` and untouched
 by numerics, dtype rules and defects -- except that a ``view_as_copy`` defect may name a view op:
 that one op goes to the Python handler (a composite view op such as transpose.int gets a direct
@@ -81,7 +85,8 @@ class OpPlan:
     transcendental: bool = False
     sincos: str | None = None
     arith: bool = False
-    defects: list[int] = dataclasses.field(default_factory=list)
+    defects: list[int] = dataclasses.field(default_factory=list)   # handled in Python (not slow)
+    slow: list[int] = dataclasses.field(default_factory=list)      # slow defects: timed in C++
     _op: Any = None
 
     @property
@@ -156,7 +161,7 @@ def _composite_defect_views(build: Build) -> list[str]:
 def _defect_applies(kind: str, name: str, infra: bool) -> bool:
     """Whether a defect of `kind` whose glob matches op `name` can act on it."""
     if infra and kind not in INFRA_DEFECT_KINDS:
-        return False  # allocation, copies, views: never subject to the other kinds
+        return False  # allocation, copies, views: never subject to the other kinds (slow included)
     if kind == "view_as_copy":
         return op_traits(name)[0]
     if kind == "out_reallocates":
@@ -184,15 +189,52 @@ def plan_for(name: str) -> OpPlan:
         plan.arith = num.rounding == "stochastic" and (stem in ARITH or stem in MATMUL_OPERANDS)
     if S.defect_state:
         ds = S.defect_state
-        plan.defects = [i for i in ds.for_op(name) if _defect_applies(ds.defects[i].kind, name, infra)]
+        hits = [i for i in ds.for_op(name) if _defect_applies(ds.defects[i].kind, name, infra)]
+        plan.defects = [i for i in hits if ds.defects[i].kind != "slow"]
+        plan.slow = [i for i in hits if ds.defects[i].kind == "slow"]
     S.plans[name] = plan
     return plan
 
 
-def classify(name: str) -> tuple[int, int, bool, bool]:
+_NO_SLOW = (1.0, 0, 0)
+
+
+def _slow_rules(plan: OpPlan) -> list[tuple[float, int, int]]:
+    """The op's slow defects as (time factor, dtype mask (0: any dtype), min_numel) rules for the C++
+    fallback: defects with the same filters are merged (their factors multiply); a call is slowed by
+    the product of the factors of the rules it matches.  A defect with an empty ``dtypes`` list
+    never matches a call, and is left out."""
+    by_name = {v: k for k, v in _defects._DTYPE_NAMES.items()}
+    rules: dict[tuple[int, int], float] = {}
+    for i in plan.slow:
+        d = S.defect_state.defects[i]
+        mask = 0
+        if d.dtypes is not None:
+            if not d.dtypes:
+                continue
+            for n in d.dtypes:
+                mask |= 1 << _dtype_code(by_name[n])
+        key = (mask, int(d.min_numel))
+        rules[key] = rules.get(key, 1.0) * float(d.magnitude)
+    return [(f, m, n) for (m, n), f in rules.items()]
+
+
+def classify(name: str) -> tuple:
     """Called by the C++ fallback once per operator: (action, dtype mask, check channels_last,
-    allow CPU tensors)."""
+    allow CPU tensors, slow factor, slow dtype mask, slow min_numel[, further slow rules]).
+
+    The slow fields (factor 1.0: not slowed; mask 0: any dtype) say when the fallback makes a call
+    take `factor` times as long, whatever the action (see :func:`_slow_rules`); slow defects with
+    other filters on the same op come as an 8th field, a tuple of such (factor, mask, min_numel)."""
     plan = plan_for(name)
+    rules = _slow_rules(plan) if plan.slow else []
+    slow = tuple(rules[0]) if rules else _NO_SLOW
+    more = (tuple(rules[1:]),) if len(rules) > 1 else ()
+    return (*_route(plan, name), *slow, *more)
+
+
+def _route(plan: OpPlan, name: str) -> tuple[int, int, bool, bool]:
+    """(action, dtype mask, check channels_last, allow CPU tensors) of `plan`'s op."""
     allow_cpu = bool(_regex(ALLOW_CPU_GLOBS).match(name))
     if plan.infra:
         return (PYTHON if plan.defects else NATIVE), 0, False, allow_cpu

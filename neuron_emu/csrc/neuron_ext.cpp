@@ -6,7 +6,9 @@
 // that storage, fresh outputs are adopted (zero-copy) as neuron storages, and any size/stride/
 // storage change the kernel made to an argument (out= resize, t_, set_, resize_...) is copied
 // back onto the neuron tensor.  Routing (native / CPU fallback / Python handler) is decided once
-// per operator by a Python classifier and cached here.
+// per operator by a Python classifier and cached here, with the build's `slow` defects on the op
+// (performance regressions: a matching call is timed and then busy-works until it has taken the
+// defect's factor times as long, on whichever path ran it).
 #include <torch/extension.h>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -28,7 +30,9 @@
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -164,12 +168,22 @@ struct Counts {
   bool warned = false;
 };
 
+// A `slow` defect (or several with the same filters, factors multiplied): a call with a device
+// tensor input of a dtype in `dtype_mask` (0: any) whose largest device tensor input has at least
+// `min_numel` elements takes `factor` times as long.
+struct SlowRule {
+  double factor = 1.0;
+  uint64_t dtype_mask = 0;
+  int64_t min_numel = 0;
+};
+
 struct OpEntry {
   std::string name;
   int action = kNative;
   uint64_t dtype_mask = 0;   // native op: tensor inputs of these ScalarTypes go to Python
   bool check_cl = false;     // native op: channels_last inputs go to Python
   bool allow_cpu = false;    // non-scalar CPU tensors are accepted (copies, indexing)
+  c10::SmallVector<SlowRule, 1> slow;  // the op's slow defects (none: never slowed)
   Counts* counts = nullptr;
 };
 
@@ -213,6 +227,17 @@ static OpEntry* lookup(const c10::OperatorHandle& op) {
     e.dtype_mask = t[1].cast<uint64_t>();
     e.check_cl = t[2].cast<bool>();
     e.allow_cpu = t[3].cast<bool>();
+    // Optional: (slow factor, slow dtype mask, slow min_numel), then a tuple of further such rules.
+    auto add_slow = [&e](double factor, uint64_t mask, int64_t min_numel) {
+      if (factor > 1.0) e.slow.push_back(SlowRule{factor, mask, min_numel});
+    };
+    if (t.size() >= 7) add_slow(t[4].cast<double>(), t[5].cast<uint64_t>(), t[6].cast<int64_t>());
+    if (t.size() >= 8) {
+      for (auto rule : t[7].cast<py::sequence>()) {
+        auto rt = rule.cast<py::tuple>();
+        add_slow(rt[0].cast<double>(), rt[1].cast<uint64_t>(), rt[2].cast<int64_t>());
+      }
+    }
   }
   std::lock_guard<std::mutex> lk(g_mu);
   e.counts = counts_for(e.name);
@@ -823,6 +848,51 @@ static bool scan_args(const c10::OperatorHandle& op, const OpEntry* e, const tor
   return route;
 }
 
+// ------------------------------------------------------------------ slow defects
+// The time factor by which this call is slowed: the product of the factors of the op's slow rules
+// that the call's device tensor inputs match (1: not slowed).
+static double slow_factor(const OpEntry* e, const torch::jit::Stack* stack, size_t base, size_t nargs) {
+  if (e->slow.empty()) return 1.0;
+  uint64_t dtypes = 0;  // ScalarTypes of the device tensor inputs
+  int64_t largest = 0;  // elements of the largest one
+  auto see = [&](const at::Tensor& t) {
+    if (!t.defined() || t.device().type() != kNeuron) return;
+    int code = static_cast<int>(t.scalar_type());
+    if (code >= 0 && code < 64) dtypes |= 1ULL << code;
+    largest = std::max<int64_t>(largest, t.numel());
+  };
+  for (size_t i = 0; i < nargs; ++i) {
+    const c10::IValue& v = (*stack)[base + i];
+    if (v.isTensor()) {
+      see(v.toTensor());
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorList()) see(t);
+    } else if (v.isOptionalTensorList()) {
+      for (std::optional<at::Tensor> t : v.toOptionalTensorList())
+        if (t.has_value()) see(*t);
+    }
+  }
+  double factor = 1.0;
+  for (const auto& r : e->slow) {
+    if (r.dtype_mask && !(r.dtype_mask & dtypes)) continue;
+    if (r.min_numel && largest < r.min_numel) continue;
+    factor *= r.factor;
+  }
+  return factor;
+}
+
+// Proportional extra work: busy arithmetic on the calling thread (not a sleep) until the call that
+// began at `t0` has taken `factor` times the time it took to get here.
+static void slow_down(std::chrono::steady_clock::time_point t0, double factor) {
+  using clock = std::chrono::steady_clock;
+  const std::chrono::duration<double, std::nano> took = clock::now() - t0;
+  const auto until = t0 + std::chrono::duration_cast<clock::duration>(took * factor);
+  volatile double acc = 1.0;
+  while (clock::now() < until) {
+    for (int i = 0; i < 32; ++i) acc = acc * 1.0000001 + 1e-9;
+  }
+}
+
 static void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
   int raw = g_raw;
   if (raw) {
@@ -831,7 +901,11 @@ static void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet k
   }
   OpEntry* e = lookup(op);
   const size_t nargs = op.schema().arguments().size();
-  bool route = scan_args(op, e, stack, stack->size() - nargs, nargs);
+  const size_t base = stack->size() - nargs;
+  // A slow defect times the whole call, whichever path runs it (a call that raises is not slowed).
+  const double slow = slow_factor(e, stack, base, nargs);
+  const auto t0 = slow > 1.0 ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+  bool route = scan_args(op, e, stack, base, nargs);
   if (e->action == kPython || route) {
     call_python(op, e, stack);
   } else if (e->action == kFallback) {
@@ -841,6 +915,7 @@ static void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet k
     record(e->counts, false);
     run_cpu(op, stack, g_ftz.load(std::memory_order_relaxed), ks);
   }
+  if (slow > 1.0) slow_down(t0, slow);
 }
 
 // Sparse layouts on the device (SparsePrivateUse1, SparseCsrPrivateUse1): the same zero-copy CPU
