@@ -385,6 +385,36 @@ class ClaimsPage(Page):
 
 
 @dataclass
+class PerfRegression:
+    """One confirmed perf regression (or improvement) of the build, with its p50 across builds."""
+
+    item: str  # "op mm float32 large"
+    signature: str
+    ratio: float
+    low: float
+    high: float
+    base_p50_us: float
+    p50_us: float
+    first_bad: str
+    chart: Markup
+
+
+@dataclass
+class PerfPage(Page):
+    """``<build>/perf.html``: the build's latency against its baseline build (the perf lane)."""
+
+    info: BuildInfo
+    run: dict[str, Any] | None  # the perf run shown (None: none measured this build)
+    machine: str
+    confidence: str  # "95%": the interval's level
+    counts: list[tuple[str, int]]  # (verdict or status, items)
+    regressions: list[PerfRegression]
+    improvements: list[PerfRegression]
+    slowest: Markup  # the slowest items (table spec)
+    items: Markup  # every item (table spec)
+
+
+@dataclass
 class Backend:
     """One column of the cross-backend page: a target's latest rendered build with an op run."""
 

@@ -95,6 +95,18 @@ def check_build(target: str, build: str | None, option: str = "--build") -> None
                            "(or a path to a manifest .toml)")
 
 
+def env_pairs(values: tuple[str, ...]) -> tuple[str, ...]:
+    """``--env`` values, each ``NAME=VALUE`` with NAME a shell variable name (else one clear error)."""
+    import re
+
+    for v in values:
+        name, eq, _ = v.partition("=")
+        if not eq or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            raise click.BadParameter(f"{v!r}: expected NAME=VALUE, NAME a shell variable name "
+                                     "(letters, digits, underscores; not starting with a digit)")
+    return tuple(values)
+
+
 def db_option(required: bool = True, default: str | None = None) -> Callable[..., Any]:
     # no default= at all when there is none: click 8.5 takes an explicit default=None as a value
     # and no longer enforces required (`conformance report` without --db gave a traceback)
@@ -182,4 +194,4 @@ main.add_command(merge_cmd, "merge")
 
 
 # Commands of later pipeline stages live in their own modules and attach to ``main``.
-from . import audit, claims, errors, gate, report, sweep, upstream  # noqa: E402,F401
+from . import audit, claims, errors, gate, perf, report, sweep, upstream  # noqa: E402,F401

@@ -49,11 +49,14 @@ from .sweep import ledger_group
 @click.option("--report", "report", default=None, metavar="SITE",
               help="The report site (folder or URL) of these runs: the output links the candidate build's "
                    "regressions page in it.")
+@click.option("--perf-fails", is_flag=True,
+              help="Confirmed perf regressions (from a stored `conformance perf` run of these two builds) fail the "
+                   "gate too; without it they are reported only.")
 @db_option(default="results/opdb.sqlite")
 @handles_errors
 def gate_cmd(baseline: str, candidate: str, reruns: int, budget_s: float, max_reruns: int, common_only: bool,
              json_path: str | None, junit_path: str | None, md_path: str | None, report: str | None,
-             db_path: str) -> None:
+             perf_fails: bool, db_path: str) -> None:
     """Compare a candidate build (or run) with a baseline; exit 1 on regressions, 2 on infra.
 
     Refuses (exit 2) an infra, unfinished or empty run, and runs whose selections differ unless
@@ -76,15 +79,33 @@ def gate_cmd(baseline: str, candidate: str, reruns: int, budget_s: float, max_re
             click.echo(f"error: {exc}", err=True)
             sys.exit(EXIT_USAGE)
         links = gate_links(st, result, db_path, _report_page(report, st, result.candidate))
+        perf = _perf(st, result)
     for line in summary_lines(result, links):
         click.echo(line)
+    for line in perf.lines() if perf else ():
+        click.echo(line)
+    perf_failed = bool(perf_fails and perf and perf.regressions)
     if json_path:
-        Path(json_path).write_text(json.dumps(result.as_json(), indent=1, default=str))
+        doc = result.as_json()
+        doc["perf"] = perf.as_json() if perf else None
+        if perf_failed:
+            doc["verdict"] = "fail"
+        Path(json_path).write_text(json.dumps(doc, indent=1, default=str))
     if junit_path:
         Path(junit_path).write_text(junit(result, links))
     if md_path:
-        Path(md_path).write_text(markdown(result, links))
-    sys.exit(EXIT_FAILURES if result.verdict == "fail" else EXIT_OK)
+        Path(md_path).write_text(markdown(result, links) + ("\n" + perf.markdown() if perf else ""))
+    sys.exit(EXIT_FAILURES if result.verdict == "fail" or perf_failed else EXIT_OK)
+
+
+def _perf(store: Store, result: Any) -> Any:
+    """The perf section of the gated builds (None: no perf run measured them)."""
+    from conformance.perf.gate import perf_section
+
+    cand, base = result.candidate, result.baseline
+    if cand.get("build") is None or base.get("build") is None:
+        return None
+    return perf_section(store, cand["target"], cand["build"], base["build"])
 
 
 def _report_page(site: str | None, store: Store, candidate: dict[str, Any]) -> str:

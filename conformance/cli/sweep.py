@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import shlex
 import sys
 from typing import Any
@@ -20,6 +19,7 @@ from . import (
     UsageProblem,
     check_build,
     db_option,
+    env_pairs,
     executor_options,
     handles_errors,
     main,
@@ -36,7 +36,7 @@ CLI_VARIANTS = "function,inplace,out,backward,sparse_coo,sparse_csr,sparse_csc,s
 @click.option("--import", "imports", multiple=True, metavar="MODULE",
               help="Import this module first, in the supervisor and every worker (repeatable), "
                    "e.g. --target device:neuron --import neuron_emu.")
-@click.option("--env", "env", multiple=True, metavar="NAME=VALUE", callback=lambda _c, _p, v: _env(v),
+@click.option("--env", "env", multiple=True, metavar="NAME=VALUE", callback=lambda _c, _p, v: env_pairs(v),
               help="Set this environment variable in the supervisor and every worker before the target loads "
                    "(repeatable; kept with the run, so a resume and a repro set it too), e.g. --target "
                    "device:neuron --import torch_neuronx --env TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS=1 "
@@ -131,15 +131,6 @@ def run_cmd(variants: str, schema: bool | None, model_modes: str, resume: str | 
         click.echo(f"interrupted; continue with: conformance run --resume {summary.run_id} --db {db_path}")
         sys.exit(EXIT_INTERRUPTED)
     sys.exit(EXIT_OK if exit_zero or not summary.failures else EXIT_FAILURES)
-
-
-def _env(values: tuple[str, ...]) -> tuple[str, ...]:
-    for v in values:
-        name, eq, _ = v.partition("=")
-        if not eq or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-            raise click.BadParameter(f"{v!r}: expected NAME=VALUE, NAME a shell variable name "
-                                     "(letters, digits, underscores; not starting with a digit)")
-    return tuple(values)
 
 
 def _budget(text: str) -> int:

@@ -20,7 +20,7 @@ Example::
 
     >>> from reports.pages import PAGES
     >>> [p.TEMPLATE for p in PAGES]
-    ['index.html', 'backends.html', 'summary.html', 'matrix.html', 'overloads.html', 'overloads.html', 'regressions.html', 'causes.html', 'claims.html', 'op.html', 'models.html', 'family.html', 'diff.html']
+    ['index.html', 'backends.html', 'summary.html', 'matrix.html', 'overloads.html', 'overloads.html', 'regressions.html', 'causes.html', 'claims.html', 'op.html', 'models.html', 'family.html', 'perf.html', 'diff.html']
 """
 
 from __future__ import annotations
@@ -39,12 +39,13 @@ from . import (
     matrix,
     models,
     op,
+    perf,
     regressions,
     summary,
 )
 
 PAGES: tuple[ModuleType, ...] = (index, backends, summary, matrix, fallbacks, failing, regressions, causes, claims, op,
-                                 models, family, diff)
+                                 models, family, perf, diff)
 
 
 def name(page: ModuleType) -> str:
