@@ -7,9 +7,13 @@ lane's cost per build and how tight its interval is per repetition budget.
 * **Detection**: a build inheriting ``--base`` with ``slow`` defects (1.3x, 2x and 5x on several
   ops, float32 only) against ``--base``, over the seeded OpInfos and ``--controls``, in float32 and
   bfloat16 (the seeded ops' bfloat16 items are controls too): each seeded op x float32 item must be
-  called a confirmed regression with its ratio within 15% of the seeded factor; an item flagged
-  that reaches no slowed overload is a false alarm; one that reaches a slowed overload without
-  being a seeded OpInfo (matmul calls mm) is listed apart, as "reaches a slowed op".
+  called a confirmed regression, and at the op's largest size its ratio must lie within 15% of the
+  seeded factor. The factor slows the device's kernel; what a user times also holds the host's
+  dispatch and allocation, which no kernel change slows, so at a size whose call is mostly that
+  (a 0-dim tensor: 3 us) the measured ratio is diluted, as it is on a real device; the table shows
+  every size. An item flagged that reaches no slowed overload is a false alarm; one that reaches a
+  slowed overload without being a seeded OpInfo (nn.functional.linear calls addmm) is listed apart,
+  as "reaches a slowed op".
 * **Interval width** per repetition budget: A/A over ``--width-ops`` at 5, 10 and 20 rounds, the
   median interval width (high / low) and the lane's time per item.
 
@@ -41,11 +45,12 @@ SEEDED = [  # (OpInfo, its overload, factor)
     ("sigmoid", "aten::sigmoid.default", 1.3),
     ("exp", "aten::exp.default", 2.0),
     ("cumsum", "aten::cumsum.default", 2.0),
-    ("sort", "aten::sort.values_stable", 5.0),
-    ("abs", "aten::abs.default", 5.0),
+    ("sort", "aten::sort.stable", 5.0),
+    ("softmax", "aten::_softmax.default", 5.0),
+    ("addmm", "aten::addmm.default", 2.0),  # what nn.Linear calls: the mlp model graph must regress
 ]
 CONTROLS = ["add", "mul", "neg", "sin", "tanh", "sum", "mean", "max.reduction_with_dim", "nn.functional.relu",
-            "nn.functional.gelu", "nn.functional.softmax", "clamp", "where", "div", "sqrt", "log", "transpose",
+            "nn.functional.gelu", "abs", "clamp", "where", "div.no_rounding_mode", "sqrt", "log", "transpose",
             "cat", "index_select", "nn.functional.layer_norm"]
 
 
@@ -90,8 +95,13 @@ def detect(base: str, controls: list[str], db: Path, tmp: Path) -> bool:
     rows, wall = run(PerfSpec(build=str(path), baseline_build=base, ops=ops, dtypes=("float32", "bfloat16"),
                               models=("mlp",), model_limit=1), db, "detect")
     print(f"\ndetection: {base}-slow against {base} ({len(rows)} items, {wall:.0f} s); seeded float32 items:")
-    print(f"{'op':<10}{'size':<8}{'seeded':>8}{'measured':>10}{'interval':>16}{'verdict':>12}{'within 15%':>12}")
+    print(f"{'op':<10}{'size':<8}{'seeded':>8}{'measured':>10}{'interval':>16}{'verdict':>12}{'within 15%':>12}"
+          "  (judged at the largest size)")
     good = True
+    largest: dict[str, str] = {}
+    for r in rows:  # the rows come smallest size first
+        if r["subject"] in factor and r["dtype"] == "float32" and r["kind"] == "op":
+            largest[r["subject"]] = r["shape"]
     for r in rows:
         if r["subject"] in factor and r["dtype"] == "float32" and r["kind"] == "op":
             m = factor[r["subject"]]
@@ -99,12 +109,13 @@ def detect(base: str, controls: list[str], db: Path, tmp: Path) -> bool:
                 print(f"{r['subject']:<10}{r['shape']:<8}{m:>8.1f}  {r['status']}: {r['error']}")
                 good = False
                 continue
+            judged = largest[r["subject"]] == r["shape"]
             within = abs(r["ratio"] / m - 1) <= 0.15
             found = r["verdict"] == "regression" and r.get("confirmed") == 1
-            good &= within and found
+            good &= found and (within or not judged)
             span = f"[{r['low']:.2f}, {r['high']:.2f}]"
             print(f"{r['subject']:<10}{r['shape']:<8}{m:>8.1f}{r['ratio']:>10.2f}{span:>16}"
-                  f"{r['verdict'] if found else 'MISSED':>12}{'yes' if within else 'NO':>12}")
+                  f"{r['verdict'] if found else 'MISSED':>12}{('yes' if within else 'NO') if judged else '-':>12}")
     false, reaching = [], []
     for r in rows:
         if r["status"] != "ok" or r["verdict"] == "same":
@@ -120,9 +131,9 @@ def detect(base: str, controls: list[str], db: Path, tmp: Path) -> bool:
         print(f"    reaches {', '.join(sorted(hits))}: {r['item_key']} x{r['ratio']:.2f}")
     models = [r for r in rows if r["kind"] == "model"]
     for r in models:
-        print(f"model {r['subject']} {r['shape']}: {r['verdict']} x{r['ratio']:.2f} (reaches addmm/mm: "
+        print(f"model {r['subject']} {r['shape']}: {r['verdict']} x{r['ratio']:.2f} (reaches a slowed op: "
               f"{bool(slowed & set(json.loads(r.get('reached') or '[]')))})")
-    print(f"detection: {'every seeded op x float32 found within 15%' if good else 'NOT every seeded item found'}, "
+    print(f"detection: {'every seeded op x float32 found, within 15% at its largest size' if good else 'NOT every seeded item found within 15%'}, "
           f"{len(false)} false alarms")
     return good and not false
 

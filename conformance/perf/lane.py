@@ -4,7 +4,9 @@ measured interleaved in one session, with a regression called only when its inte
 **How one item is measured.** Two workers (:mod:`conformance.perf.worker`), one per build, build
 the item's inputs from the same seed and warm it up. A calibration call sets ``reps``: enough
 calls that one side's batch takes about :attr:`PerfSpec.round_s` (at least ``min_reps``). Then
-``rounds`` rounds: in each, both workers time ``reps`` calls, in alternating order. Their
+``rounds`` rounds: in each, both workers time ``reps`` calls, in alternating order. Both workers
+are pinned to one core (:attr:`PerfSpec.core`): the cores of a shared machine can differ in speed
+by tens of percent for minutes at a time, and a pair measured on two cores measures that. Their
 per-round medians pair up into ratios (:mod:`conformance.perf.stats`); while the interval
 straddles the threshold with the estimate beyond it, five more rounds are measured, up to
 ``max_rounds`` (adaptive repetition). p50 and p99 are taken over every timed call of a side.
@@ -75,6 +77,7 @@ class PerfSpec:
     confirm: bool = True
     timeout_s: float = 60.0
     env: tuple[str, ...] = ()
+    cpu: int | None = None  # the core both workers are pinned to (None: the last this process may use)
 
     def __post_init__(self) -> None:
         if not self.threshold > 1.0:
@@ -88,6 +91,17 @@ class PerfSpec:
             raise PerfError(f"--sizes {bad[0]!r}: one of {', '.join(SIZE_LABELS)}")
         if not self.ops and not self.models:
             raise PerfError("nothing to measure: give --ops GLOB and/or --models NAME")
+        if self.cpu is not None and hasattr(os, "sched_getaffinity") and self.cpu not in os.sched_getaffinity(0):
+            raise PerfError(f"--cpu {self.cpu}: not a core this process may run on "
+                            f"({', '.join(map(str, sorted(os.sched_getaffinity(0))))})")
+
+    @property
+    def core(self) -> int | None:
+        """The core the workers run on (both on the same one: two cores of a shared machine can
+        differ in speed by tens of percent for minutes, and a pair split across them measures that)."""
+        if self.cpu is not None:
+            return self.cpu
+        return max(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
 
     @property
     def baseline(self) -> str | None:
@@ -141,8 +155,9 @@ class Side:
         # A fresh interpreter (``python -m conformance.perf.worker``) on one end of a socket pair:
         # nothing of this process (its threads, its __main__) is inherited.
         ours, theirs = socket.socketpair()
+        core = self.spec.core
         cmd = [sys.executable, "-m", "conformance.perf.worker", str(theirs.fileno()), self.spec.target,
-               self.build_asked or "", json.dumps(list(self.spec.env))]
+               self.build_asked or "", json.dumps(list(self.spec.env)), "" if core is None else str(core)]
         self.proc = subprocess.Popen(cmd, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
         theirs.close()
         self.conn = Connection(ours.detach())
@@ -285,7 +300,8 @@ class Lane:
 
                 db.start(self.store, {"id": run_id, "target": spec.target, "build": self.cand.build,
                                       "baseline_build": self.base.build, "torch_version": torch.__version__,
-                                      "host": started["host"], "machine": json.dumps({"start": started}),
+                                      "host": started["host"],
+                                      "machine": json.dumps({"start": started, "core": spec.core}),
                                       "config": spec.to_json()})
             result = PerfResult(run_id=run_id, skipped_pairs=none)
             have = db.done(self.store, run_id) if resume else set()
@@ -301,9 +317,9 @@ class Lane:
                     self._tell(n, len(todo), row, t_start)
             except KeyboardInterrupt:
                 result.interrupted = True
-                db.finish(self.store, run_id, "interrupted", {"start": started, "end": machine()})
+                db.finish(self.store, run_id, "interrupted", {"start": started, "end": machine(), "core": spec.core})
                 return result
-            db.finish(self.store, run_id, "finished", {"start": started, "end": machine()})
+            db.finish(self.store, run_id, "finished", {"start": started, "end": machine(), "core": spec.core})
             return result
         finally:
             self.cand.stop()

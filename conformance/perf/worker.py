@@ -120,14 +120,17 @@ def machine() -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> None:
-    """``python -m conformance.perf.worker FD TARGET BUILD ENV_JSON``: serve on socket FD."""
+    """``python -m conformance.perf.worker FD TARGET BUILD ENV_JSON [CORE]``: serve on socket FD,
+    pinned to CORE when given."""
     import json
     from multiprocessing.connection import Connection
 
     from conformance.run.isolation import die_with
 
     die_with(os.getppid(), os.getppid())  # the lane killed with -9 takes its workers with it
-    fd, target, build, env = argv
+    fd, target, build, env, core = (*argv, "")[:5]
+    if core and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {int(core)})
     conn = Connection(int(fd))
     try:
         serve(conn, target, build or None, tuple(json.loads(env)))
