@@ -250,3 +250,28 @@ def test_a_a_run_calls_nothing():
     base = [[1.0 + 0.01 * math.sin(i * j) for j in range(5)] for i in range(10)]
     cand = [[1.0 + 0.01 * math.cos(i * j) for j in range(5)] for i in range(10)]
     assert stats.compare(base, cand, seed="aa").verdict == "same"
+
+
+def test_nightly_times_each_build_against_the_previous_and_the_gate_shows_it(tmp_path):
+    from conformance.cli import main
+
+    manifest = tmp_path / "slow.toml"
+    manifest.write_text('[build]\nname = "2.33.0-slow"\ninherits = "2.33.0"\n' + SLOW)
+    db_path, site = tmp_path / "n.sqlite", tmp_path / "site"
+    res = CliRunner().invoke(main, ["nightly", "--build", "2.33.0", "--build", str(manifest), "--ops", "mm",
+                                    "--dtypes", "float32", "--no-models", "--no-schema", "--perf", "--perf-ops", "mm",
+                                    "--perf-models", "mlp", "--db", str(db_path), "--site", str(site)])
+    assert res.exit_code == 0, res.output  # perf regressions are reported, the functional gate passes
+    out = res.output
+    assert "== perf: each build timed against the previous one ==" in out
+    assert "perf (run " in out and "2.33.0-slow against 2.33.0" in out
+    assert "regression  op mm float32 small" in out and "first bad build 2.33.0-slow" in out
+    assert "regression  model mlp." in out  # its layers call the slowed addmm
+    page = (site / "2.33.0-slow" / "perf.html").read_text()
+    assert "op mm float32 small" in page and "model mlp." in page
+    gate = ["gate", "--db", str(db_path), "--baseline", "2.33.0", "--candidate", "2.33.0-slow", "--reruns", "0"]
+    assert CliRunner().invoke(main, gate).exit_code == 0
+    res = CliRunner().invoke(main, [*gate, "--perf-fails", "--json", str(tmp_path / "g.json")])
+    assert res.exit_code == 1, res.output
+    doc = json.loads((tmp_path / "g.json").read_text())
+    assert doc["verdict"] == "fail" and {r["subject"] for r in doc["perf"]["regressions"]} >= {"mm"}

@@ -7,6 +7,7 @@ artifacts, kept under the session's pytest tmp dir (``<basetemp>/screenshots0/``
 
 from __future__ import annotations
 
+import json
 import re
 import sqlite3
 from pathlib import Path
@@ -429,3 +430,65 @@ def test_top_causes_page_filters_to_a_cause_and_op_pages_link_theirs(gated_site,
     page.wait_for_url(re.compile(r".*/2\.33\.0/causes\.html#C[0-9a-f]{10}$"))
     assert shown(page) == 1 and page.locator('tbody td[data-col="key"]').inner_text() == cause
     assert f"{WIDE}" in page.locator('tbody td[data-col="ops"]').inner_text()
+
+
+@pytest.fixture(scope="module")
+def perf_site(tmp_path_factory):
+    """The report fixture plus perf runs: 2.31.0 against itself (A/A), 2.33.0 against 2.31.0 with
+    two confirmed regressions (an op and a model graph), an improvement, an unconfirmed call and an
+    item the candidate cannot run."""
+    from opdb import perf as perfdb
+
+    db = make_report_db(tmp_path_factory.mktemp("pdb") / "rep.sqlite")
+
+    def row(run, subject, shape, ratio, verdict, kind="op", **kw):
+        return {"run_id": run, "item_key": f"{kind}|{subject}|float32|{shape}", "kind": kind, "subject": subject,
+                "dtype": "float32", "shape": shape, "signature": "f32[5,5]", "status": "ok", "p50": 1e-5 * ratio,
+                "p99": 2e-5 * ratio, "base_p50": 1e-5, "base_p99": 2e-5, "ratio": ratio, "low": ratio * 0.95,
+                "high": ratio * 1.05, "verdict": verdict, "confirmed": None if verdict == "same" else 1,
+                "rounds": 10, "reps": 50, **kw}
+
+    with Store.open(db) as st:
+        for rid, build, base, rows in (
+                ("p-aa", "2.31.0", "2.31.0", [row("p-aa", "mm", "small", 1.0, "same"),
+                                              row("p-aa", "mlp.a", "v0", 1.0, "same", kind="model")]),
+                ("p-33", "2.33.0", "2.31.0", [row("p-33", "mm", "small", 1.31, "regression"),
+                                              row("p-33", "mlp.a", "v0", 1.8, "regression", kind="model"),
+                                              row("p-33", "exp", "large", 0.5, "improvement"),
+                                              row("p-33", "abs", "small", 1.25, "same", confirmed=0),
+                                              row("p-33", "sin", "small", 1.0, "same"),
+                                              {"run_id": "p-33", "item_key": "op|neg|float32|small", "kind": "op",
+                                               "subject": "neg", "dtype": "float32", "shape": "small",
+                                               "status": "error", "error": "RuntimeError: boom"}])):
+            perfdb.start(st, {"id": rid, "target": "neuron-emu", "build": build, "baseline_build": base,
+                              "config": json.dumps({"confidence": 0.95}),
+                              "machine": json.dumps({"start": {"cpu": "test cpu", "cores": 2, "load": 0.5}})})
+            perfdb.record(st, rows)
+            perfdb.finish(st, rid, "finished")
+    out = tmp_path_factory.mktemp("psite")
+    with Store.open(db) as st:
+        render_site(st, out, db_label=str(db))
+    return out, db
+
+
+def test_perf_page_regressions_charts_and_filters(perf_site, page, shot):
+    out, _ = perf_site
+    page.goto(url(out, "2.33.0/index.html"))
+    page.get_by_role("link", name="Perf", exact=True).click()
+    assert page.url.endswith("2.33.0/perf.html")
+    assert page.locator('[data-k="regressions"]').inner_text() == "2"
+    first = page.locator("#regressions .perf-finding").first
+    assert first.get_attribute("data-item") == "model mlp.a float32 v0"  # the largest change first
+    assert first.locator(".first-bad").inner_text() == "2.33.0"
+    assert first.locator("svg").count() == 1  # p50 per build: 2.31.0 and 2.33.0
+    assert page.locator('[data-k="improvements"]').inner_text() == "1"
+    assert page.locator('[data-verdict="error"]').inner_text() == "1"
+    shot(page, "perf-1440")
+    items = page.locator("#items")
+    assert shown(page, "#items .datatable") == 6
+    items.locator('select[data-filter="verdict"]').select_option("regression")
+    assert shown(page, "#items .datatable") == 2
+    assert sorted(items.locator('tbody td[data-col="subject"]').all_inner_texts()) == ["mlp.a", "mm"]
+    # a build without a perf run says how to make one
+    page.goto(url(out, "2.34.0/perf.html"))
+    assert "conformance perf --db" in page.locator("p.empty").inner_text()

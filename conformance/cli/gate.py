@@ -167,6 +167,14 @@ def ledger_stale(ledger_path: str | None, n_runs: int, target: str | None, db_pa
 @click.option("--site", default="results/site", show_default=True, type=click.Path(file_okay=False),
               help="Folder the report site is written to.")
 @click.option("--finish", is_flag=True, help="After merging shard DBs: coverage, report and gate only.")
+@click.option("--perf", is_flag=True,
+              help="After the sweeps, time each build against the previous one (conformance perf: op and model-graph "
+                   "latency, interleaved); the gate and the report show what it finds.")
+@click.option("--perf-ops", multiple=True, default=("*",), show_default=True, metavar="GLOB",
+              help="With --perf: OpInfo globs timed (float32; small, medium and large inputs).")
+@click.option("--perf-models", multiple=True, default=("all",), show_default=True, metavar="NAME",
+              help="With --perf: model families or ids whose forward pass is timed per shape variant.")
+@click.option("--perf-model-limit", type=int, default=1, show_default=True, help="With --perf: graphs per family.")
 @executor_options
 @click.option("--resume", default=None, metavar="PREFIX",
               help="Continue an interrupted nightly (its prefix is printed when it stops), with the options it "
@@ -175,7 +183,8 @@ def ledger_stale(ledger_path: str | None, n_runs: int, target: str | None, db_pa
 @handles_errors
 def nightly_cmd(target: str, builds: tuple[str, ...], ops: tuple[str, ...], dtypes: tuple[str, ...],
                 models: tuple[str, ...], model_limit: int | None, no_models: bool, no_schema: bool, sizes: str, workers: int,
-                shard: str, run_id_prefix: str | None, site: str, finish: bool, resume: str | None,
+                shard: str, run_id_prefix: str | None, site: str, finish: bool, perf: bool, perf_ops: tuple[str, ...],
+                perf_models: tuple[str, ...], perf_model_limit: int, resume: str | None,
                 db_path: str, executor: str, ray_address: str | None, task_resources: tuple[str, ...]) -> None:
     """The nightly: sweeps + models per build, coverage, the report site, and the gate.
 
@@ -198,7 +207,12 @@ def nightly_cmd(target: str, builds: tuple[str, ...], ops: tuple[str, ...], dtyp
     run = RunSpec(target=target, ops=ops, dtypes=dtypes, models=() if no_models else models,
                   model_limit=model_limit or None, schema=not no_schema and not ops, sizes=sizes, workers=workers, shard=shard,
                   executor=executor, ray_address=ray_address, task_resources=task_resources)
-    spec = NightlySpec(run=run, builds=builds, run_id_prefix=run_id_prefix, site=site)
+    perf_spec = None
+    if perf:
+        from conformance.perf.lane import PerfSpec
+
+        perf_spec = PerfSpec(target=target, ops=perf_ops, models=perf_models, model_limit=perf_model_limit or None)
+    spec = NightlySpec(run=run, builds=builds, run_id_prefix=run_id_prefix, site=site, perf=perf_spec)
     if finish:
         result = NightlyResult()
         with Store.open(db_path) as store:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from conformance.perf.lane import PerfSpec
 from conformance.run.runner import Summary, check, config_difference, run_into, run_together, stored_summary
 from conformance.run.spec import RunSpec
 from conformance.run.supervisor import start_worker_server
@@ -36,6 +37,9 @@ class NightlySpec:
     run_id_prefix: str | None = None
     site: str | None = "results/site"
     gate: bool = True
+    # the perf lane (conformance.perf): each build timed against the one before it, after the sweeps
+    # (None: not run). Its build fields are set per pair.
+    perf: PerfSpec | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "builds", tuple(BuildRef.parse(b) for b in self.builds))
@@ -174,6 +178,14 @@ def finish_stages(store: Store, spec: NightlySpec, result: NightlyResult, echo: 
     echo("== coverage ==")
     result.coverage = coverage_stage(store, ids, echo)
     claims_stage(store, ids, echo)
+    if spec.perf is not None and len(ids) > 1:
+        echo("== perf: each build timed against the previous one ==")
+        stopped = perf_stage(store, spec, ids, echo)
+        if stopped:
+            result.interrupted = stopped
+            echo(f"nightly interrupted in the perf lane ({stopped}): continue it with `conformance nightly --resume "
+                 f"{spec.run_id_prefix} --db {db_label or store.path}` and the same options")
+            return
     if spec.gate and len(ids) > 1:
         echo("== gate: each build against the previous one ==")
         result.gate_exit = gate_stage(store, ids, echo, verdicts=result.gates)
@@ -289,9 +301,39 @@ def claims_stage(store: Store, run_ids: Sequence[str], echo: Echo) -> None:
              f"(claim x dtype); conformance claims --db {store.path} --build {rid} {table}")
 
 
+def perf_stage(store: Store, spec: NightlySpec, run_ids: Sequence[str], echo: Echo) -> str | None:
+    """Each build's perf run against the build before it (run id ``{prefix}-perf-{build}``): a
+    finished one is kept, an interrupted one resumed. Returns the pair it was interrupted in."""
+    from conformance.perf.lane import Lane
+    from opdb import perf as perfdb
+
+    assert spec.perf is not None
+    runs = [store.get_run(i) for i in run_ids]
+    builds = spec.builds or default_builds(spec.run.target)
+    # how each build was asked for (a manifest path stands for its build): the runs are in build order
+    asked = [str(b) for b in builds] if len(builds) == len(runs) else [r["build"] for r in runs]
+    for i in range(1, len(runs)):
+        base, cand = runs[i - 1], runs[i]
+        pair = f"{cand['build']} against {base['build']}"
+        run_id = f"{spec.run_id_prefix or 'perf'}-perf-{cand['build']}".replace("/", "_")
+        stored = perfdb.get_run(store, run_id)
+        if stored is not None and stored["status"] == "finished":
+            echo(f"perf {pair}: finished by an earlier session ({run_id})")
+            continue
+        pspec = dataclasses.replace(spec.perf, target=cand["target"], build=asked[i], baseline_build=asked[i - 1])
+        result = Lane(pspec, store, progress=echo).run(run_id, resume=stored is not None)
+        regs = len(result.regressions)
+        echo(f"perf {pair}: {len(result.rows)} items measured, {regs} regression{'s' * (regs != 1)} ({run_id})")
+        if result.interrupted:
+            return pair
+    return None
+
+
 def gate_stage(store: Store, run_ids: Sequence[str], echo: Echo, verdicts: list[str] | None = None) -> int:
     """Gate each run against the previous one; returns the worst exit code (``verdicts`` gets
     one line per pair)."""
+    from conformance.perf.gate import perf_section
+
     from .core import GateError, run_gate
     from .render import gate_links, summary_lines
 
@@ -306,7 +348,8 @@ def gate_stage(store: Store, run_ids: Sequence[str], echo: Echo, verdicts: list[
             worst = 2
             continue
         lines = summary_lines(result, gate_links(store, result, str(store.path)))
-        for line in lines:
+        perf = perf_section(store, result.candidate["target"], result.candidate["build"], result.baseline["build"])
+        for line in [*lines, *(perf.lines() if perf else ())]:
             echo(line)
         if verdicts is not None:
             verdicts.append(lines[0] + "; " + ", ".join(
