@@ -6,8 +6,9 @@ sizes: among the samples whose tensors are all strided and not empty, ordered by
 their tensor arguments, the smallest is ``small`` and the largest ``medium``; ``large`` is a
 sample grown to :data:`LARGE_NUMEL` input elements the way the size ladder grows it
 (:func:`conformance.sweep.ladder.grow`: the dimension the op runs along lengthened, fresh values in
-the sample's range), where one grows, the CPU accepts it and its output stays under
-:data:`conformance.sweep.ladder.MAX_BYTES`. OpInfo's samples hold a few dozen elements, where a
+the sample's range), where one grows, the CPU accepts it, its output stays under
+:data:`conformance.sweep.ladder.MAX_BYTES` and its CPU call is predicted to take less than
+:data:`LARGE_CPU_S`. OpInfo's samples hold a few dozen elements, where a
 call costs what its dispatch costs; the grown sample is where a kernel's own time shows. Each item
 stores its sample's index (the element count for ``large``) and its signature (dtypes and shapes
 of its tensor arguments), so a later run of the same torch measures the same input.
@@ -104,9 +105,19 @@ def op_sizes(info: Any, dtype: str) -> list[tuple[str, int, str]]:
     return out
 
 
+#: A ``large`` input whose CPU call would take longer than this is not used (a pairwise loss grown to
+#: 65,537 elements takes minutes): predicted from two CPU trials on the ladder's first rungs.
+LARGE_CPU_S = 0.05
+
+
 def _grown(info: Any, dtype: str) -> Any | None:
-    """The op's sample grown to :data:`LARGE_NUMEL` elements (None where none grows, the CPU
-    refuses it grown, or its output would be too large)."""
+    """The op's sample grown to :data:`LARGE_NUMEL` elements; None where none grows, its output
+    would be too large, its CPU call would be too slow (:data:`LARGE_CPU_S`), or the CPU refuses
+    it grown (an even-size rule the grown length breaks)."""
+    import math
+    import time
+    import warnings
+
     from conformance.inputs.opinfo import DEFAULT_SEED, full_name, samples
     from conformance.sweep import ladder
 
@@ -116,7 +127,34 @@ def _grown(info: Any, dtype: str) -> Any | None:
         return None
     if found.out0 and found.out0 * (LARGE_NUMEL / max(found.in0, 1)) ** found.power > ladder.MAX_BYTES:
         return None
-    return ladder.grow(found.sample, LARGE_NUMEL, seed=ladder.rung_seed(op, dtype, LARGE_NUMEL, DEFAULT_SEED))
+
+    def grown(numel: int) -> Any:
+        return ladder.grow(found.sample, numel, seed=ladder.rung_seed(op, dtype, numel, DEFAULT_SEED))
+
+    def cpu_seconds(g: Any) -> float:
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")
+            t0 = time.perf_counter()
+            info.op(g.input, *g.args, **g.kwargs)
+            return time.perf_counter() - t0
+
+    try:
+        small, big = grown(ladder.RUNGS[0]), grown(ladder.RUNGS[2])
+        if small is None or big is None:
+            return None
+        cpu_seconds(small)  # warm
+        t0, t1 = max(cpu_seconds(small), 1e-7), max(cpu_seconds(big), 1e-7)
+        n0, n1 = small.input.numel(), big.input.numel()
+        power = max(1.0, math.log(t1 / t0) / math.log(n1 / n0)) if n1 > n0 else 1.0
+        if t1 * (LARGE_NUMEL / n1) ** power > LARGE_CPU_S:
+            return None
+        sample = grown(LARGE_NUMEL)
+        if sample is None:
+            return None
+        cpu_seconds(sample)  # the CPU must accept it grown
+    except Exception:  # noqa: BLE001 - the CPU refuses it grown: no large size
+        return None
+    return sample
 
 
 def op_items(ops: list[str], dtypes: tuple[str, ...]) -> tuple[list[PerfItem], list[tuple[str, str, str]]]:
@@ -160,6 +198,7 @@ def prepare(item: PerfItem, target: Any) -> tuple[Callable[[], Any], str]:
     if item.kind == "op":
         import itertools
 
+        from conformance.check.placement import on_cpu_where_wanted, on_device
         from conformance.inputs.opinfo import by_name, samples
 
         info = by_name()[item.subject]
@@ -170,8 +209,18 @@ def prepare(item: PerfItem, target: Any) -> tuple[Callable[[], Any], str]:
         else:
             sample = next(itertools.islice(samples(info, getattr(torch, item.dtype)), item.index, None))
         sig = signature(_sample_parts(sample))
-        x, args, kwargs = target.to_device(_sample_parts(sample))
         fn = target.wrap(info.op)
+        placed: list[Any] = []
+
+        def run() -> tuple[Any, Any]:
+            dev = on_device(sample, target.device)
+            placed[:] = [dev]
+            return fn(dev.input, *dev.args, **dev.kwargs), dev
+
+        # arguments the op wants on the CPU (tensor_split's indices) are learned from its error
+        on_cpu_where_wanted(sample, f"perf|{item.subject}", run)
+        dev = placed[0]
+        x, args, kwargs = dev.input, tuple(dev.args), dict(dev.kwargs)
         return (lambda: fn(x, *args, **kwargs)), sig
     if item.kind == "model":
         from conformance.models.selection import resolve_spec
