@@ -70,13 +70,15 @@ def run(spec: PerfSpec, db: Path, label: str) -> tuple[list[dict], float]:
     return result.rows, time.monotonic() - t0
 
 
-def aa(builds: list[str], ops: tuple[str, ...], dtypes: tuple[str, ...], db: Path, load: int) -> None:
+def aa(builds: list[str], ops: tuple[str, ...], dtypes: tuple[str, ...], db: Path, load: int,
+       models: tuple[str, ...] = ()) -> None:
     print(f"A/A ({'idle' if not load else f'{load} busy loops'}): each build against itself, ops {' '.join(ops)}, "
-          f"{','.join(dtypes)}")
+          f"{','.join(dtypes)}" + (f"; models {' '.join(models)} (one graph per family)" if models else ""))
     print(f"{'build':<10}{'items':>7}{'ok':>7}{'false alarms':>14}{'unconfirmed':>13}{'wall s':>9}{'s/item':>8}"
           f"{'median ratio':>14}")
     for b in builds:
-        rows, wall = run(PerfSpec(build=b, baseline_build=b, ops=ops, dtypes=dtypes), db, f"aa {b}")
+        rows, wall = run(PerfSpec(build=b, baseline_build=b, ops=ops, dtypes=dtypes, models=models, model_limit=1),
+                         db, f"aa {b}")
         ok = [r for r in rows if r["status"] == "ok"]
         alarms = [r for r in ok if r["verdict"] != "same"]
         unconfirmed = sum(1 for r in ok if r.get("confirmed") == 0)
@@ -153,6 +155,7 @@ def main() -> None:
     ap.add_argument("--aa", default="2.31.0,2.32.0,2.33.0", help="Builds measured against themselves.")
     ap.add_argument("--ops", default="*", help="OpInfo globs of the A/A runs (comma-separated).")
     ap.add_argument("--dtypes", default="float32")
+    ap.add_argument("--models", default="all", help="Model families of the A/A runs ('' for none).")
     ap.add_argument("--base", default="2.33.0", help="The build the seeded build inherits.")
     ap.add_argument("--load", type=int, default=0, help="Busy loops during the A/A runs.")
     ap.add_argument("--skip-aa", action="store_true")
@@ -171,7 +174,8 @@ def main() -> None:
     loops = [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(args.load)]
     try:
         if not args.skip_aa:
-            aa(builds, ops, tuple(args.dtypes.split(",")), db, args.load)
+            aa(builds, ops, tuple(args.dtypes.split(",")), db, args.load,
+               tuple(m for m in args.models.split(",") if m) if not args.quick else ("mlp",))
     finally:
         for p in loops:
             p.kill()
