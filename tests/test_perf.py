@@ -151,6 +151,7 @@ def _by_subject(rows):
     return out
 
 
+@pytest.mark.xdist_group("perf_seeded")  # one worker builds the module fixture once
 def test_seeded_slowdowns_are_found_with_their_factor_and_nothing_else(seeded):
     result, path, lines = seeded
     rows = _by_subject(result.rows)
@@ -175,6 +176,7 @@ def test_seeded_slowdowns_are_found_with_their_factor_and_nothing_else(seeded):
         assert len(db.results(st, result.run_id)) == len(result.rows)
 
 
+@pytest.mark.xdist_group("perf_seeded")  # one worker builds the module fixture once
 def test_gate_section_and_report_page(seeded, tmp_path):
     from conformance.perf.gate import perf_section
     from reports import render_site
@@ -194,6 +196,7 @@ def test_gate_section_and_report_page(seeded, tmp_path):
     assert "op mm float32 small" in html and "first bad build" in html and "<svg" in html
 
 
+@pytest.mark.xdist_group("perf_seeded")  # one worker builds the module fixture once
 def test_cli_json_and_exit_code(seeded):
     from conformance.cli import main
 
@@ -212,18 +215,23 @@ def test_cli_json_and_exit_code(seeded):
 
 
 def test_crash_and_hang_are_isolated_and_the_run_goes_on(tmp_path):
+    base = tmp_path / "base.toml"
+    base.write_text('[build]\nname = "base"\ninherits = "2.33.0"\n'
+                    '[[defects]]\nop = "aten::sin.default"\nkind = "crash"\n')
     manifest = tmp_path / "bad.toml"
-    manifest.write_text('[build]\nname = "bad"\ninherits = "2.33.0"\n'
+    manifest.write_text('[build]\nname = "bad"\ninherits = "base.toml"\n'
                         '[[defects]]\nop = "aten::neg.default"\nkind = "crash"\n'
                         '[[defects]]\nop = "aten::exp.default"\nkind = "hang"\n')
-    spec = PerfSpec(build=str(manifest), baseline_build="2.33.0", ops=("neg", "exp", "abs"), sizes=("small",),
-                    timeout_s=8.0, confirm=False)
+    spec = PerfSpec(build=str(manifest), baseline_build=str(base), ops=("neg", "exp", "sin", "abs"),
+                    sizes=("small",), timeout_s=8.0, confirm=False)
     with Store.open(tmp_path / "p.sqlite") as st:
         result = run_perf(spec, st)
     status = {r["subject"]: r for r in result.rows}
     assert status["neg"]["status"] == "crash" and "candidate" in status["neg"]["error"]
     assert status["exp"]["status"] == "timeout" and "8 s" in status["exp"]["error"]
-    assert status["abs"]["status"] == "ok"  # measured after both, by restarted workers
+    # the baseline dying is no finding about the candidate: nothing to compare with
+    assert status["sin"]["status"] == "skip" and "the baseline cannot run it" in status["sin"]["error"]
+    assert status["abs"]["status"] == "ok"  # measured after all that, by restarted workers
 
 
 def test_interrupted_run_resumes_with_its_own_options(tmp_path):

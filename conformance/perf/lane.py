@@ -134,11 +134,19 @@ class PerfResult:
 
 
 class _Died(Exception):
-    pass
+    """The worker ``side`` died (its pipe closed)."""
+
+    def __init__(self, side: Side) -> None:
+        super().__init__(side.role)
+        self.side = side
 
 
 class _Hung(Exception):
-    pass
+    """The worker ``side`` did not answer in time."""
+
+    def __init__(self, side: Side) -> None:
+        super().__init__(side.role)
+        self.side = side
 
 
 class Side:
@@ -170,17 +178,17 @@ class Side:
 
     def _reply(self, timeout: float) -> dict[str, Any]:
         if not self.conn.poll(timeout):
-            raise _Hung()
+            raise _Hung(self)
         try:
             return self.conn.recv()
         except (EOFError, OSError) as exc:
-            raise _Died() from exc
+            raise _Died(self) from exc
 
     def ask(self, msg: tuple[Any, ...], timeout: float) -> dict[str, Any]:
         try:
             self.conn.send(msg)
         except (BrokenPipeError, OSError) as exc:
-            raise _Died() from exc
+            raise _Died(self) from exc
         return self._reply(timeout)
 
     def how_it_died(self) -> str:
@@ -339,13 +347,9 @@ class Lane:
         t0 = time.monotonic()
         row: dict[str, Any] = {"run_id": run_id, "item_key": item.key, "kind": item.kind, "subject": item.subject,
                                "dtype": item.dtype, "shape": item.shape, "signature": item.signature}
-        side: Side | None = None
         try:
-            side = self.base
             rb = self.base.ask(("prepare", item.as_dict()), self.spec.timeout_s)
-            side = self.cand
             rc = self.cand.ask(("prepare", item.as_dict()), self.spec.timeout_s)
-            side = None
             if "error" in rb:
                 return {**row, "status": "skip", "error": f"the baseline cannot run it: {rb['error']}",
                         "wall_s": time.monotonic() - t0}
@@ -357,9 +361,7 @@ class Lane:
                                  f"selected {item.signature}"}
             row["reached"] = json.dumps(rc["reached"])
             m = _Measurer(self.spec, self.base, self.cand)
-            side = self.base
             probe = _Measurer._times(self.base, 3, self.spec.timeout_s)
-            side = None
             per_call = max(statistics.median(probe), 1e-7)
             reps = int(min(self.spec.max_reps, max(self.spec.min_reps, math.ceil(self.spec.round_s / per_call))))
             first, b1, c1 = m.measure(item.key, reps)
@@ -382,15 +384,17 @@ class Lane:
             row.update(status="ok", ratio=final.ratio, low=final.low, high=final.high, verdict=final.verdict,
                        rounds=rounds, reps=reps, p50=p50, p99=p99, base_p50=bp50, base_p99=bp99,
                        load=round(os.getloadavg()[0], 2))
-        except _Hung:
-            who = side or self.cand
-            who.restart()
-            row.update(status="timeout", error=f"the {who.role}'s call did not return within {self.spec.timeout_s:g} s")
-        except _Died:
-            who = side or self.cand
-            how = who.how_it_died()
-            who.restart()
-            row.update(status="crash", error=f"the {who.role}'s worker died ({how})")
+        except _Hung as exc:
+            exc.side.restart()
+            what = f"the {exc.side.role}'s call did not return within {self.spec.timeout_s:g} s"
+            row.update(status="timeout" if exc.side is self.cand else "skip",
+                       error=what if exc.side is self.cand else f"the baseline cannot run it: {what}")
+        except _Died as exc:
+            how = exc.side.how_it_died()
+            exc.side.restart()
+            what = f"the {exc.side.role}'s worker died ({how})"
+            row.update(status="crash" if exc.side is self.cand else "skip",
+                       error=what if exc.side is self.cand else f"the baseline cannot run it: {what}")
         except RuntimeError as exc:  # an error while timing (a defect that fires later)
             row.update(status="error", error=str(exc)[:500])
         row["wall_s"] = time.monotonic() - t0
