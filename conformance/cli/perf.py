@@ -97,6 +97,9 @@ def perf_cmd(target: str, build: str | None, baseline_build: str | None, ops: tu
         result = run_perf(spec, st, progress=say, resume=resume)  # type: ignore[arg-type]
     for line in summary(result.rows, result.run_id, interrupted=result.interrupted):
         say(line)
+    if result.skipped_pairs:
+        say(f"  {len(result.skipped_pairs)} op x dtype pairs have no input to time, e.g. "
+            + "; ".join(f"{op} {dt}: {why}" for op, dt, why in result.skipped_pairs[:3]))
     if as_json:
         click.echo(json.dumps([finding_json(r) for r in result.findings()], indent=1))
     if result.interrupted:
