@@ -34,6 +34,14 @@ sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright Pyt
 from test_report import MODEL_A, MODEL_B, RUN_A, RUN_B, SCRIPT, _op_rows, db_counts, make_report_db  # noqa: E402
 
 
+def rendered(tmp_path_factory, db: Path, name: str) -> tuple[Path, Path]:
+    """The site of ``db`` rendered into a fresh folder ``name``: (the folder, the database)."""
+    out = tmp_path_factory.mktemp(name)
+    with Store.open(db) as st:
+        render_site(st, out, db_label=str(db))
+    return out, db
+
+
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
     db = make_report_db(tmp_path_factory.mktemp("db") / "rep.sqlite")
@@ -366,10 +374,7 @@ def backends_site(tmp_path_factory):
     from test_report_backends import make_backends_db
 
     db = make_backends_db(tmp_path_factory.mktemp("bdb") / "backends.sqlite")
-    out = tmp_path_factory.mktemp("bsite")
-    with Store.open(db) as st:
-        render_site(st, out, db_label=str(db))
-    return out, db
+    return rendered(tmp_path_factory, db, "bsite")
 
 
 def test_cross_backend_page_matrix_and_fails_only_on(backends_site, page, shot):
@@ -465,10 +470,7 @@ def perf_site(tmp_path_factory):
                               "machine": json.dumps({"start": {"cpu": "test cpu", "cores": 2, "load": 0.5}})})
             perfdb.record(st, rows)
             perfdb.finish(st, rid, "finished")
-    out = tmp_path_factory.mktemp("psite")
-    with Store.open(db) as st:
-        render_site(st, out, db_label=str(db))
-    return out, db
+    return rendered(tmp_path_factory, db, "psite")
 
 
 def test_perf_page_regressions_charts_and_filters(perf_site, page, shot):
