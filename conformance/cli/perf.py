@@ -53,7 +53,7 @@ def finding_json(row: dict[str, Any]) -> dict[str, Any]:
               help="A regression is called only when the whole interval of candidate/baseline lies above this.")
 @click.option("--confidence", type=float, default=0.95, show_default=True, help="The interval's confidence level.")
 @click.option("--rounds", type=int, default=10, show_default=True, help="Paired rounds per item (more where undecided).")
-@click.option("--max-rounds", type=int, default=30, show_default=True, help="Most rounds per item.")
+@click.option("--max-rounds", type=int, default=60, show_default=True, help="Most rounds per item.")
 @click.option("--no-confirm", is_flag=True, help="Report a call without measuring it again first.")
 @click.option("--timeout", "timeout_s", type=float, default=60.0, show_default=True,
               help="Seconds one request to a worker may take (a hang is killed, recorded as timeout).")

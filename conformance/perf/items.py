@@ -147,9 +147,11 @@ def _grown(info: Any, dtype: str, *, check: bool = True) -> Any | None:
         if small is None or big is None:
             return None
         cpu_seconds(small)  # warm
-        t0, t1 = max(cpu_seconds(small), 1e-7), max(cpu_seconds(big), 1e-7)
+        # the fastest of three calls each: a loaded machine's stalls must not read as growth
+        t0 = max(min(cpu_seconds(small) for _ in range(3)), 1e-6)
+        t1 = max(min(cpu_seconds(big) for _ in range(3)), 1e-6)
         n0, n1 = small.input.numel(), big.input.numel()
-        power = max(1.0, math.log(t1 / t0) / math.log(n1 / n0)) if n1 > n0 else 1.0
+        power = min(max(1.0, math.log(t1 / t0) / math.log(n1 / n0)), 3.0) if n1 > n0 else 1.0
         if t1 * (LARGE_NUMEL / n1) ** power > LARGE_CPU_S:
             return None
         sample = grown(LARGE_NUMEL)

@@ -8,8 +8,9 @@ calls that one side's batch takes about :attr:`PerfSpec.round_s` (at least ``min
 are pinned to one core (:attr:`PerfSpec.core`): the cores of a shared machine can differ in speed
 by tens of percent for minutes at a time, and a pair measured on two cores measures that. Their
 per-round medians pair up into ratios (:mod:`conformance.perf.stats`); while the interval
-straddles the threshold with the estimate beyond it, five more rounds are measured, up to
-``max_rounds`` (adaptive repetition). p50 and p99 are taken over every timed call of a side.
+straddles the threshold with the estimate beyond it, ten more rounds are measured, up to
+``max_rounds`` (adaptive repetition: a 1.3x slowdown against a 1.2 threshold needs the interval
+within about 8% of the estimate, which a loaded machine reaches only with more rounds). p50 and p99 are taken over every timed call of a side.
 
 **Confirmation.** A regression or an improvement is measured again, afresh (new rounds on the
 same inputs), and reported only if the second measurement calls it too; the row keeps both. A
@@ -70,7 +71,7 @@ class PerfSpec:
     threshold: float = stats.THRESHOLD
     confidence: float = stats.CONFIDENCE
     rounds: int = 10
-    max_rounds: int = 30
+    max_rounds: int = 60
     round_s: float = 0.002
     min_reps: int = 5
     max_reps: int = 2000
@@ -280,7 +281,7 @@ class _Measurer:
             comp = stats.compare(base_rounds, cand_rounds, threshold=s.threshold, confidence=s.confidence, seed=key)
             if not stats.undecided(comp, s.threshold) or want >= s.max_rounds:
                 return comp, base_rounds, cand_rounds
-            want = min(want + 5, s.max_rounds)
+            want = min(want + 10, s.max_rounds)
 
 
 class Lane:
