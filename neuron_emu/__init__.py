@@ -35,7 +35,7 @@ __all__ = [
     "Build", "ManifestError", "active_build", "clear_op_tracking", "compile_stats", "control_builds",
     "get_executed_ops",
     "get_fallback_ops", "get_native_ops", "get_op_counts", "is_strict", "load_build", "op_tracking",
-    "reset_compile_stats", "set_strict", "shipped_builds", "use_build",
+    "register_distributed", "reset_compile_stats", "set_strict", "shipped_builds", "use_build",
 ]
 
 
@@ -62,6 +62,14 @@ def set_strict(strict: bool = True) -> None:
 
 def is_strict() -> bool:
     return bool(_dispatch._ext().get_strict())
+
+
+def register_distributed() -> None:
+    """Registers the c10d backend "neuron" (idempotent), so that ``torch.distributed.init_process_group
+    ("neuron", ...)`` and ``init_device_mesh("neuron", ...)`` work: see :mod:`neuron_emu.distributed`."""
+    from . import distributed
+
+    distributed.register()
 
 
 def _init() -> None:

@@ -48,6 +48,18 @@ rule of 'error', a kernel that raises) on the CPU, counted and warned as a fallb
 environment variable :data:`FALLBACK_ONLY_ENV` set to 1 turns that off for the process (the real
 ``TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS`` with the emulator's prefix). ``crash`` and
 ``hang`` defects are never recovered.
+
+``[distributed]`` is for the c10d backend (:mod:`neuron_emu.distributed`): ``reduce_accumulate`` =
+``"fp32"`` (default: bfloat16/float16 reductions accumulate in float32, rounding once) or ``"native"``
+(in their own dtype, rounding after each step in rank order: a lossy bf16 all-reduce).
+
+A defect's ``op`` may name a collective, ``c10d::<torch.distributed function>`` (a glob over
+:data:`C10D_COLLECTIVES`, e.g. ``'c10d::all_reduce'``; 2.13's ``all_gather_single`` and
+``reduce_scatter_single`` are the ``*_into_tensor``/``*_tensor`` ones), with a kind of
+:data:`C10D_DEFECT_KINDS`: ``wrong_result``/``nan`` on the outputs, ``error`` raises on every rank,
+``crash``/``hang`` take the group's last rank (the caller for send/recv) while the others block in
+the transport.  ``dtypes``, ``min_numel`` (largest tensor on any rank) and ``probability`` (rolled
+alike on all ranks) apply; ``world_sizes`` (integers >= 1, c10d defects only) limits group sizes.
 """
 
 from __future__ import annotations
@@ -87,6 +99,20 @@ MATMUL_INPUTS = ("fp32", "bf16", "fp16")
 MAX_MAGNITUDE = 1000.0
 MAX_SLOWDOWN = 100.0   # a `slow` defect's magnitude: a time factor in (1, MAX_SLOWDOWN]
 ROUNDING = ("rne", "stochastic")
+#: The torch.distributed functions a ``c10d::`` defect glob may name (see the module docstring).
+C10D_COLLECTIVES = (
+    "all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_coalesced", "all_gather_into_tensor",
+    "all_gather_single", "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single", "broadcast",
+    "all_to_all_single", "all_to_all", "send", "recv", "barrier", "reduce", "gather", "scatter",
+)
+#: torch 2.13's new names of collectives (alias -> the name above it stands for): a defect on either
+#: name acts on the collective, however it is called.
+C10D_ALIASES = {"all_gather_single": "all_gather_into_tensor", "reduce_scatter_single": "reduce_scatter_tensor"}
+C10D_PREFIX = "c10d::"
+#: The defect kinds that apply to a collective (``c10d::`` op).
+C10D_DEFECT_KINDS = ("wrong_result", "nan", "error", "crash", "hang")
+#: ``[distributed] reduce_accumulate``: how bfloat16/float16 reductions accumulate.
+REDUCE_ACCUMULATE = ("fp32", "native")
 
 
 #: Set to 1 (true, yes, on), a failed device execution raises instead of being recovered on the
@@ -122,6 +148,11 @@ class Runtime:
 
 
 @dataclass(frozen=True)
+class Distributed:
+    reduce_accumulate: str = "fp32"   # "native": bf16/fp16 reductions accumulate in their own dtype
+
+
+@dataclass(frozen=True)
 class Defect:
     op: str
     kind: str
@@ -131,9 +162,15 @@ class Defect:
     probability: float = 1.0
     note: str = ""
     source: str = ""            # "<file>:defects[i]" for messages
+    world_sizes: tuple[int, ...] | None = None   # c10d defects only: the group sizes it fires for
 
     def matches_name(self, name: str) -> bool:
         return fnmatch.fnmatchcase(name, self.op)
+
+    @property
+    def is_c10d(self) -> bool:
+        """Whether this defect names a collective ("c10d::<torch.distributed function>")."""
+        return self.op.startswith(C10D_PREFIX)
 
 
 @dataclass(frozen=True)
@@ -149,6 +186,7 @@ class Build:
     description: str = ""
     release: bool = True   # False: a control build (e.g. "ideal"), not an SDK release
     runtime: Runtime = field(default_factory=Runtime)
+    distributed: Distributed = field(default_factory=Distributed)
     _cache: dict = field(default_factory=dict, compare=False, repr=False, hash=False)
 
     def is_native(self, op_name: str) -> bool:
@@ -222,8 +260,9 @@ def _err(path: Path, key: str, value: Any, accepted: str) -> ManifestError:
     return ManifestError(f"{path}: invalid manifest key '{key}' = {value!r}: expected {accepted}")
 
 
-_TOP_KEYS = {"build", "ops", "dtypes", "numerics", "defects", "runtime"}
+_TOP_KEYS = {"build", "ops", "dtypes", "numerics", "defects", "runtime", "distributed"}
 _RUNTIME_KEYS = {"recover_errors": bool}
+_DIST_KEYS = {"reduce_accumulate": str}
 _BUILD_KEYS = {"name": str, "inherits": str, "description": str, "reset_defects": bool, "release": bool}
 _OPS_KEYS = {"native", "cpu_fallback"}
 _NUM_KEYS = {
@@ -232,7 +271,7 @@ _NUM_KEYS = {
 }
 _DEFECT_KEYS = {
     "op": str, "dtypes": list, "min_numel": int, "kind": str, "magnitude": (int, float),
-    "probability": (int, float), "note": str,
+    "probability": (int, float), "note": str, "world_sizes": list,
 }
 
 
@@ -262,6 +301,22 @@ def _check_glob(path, key, glob):
                    "an fnmatch glob matching at least one registered ATen overload "
                    "(spelled 'aten::name.overload', '.default' when unnamed, e.g. 'aten::add.Tensor', "
                    "'aten::mm.*'); this one matches nothing")
+
+
+def _check_c10d_glob(path, key, glob):
+    names = [C10D_PREFIX + n for n in C10D_COLLECTIVES]
+    if not any(fnmatch.fnmatchcase(n, glob) for n in names):
+        raise _err(path, key, glob,
+                   "a 'c10d::' fnmatch glob matching at least one of the collectives "
+                   f"{', '.join(names)}; this one matches none")
+
+
+def _check_world_sizes(path, key, value, c10d):
+    if not c10d:
+        raise _err(path, key, value, "no 'world_sizes' key: it restricts only defects on collectives "
+                                     "(an op 'c10d::<torch.distributed function>'), and this one names an ATen op")
+    if not value or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value):
+        raise _err(path, key, value, "a non-empty list of integers >= 1 (the process group sizes the defect fires for)")
 
 
 @functools.cache
@@ -419,6 +474,17 @@ def _load(path: Path, stack: tuple[Path, ...]) -> Build:
         _check_type(path, f"runtime.{k}", v, _RUNTIME_KEYS[k], "true or false")
         rvals[k] = v
 
+    dsec = data.get("distributed", {})
+    _check_keys(path, "distributed", dsec, set(_DIST_KEYS))
+    dvals = dict(parent.distributed.__dict__) if parent else dict(Distributed().__dict__)
+    for k, v in dsec.items():
+        if not isinstance(v, str) or v not in REDUCE_ACCUMULATE:
+            raise _err(path, f"distributed.{k}", v,
+                       "one of " + ", ".join(repr(x) for x in REDUCE_ACCUMULATE) +
+                       " ('fp32': bfloat16/float16 reductions accumulate in float32 and round once; "
+                       "'native': in their own dtype, rounding after each step)")
+        dvals[k] = v
+
     raw_defects = data.get("defects", [])
     if not isinstance(raw_defects, list):
         raise _err(path, "defects", raw_defects, "an array of [[defects]] tables")
@@ -433,10 +499,20 @@ def _load(path: Path, stack: tuple[Path, ...]) -> Build:
         for req in ("op", "kind"):
             if req not in d:
                 raise _err(path, f"{key}.{req}", None, "a value (required key)")
-        _check_glob(path, f"{key}.op", d["op"])
+        c10d = d["op"].startswith(C10D_PREFIX)
+        if c10d:
+            _check_c10d_glob(path, f"{key}.op", d["op"])
+        else:
+            _check_glob(path, f"{key}.op", d["op"])
         if d["kind"] not in DEFECT_KINDS:
             raise _err(path, f"{key}.kind", d["kind"], "one of " + ", ".join(DEFECT_KINDS))
-        _check_kind_target(path, f"{key}.op", d["op"], d["kind"])
+        if c10d and d["kind"] not in C10D_DEFECT_KINDS:
+            raise _err(path, f"{key}.kind", d["kind"],
+                       f"for a collective (op {d['op']!r}), one of " + ", ".join(C10D_DEFECT_KINDS))
+        if not c10d:
+            _check_kind_target(path, f"{key}.op", d["op"], d["kind"])
+        if "world_sizes" in d:
+            _check_world_sizes(path, f"{key}.world_sizes", d["world_sizes"], c10d)
         dts = d.get("dtypes")
         if dts is not None:
             for j, name in enumerate(dts):
@@ -458,6 +534,7 @@ def _load(path: Path, stack: tuple[Path, ...]) -> Build:
             op=d["op"], kind=d["kind"], dtypes=tuple(dts) if dts is not None else None,
             min_numel=int(d.get("min_numel", 0)), magnitude=mag,
             probability=prob, note=d.get("note", ""), source=f"{path.name}:{key}",
+            world_sizes=tuple(d["world_sizes"]) if "world_sizes" in d else None,
         ))
     return Build(
         name=build["name"], path=path, inherits=build.get("inherits"),
@@ -465,4 +542,5 @@ def _load(path: Path, stack: tuple[Path, ...]) -> Build:
         dtypes=DtypeRules(**rules), numerics=Numerics(**nvals), defects=tuple(defects),
         description=build.get("description", parent.description if parent else ""),
         release=build.get("release", True), runtime=Runtime(**rvals),
+        distributed=Distributed(**dvals),
     )
