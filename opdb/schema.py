@@ -20,6 +20,8 @@ from collections.abc import Callable
 
 import sqlite_utils
 
+from .schema_lanes import DIST_RESULTS, DIST_RUNS, PERF_RESULTS, PERF_RUNS
+
 LOCK_WAIT_S = 60.0  # how long a writer waits for another process's write lock (the busy timeout's length)
 
 # Columns shared by every per-item result table: which run, which shard wrote it, and the
@@ -296,52 +298,6 @@ CLAIMS = {
     "line": int,  # the claim's line in the table
 }
 
-# The perf lane (schema v16; conformance/perf): a session that measured a candidate build against a
-# baseline build interleaved, and per item what it found.
-PERF_RUNS = {
-    "id": str,
-    "target": str,
-    "build": str,  # the candidate
-    "baseline_build": str,  # the baseline (the same build: an A/A run)
-    "torch_version": str,
-    "host": str,
-    "machine": str,  # JSON: CPU model, cores, load when it started and finished
-    "started_at": str,
-    "finished_at": str,
-    "status": str,  # running | finished | interrupted | infra
-    "config": str,  # JSON: the PerfSpec (selection, threshold, confidence, rounds, ...)
-}
-
-PERF_RESULTS = {
-    "run_id": str,
-    "item_key": str,  # kind|subject|dtype|shape
-    "kind": str,  # op | model
-    "subject": str,  # OpInfo name or model id
-    "dtype": str,
-    "shape": str,  # small | medium | large | v0 ...
-    "signature": str,  # the inputs' dtypes and shapes
-    "status": str,  # ok | error | crash | timeout | skip
-    "error": str,
-    "p50": float,  # the candidate's call time (seconds), over every timed call
-    "p99": float,
-    "base_p50": float,
-    "base_p99": float,
-    "ratio": float,  # candidate / baseline: median of the paired round ratios (the confirmation's when confirmed)
-    "low": float,  # its interval
-    "high": float,
-    "verdict": str,  # regression | improvement | same (NULL when not ok)
-    "confirmed": int,  # 1: a fresh measurement called it again; 0: it did not (verdict then 'same'); NULL: nothing to confirm
-    "first_ratio": float,  # the first measurement's ratio and interval (before the confirmation)
-    "first_low": float,
-    "first_high": float,
-    "rounds": int,
-    "reps": int,  # timed calls per side per round
-    "reached": str,  # JSON list: the ATen overloads the candidate's call reached
-    "load": float,  # the 1-minute load average when it was measured
-    "wall_s": float,
-    "recorded_at": str,
-}
-
 TABLES: dict[str, dict[str, type]] = {
     "runs": RUNS,
     "run_shards": RUN_SHARDS,
@@ -361,12 +317,15 @@ TABLES: dict[str, dict[str, type]] = {
     "traced_uses": TRACED_USES,
     "perf_runs": PERF_RUNS,
     "perf_results": PERF_RESULTS,
+    "dist_runs": DIST_RUNS,
+    "dist_results": DIST_RESULTS,
 }
 
 
 # Tables that shard databases contribute to a merge (gate decisions are derived, not merged).
 MERGED = ("runs", "run_shards", "ops", "op_results", "model_results", "coverage", "flakes", "group_times",
-          "schema_corpus", "traced_signatures", "traced_uses", "perf_runs", "perf_results")
+          "schema_corpus", "traced_signatures", "traced_uses", "perf_runs", "perf_results",
+          "dist_runs", "dist_results")
 
 
 def _v1(db: sqlite_utils.Database) -> None:
@@ -480,8 +439,13 @@ def _v16(db: sqlite_utils.Database) -> None:
     db["perf_results"].create_index(["subject", "dtype"], if_not_exists=True)
 
 
+def _v17(db: sqlite_utils.Database) -> None:
+    db["dist_runs"].create(DIST_RUNS, pk="id", if_not_exists=True)
+    db["dist_results"].create(DIST_RESULTS, pk=("run_id", "item_key"), if_not_exists=True)
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10,
-                                                             _v11, _v12, _v13, _v14, _v15, _v16]
+                                                             _v11, _v12, _v13, _v14, _v15, _v16, _v17]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

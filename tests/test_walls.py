@@ -87,7 +87,7 @@ FLOORS = {
     "sweep": 4, "models": 4,  # the work kinds
     "run": 5,  # spec, executors, the runner: hands work kinds' groups to workers, records rows
     "audit": 6, "triage": 6,  # a user's model; upstream, repros, ledger review
-    "perf": 6,  # the perf lane: its own two-worker session over the inputs and targets below
+    "perf": 6, "dist": 6,  # the perf and distributed lanes: their own sessions over the inputs and targets below
     "gate": 7,  # the gate over stored runs, first bad build, the nightly's stages
     "cli": 8, "pytest_plugin": 8, "__main__": 8,  # the commands
 }
@@ -224,7 +224,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[set[str]]:
 
 # Registration is the one circle allowed: a package module imports its members so that they
 # register themselves (click commands in cli_*.py, devices in targets/*.py via load_builtin).
-_REGISTRATION = ({"conformance.cli", "conformance.cli.audit", "conformance.cli.claims", "conformance.cli.errors", "conformance.cli.gate", "conformance.cli.perf", "conformance.cli.report",
+_REGISTRATION = ({"conformance.cli", "conformance.cli.audit", "conformance.cli.claims", "conformance.cli.errors", "conformance.cli.gate", "conformance.cli.perf", "conformance.cli.dist", "conformance.cli.report",
                   "conformance.cli.sweep", "conformance.cli.upstream"},
                  {"conformance.targets.base", "conformance.targets.cpu", "conformance.targets.cuda",
                   "conformance.targets.inductor", "conformance.targets.neuron_emu", "conformance.targets.onnx_runtime",

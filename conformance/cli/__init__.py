@@ -194,4 +194,4 @@ main.add_command(merge_cmd, "merge")
 
 
 # Commands of later pipeline stages live in their own modules and attach to ``main``.
-from . import audit, claims, errors, gate, perf, report, sweep, upstream  # noqa: E402,F401
+from . import audit, claims, dist, errors, gate, perf, report, sweep, upstream  # noqa: E402,F401

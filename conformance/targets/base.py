@@ -211,6 +211,17 @@ class Target:
     def synchronize(self) -> None:
         """Wait for queued device work (no-op for synchronous devices)."""
 
+    def dist_backend(self) -> str | None:
+        """The ``torch.distributed`` backend for this device (registered first where the device
+        package registers one on request), or None where the device has none. Default: the
+        backend torch maps the device type to (``Backend.default_device_backend_map``: gloo for
+        the CPU, nccl for CUDA, an out-of-tree backend that registered itself for the type)."""
+        import torch.distributed as dist
+
+        if not dist.is_available():
+            return None
+        return dist.Backend.default_device_backend_map.get(torch.device(self.device).type)
+
     @contextlib.contextmanager
     def trace(self) -> Iterator[OpTrace]:
         """Record the overloads one execution reaches. Default: a dispatch mode; every overload

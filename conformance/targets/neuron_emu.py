@@ -109,6 +109,14 @@ class NeuronEmuTarget(Target):
             trace.fallback = fallback
             trace.native = set(emu.get_executed_ops()) - fallback
 
+    def dist_backend(self) -> str | None:
+        """The emulator's c10d backend ("neuron"), registered for the device as an out-of-tree
+        backend registers itself."""
+        from neuron_emu import distributed
+
+        distributed.register()
+        return "neuron"
+
     def repro_setup(self) -> tuple[str, str]:
         spec = self.build_spec or self.build
         if spec.endswith(".toml"):
