@@ -57,4 +57,28 @@ def runs(store: Store, target: str | None = None) -> list[dict[str, Any]]:
     return list(store.db.query(f"select * from [{RUNS}] {where} order by started_at, id", args))
 
 
-__all__ = ["RESULTS", "RUNS", "done", "finish", "get_run", "record", "results", "runs", "start"]
+
+
+def latest(store: Store, target: str, build: str) -> dict[str, Any] | None:
+    """The latest finished dist run of ``target`` on ``build``."""
+    if not store.db[RUNS].exists():
+        return None
+    rows = list(store.db.query(f"select * from [{RUNS}] where target = ? and build = ? and status = 'finished' "
+                               "order by finished_at desc, id desc limit 1", [target, build]))
+    return rows[0] if rows else None
+
+
+def statuses(store: Store, run_ids: Iterable[str]) -> dict[str, dict[str, str]]:
+    """``run id -> {item key: status}`` of the given runs (one query)."""
+    ids = list(dict.fromkeys(run_ids))
+    out: dict[str, dict[str, str]] = {i: {} for i in ids}
+    if not ids:
+        return out
+    marks = ", ".join("?" * len(ids))
+    for run_id, key, status in store.db.execute(
+            f"select run_id, item_key, status from [{RESULTS}] where run_id in ({marks})", ids):
+        out[run_id][key] = status
+    return out
+
+
+__all__ = ["RESULTS", "RUNS", "done", "finish", "get_run", "latest", "record", "results", "runs", "start", "statuses"]

@@ -415,6 +415,26 @@ class PerfPage(Page):
 
 
 @dataclass
+class DistCell:
+    """One collective x dtype x world size: the worst status over its shapes and reduce ops."""
+
+    status: str
+    title: str  # the statuses and items behind it
+
+
+@dataclass
+class DistPage(Page):
+    """``<build>/dist.html``: the build's collectives on its c10d backend (the distributed lane)."""
+
+    info: BuildInfo
+    run: dict[str, Any] | None
+    counts: list[tuple[str, int]]
+    columns: list[tuple[str, int]]  # (dtype, world size)
+    rows: list[tuple[str, list[DistCell | None]]]  # (collective|reduce op, one cell per column)
+    failing: Markup  # the failing items (table spec)
+
+
+@dataclass
 class Backend:
     """One column of the cross-backend page: a target's latest rendered build with an op run."""
 

@@ -134,3 +134,32 @@ def test_seeded_collective_defects_are_caught_where_they_are(tmp_path):
     # the items after a hang and a crash ran in restarted groups
     after = [i for i in items if i["collective"] == "all_gather_into_tensor"]
     assert after and all(i["status"] == "pass" for i in after)
+
+
+def test_nightly_runs_the_lane_and_the_gate_fails_on_a_broken_collective(tmp_path):
+    from conformance.cli import main
+    from conformance.gate.nightly import NightlySpec, run_nightly
+    from conformance.run.spec import RunSpec
+
+    manifest = tmp_path / "bad.toml"
+    manifest.write_text('[build]\nname = "2.33.0-dist"\ninherits = "2.33.0"\n[[defects]]\nop = "c10d::all_reduce"\n'
+                        'kind = "wrong_result"\nmagnitude = 0.01\ndtypes = ["bfloat16"]\nworld_sizes = [3]\n')
+    db_path, said = tmp_path / "n.sqlite", []
+    spec = NightlySpec(run=RunSpec(ops=("abs",), dtypes=("float32",), schema=False, workers=1),
+                       builds=("2.33.0", str(manifest)), site=str(tmp_path / "site"),
+                       dist=DistSpec(world_sizes=(2, 3), collectives=("all_reduce", "broadcast"), dtypes=("bfloat16",)))
+    result = run_nightly(spec, db_path, echo=said.append)
+    text = "\n".join(said)
+    assert "== distributed: collectives on each build ==" in text
+    assert "distributed (neuron-emu 2.33.0-dist against 2.33.0): " in text and "in all_reduce (" in text
+    assert result.gate_exit == 1  # a collective that passed and now fails fails the gate
+    page = (tmp_path / "site" / "2.33.0-dist" / "dist.html").read_text()
+    assert 'data-status="mismatch"' in page and "all_reduce (sum)" in page
+    res = CliRunner().invoke(main, ["gate", "--db", str(db_path), "--baseline", "2.33.0", "--candidate", "2.33.0-dist",
+                                    "--reruns", "0", "--json", str(tmp_path / "g.json")])
+    assert res.exit_code == 1, res.output
+    doc = json.loads((tmp_path / "g.json").read_text())
+    regs = doc["dist"]["regressions"]
+    assert doc["verdict"] == "fail" and regs and {(r["collective"], r["dtype"], r["world_size"]) for r in regs} == {
+        ("all_reduce", "bfloat16", 3)}
+    assert all(r["first_bad_build"] == "2.33.0-dist" for r in regs)

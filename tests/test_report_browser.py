@@ -494,3 +494,49 @@ def test_perf_page_regressions_charts_and_filters(perf_site, page, shot):
     # a build without a perf run says how to make one
     page.goto(url(out, "2.34.0/perf.html"))
     assert "conformance perf --db" in page.locator("p.empty").inner_text()
+
+
+@pytest.fixture(scope="module")
+def dist_site(tmp_path_factory):
+    """The report fixture plus a dist run of 2.33.0: every collective passes but a bfloat16
+    all-reduce at world size 3 (a wrong value on rank 2) and a hung all-to-all at world size 2."""
+    from opdb import dist as distdb
+
+    db = make_report_db(tmp_path_factory.mktemp("ddb") / "rep.sqlite")
+    rows = []
+    for coll, op in (("all_reduce", "sum"), ("all_reduce", "max"), ("broadcast", ""), ("all_to_all_single", "")):
+        for dtype in ("float32", "bfloat16"):
+            for ws in (2, 3):
+                for shape in ("vector", "matrix"):
+                    status, error, ev = "pass", None, {}
+                    if coll == "all_reduce" and op == "sum" and dtype == "bfloat16" and ws == 3:
+                        status, error = "mismatch", "rank 2: 3 of 7 elements wrong"
+                        ev = {"rank": 2, "error_eps": 12.5}
+                    if coll == "all_to_all_single" and ws == 2 and shape == "matrix":
+                        status, error = "timeout", "ranks 1 of 2 did not finish within 30 s"
+                    rows.append({"run_id": "d-33", "item_key": f"{coll}|{op or '-'}|{dtype}|{ws}|{shape}",
+                                 "collective": coll, "reduce_op": op, "dtype": dtype, "world_size": ws,
+                                 "shape": shape, "status": status, "error": error, "evidence": json.dumps(ev)})
+    with Store.open(db) as st:
+        distdb.start(st, {"id": "d-33", "target": "neuron-emu", "build": "2.33.0", "backend": "neuron",
+                          "config": "{}"})
+        distdb.record(st, rows)
+        distdb.finish(st, "d-33", "finished")
+    return rendered(tmp_path_factory, db, "dsite")
+
+
+def test_dist_page_matrix_and_failing_items(dist_site, page, shot):
+    out, _ = dist_site
+    page.goto(url(out, "2.33.0/index.html"))
+    page.get_by_role("link", name="Distributed", exact=True).click()
+    assert page.url.endswith("2.33.0/dist.html")
+    row = page.locator('tr[data-collective="all_reduce (sum)"]')
+    assert row.locator('td[data-status="mismatch"]').count() == 1  # bfloat16 at world size 3 only
+    assert "matrix: mismatch" in row.locator('td[data-status="mismatch"]').get_attribute("title")
+    assert page.locator('tr[data-collective="all_to_all_single"] td[data-status="timeout"]').count() == 2
+    assert page.locator('tr[data-collective="broadcast"] td[data-status="pass"]').count() == 4
+    shot(page, "dist-1440")
+    assert shown(page, "#failing .datatable") == 4
+    page.locator('#failing select[data-filter="status"]').select_option("mismatch")
+    assert shown(page, "#failing .datatable") == 2
+    assert set(page.locator('#failing tbody td[data-col="rank"]').all_inner_texts()) == {"2"}

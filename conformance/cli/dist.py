@@ -25,7 +25,7 @@ from . import (
 )
 
 
-def _ints(text: str) -> tuple[int, ...]:
+def int_list(text: str) -> tuple[int, ...]:
     try:
         return tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
@@ -63,7 +63,7 @@ def dist_cmd(target: str, build: str | None, world_sizes: str, collectives: str 
     from conformance.dist.lane import DistSpec, run_dist
 
     check_build(target, build)
-    spec = DistSpec(target=target, build=build, world_sizes=_ints(world_sizes),
+    spec = DistSpec(target=target, build=build, world_sizes=int_list(world_sizes),
                     collectives=tuple(c.strip() for c in collectives.split(",")) if collectives else tuple(COLLECTIVES),
                     dtypes=tuple(d.strip() for d in dtypes.split(",") if d.strip()), timeout_s=timeout_s, env=env)
     say = (lambda line: click.echo(line, err=True)) if as_json else click.echo

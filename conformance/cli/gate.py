@@ -59,6 +59,9 @@ def gate_cmd(baseline: str, candidate: str, reruns: int, budget_s: float, max_re
              perf_fails: bool, db_path: str) -> None:
     """Compare a candidate build (or run) with a baseline; exit 1 on regressions, 2 on infra.
 
+    Where the database holds perf runs (conformance perf) or dist runs (conformance dist) of the
+    two builds, their sections follow; a collective that passed and now fails is a regression.
+
     Refuses (exit 2) an infra, unfinished or empty run, and runs whose selections differ unless
     --common-only.
 
@@ -80,14 +83,16 @@ def gate_cmd(baseline: str, candidate: str, reruns: int, budget_s: float, max_re
             sys.exit(EXIT_USAGE)
         links = gate_links(st, result, db_path, _report_page(report, st, result.candidate))
         perf = _perf(st, result)
+        dist = _dist(st, result)
     for line in summary_lines(result, links):
         click.echo(line)
-    for line in perf.lines() if perf else ():
+    for line in [*(perf.lines() if perf else ()), *(dist.lines() if dist else ())]:
         click.echo(line)
-    perf_failed = bool(perf_fails and perf and perf.regressions)
+    perf_failed = bool(perf_fails and perf and perf.regressions) or bool(dist and dist.regressions)
     if json_path:
         doc = result.as_json()
         doc["perf"] = perf.as_json() if perf else None
+        doc["dist"] = dist.as_json() if dist else None
         if perf_failed:
             doc["verdict"] = "fail"
         Path(json_path).write_text(json.dumps(doc, indent=1, default=str))
@@ -96,6 +101,15 @@ def gate_cmd(baseline: str, candidate: str, reruns: int, budget_s: float, max_re
     if md_path:
         Path(md_path).write_text(markdown(result, links) + ("\n" + perf.markdown() if perf else ""))
     sys.exit(EXIT_FAILURES if result.verdict == "fail" or perf_failed else EXIT_OK)
+
+
+def _dist(store: Store, result: Any) -> Any:
+    """The distributed section of the gated builds (None: one of them has no dist run). Its
+    regressions fail the gate."""
+    from conformance.dist.gate import dist_section
+
+    cand, base = result.candidate, result.baseline
+    return dist_section(store, cand["target"], cand["build"], base["build"])
 
 
 def _perf(store: Store, result: Any) -> Any:
@@ -175,6 +189,11 @@ def ledger_stale(ledger_path: str | None, n_runs: int, target: str | None, db_pa
 @click.option("--perf-models", multiple=True, default=("all",), show_default=True, metavar="NAME",
               help="With --perf: model families or ids whose forward pass is timed per shape variant.")
 @click.option("--perf-model-limit", type=int, default=1, show_default=True, help="With --perf: graphs per family.")
+@click.option("--dist", is_flag=True,
+              help="After the sweeps, run the collectives on each build's c10d backend (conformance dist); the gate "
+                   "fails on a collective that passed and now fails.")
+@click.option("--dist-world-sizes", default="2,3,4", show_default=True, metavar="LIST",
+              help="With --dist: process group sizes.")
 @executor_options
 @click.option("--resume", default=None, metavar="PREFIX",
               help="Continue an interrupted nightly (its prefix is printed when it stops), with the options it "
@@ -184,7 +203,8 @@ def ledger_stale(ledger_path: str | None, n_runs: int, target: str | None, db_pa
 def nightly_cmd(target: str, builds: tuple[str, ...], ops: tuple[str, ...], dtypes: tuple[str, ...],
                 models: tuple[str, ...], model_limit: int | None, no_models: bool, no_schema: bool, sizes: str, workers: int,
                 shard: str, run_id_prefix: str | None, site: str, finish: bool, perf: bool, perf_ops: tuple[str, ...],
-                perf_models: tuple[str, ...], perf_model_limit: int, resume: str | None,
+                perf_models: tuple[str, ...], perf_model_limit: int, dist: bool, dist_world_sizes: str,
+                resume: str | None,
                 db_path: str, executor: str, ray_address: str | None, task_resources: tuple[str, ...]) -> None:
     """The nightly: sweeps + models per build, coverage, the report site, and the gate.
 
@@ -212,7 +232,14 @@ def nightly_cmd(target: str, builds: tuple[str, ...], ops: tuple[str, ...], dtyp
         from conformance.perf.lane import PerfSpec
 
         perf_spec = PerfSpec(target=target, ops=perf_ops, models=perf_models, model_limit=perf_model_limit or None)
-    spec = NightlySpec(run=run, builds=builds, run_id_prefix=run_id_prefix, site=site, perf=perf_spec)
+    dist_spec = None
+    if dist:
+        from conformance.dist.lane import DistSpec
+
+        from .dist import int_list
+
+        dist_spec = DistSpec(target=target, world_sizes=int_list(dist_world_sizes))
+    spec = NightlySpec(run=run, builds=builds, run_id_prefix=run_id_prefix, site=site, perf=perf_spec, dist=dist_spec)
     if finish:
         result = NightlyResult()
         with Store.open(db_path) as store:

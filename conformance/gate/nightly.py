@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from conformance.dist.lane import DistSpec
 from conformance.perf.lane import PerfSpec
 from conformance.run.runner import Summary, check, config_difference, run_into, run_together, stored_summary
 from conformance.run.spec import RunSpec
@@ -40,6 +41,9 @@ class NightlySpec:
     # the perf lane (conformance.perf): each build timed against the one before it, after the sweeps
     # (None: not run). Its build fields are set per pair.
     perf: PerfSpec | None = None
+    # the distributed lane (conformance.dist) on every build after the sweeps (None: not run); its
+    # build is set per build
+    dist: DistSpec | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "builds", tuple(BuildRef.parse(b) for b in self.builds))
@@ -178,6 +182,14 @@ def finish_stages(store: Store, spec: NightlySpec, result: NightlyResult, echo: 
     echo("== coverage ==")
     result.coverage = coverage_stage(store, ids, echo)
     claims_stage(store, ids, echo)
+    if spec.dist is not None:
+        echo("== distributed: collectives on each build ==")
+        stopped = dist_stage(store, spec, ids, echo)
+        if stopped:
+            result.interrupted = stopped
+            echo(f"nightly interrupted in the distributed lane ({stopped}): continue it with `conformance nightly "
+                 f"--resume {spec.run_id_prefix} --db {db_label or store.path}` and the same options")
+            return
     if spec.perf is not None and len(ids) > 1:
         echo("== perf: each build timed against the previous one ==")
         stopped = perf_stage(store, spec, ids, echo)
@@ -301,6 +313,39 @@ def claims_stage(store: Store, run_ids: Sequence[str], echo: Echo) -> None:
              f"(claim x dtype); conformance claims --db {store.path} --build {rid} {table}")
 
 
+def _asked(spec: NightlySpec, runs: list[dict]) -> list[str]:
+    """How each run's build was asked for (a manifest path stands for its build): the runs are in
+    build order."""
+    builds = spec.builds or default_builds(spec.run.target)
+    return [str(b) for b in builds] if len(builds) == len(runs) else [r["build"] for r in runs]
+
+
+def dist_stage(store: Store, spec: NightlySpec, run_ids: Sequence[str], echo: Echo) -> str | None:
+    """Each build's dist run (run id ``{prefix}-dist-{build}``): a finished one is kept, an
+    interrupted one resumed. Returns the build it was interrupted in."""
+    from collections import Counter
+
+    from conformance.dist.lane import run_dist
+    from opdb import dist as distdb
+
+    assert spec.dist is not None
+    runs = [store.get_run(i) for i in run_ids]
+    for run, asked in zip(runs, _asked(spec, runs), strict=True):
+        run_id = f"{spec.run_id_prefix or 'dist'}-dist-{run['build']}".replace("/", "_")
+        stored = distdb.get_run(store, run_id)
+        if stored is not None and stored["status"] == "finished":
+            echo(f"dist {run['build']}: finished by an earlier session ({run_id})")
+            continue
+        result = run_dist(dataclasses.replace(spec.dist, target=run["target"], build=asked), store, progress=echo,
+                          run_id=run_id)
+        counts = Counter(r["status"] for r in result.rows)
+        echo(f"dist {run['build']}: {len(result.rows)} items, "
+             + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + f" ({run_id})")
+        if result.interrupted:
+            return run["build"]
+    return None
+
+
 def perf_stage(store: Store, spec: NightlySpec, run_ids: Sequence[str], echo: Echo) -> str | None:
     """Each build's perf run against the build before it (run id ``{prefix}-perf-{build}``): a
     finished one is kept, an interrupted one resumed. Returns the pair it was interrupted in."""
@@ -309,9 +354,7 @@ def perf_stage(store: Store, spec: NightlySpec, run_ids: Sequence[str], echo: Ec
 
     assert spec.perf is not None
     runs = [store.get_run(i) for i in run_ids]
-    builds = spec.builds or default_builds(spec.run.target)
-    # how each build was asked for (a manifest path stands for its build): the runs are in build order
-    asked = [str(b) for b in builds] if len(builds) == len(runs) else [r["build"] for r in runs]
+    asked = _asked(spec, runs)
     for i in range(1, len(runs)):
         base, cand = runs[i - 1], runs[i]
         pair = f"{cand['build']} against {base['build']}"
@@ -332,6 +375,7 @@ def perf_stage(store: Store, spec: NightlySpec, run_ids: Sequence[str], echo: Ec
 def gate_stage(store: Store, run_ids: Sequence[str], echo: Echo, verdicts: list[str] | None = None) -> int:
     """Gate each run against the previous one; returns the worst exit code (``verdicts`` gets
     one line per pair)."""
+    from conformance.dist.gate import dist_section
     from conformance.perf.gate import perf_section
 
     from .core import GateError, run_gate
@@ -348,14 +392,16 @@ def gate_stage(store: Store, run_ids: Sequence[str], echo: Echo, verdicts: list[
             worst = 2
             continue
         lines = summary_lines(result, gate_links(store, result, str(store.path)))
-        perf = perf_section(store, result.candidate["target"], result.candidate["build"], result.baseline["build"])
-        for line in [*lines, *(perf.lines() if perf else ())]:
+        cand, base = result.candidate, result.baseline
+        perf = perf_section(store, cand["target"], cand["build"], base["build"])
+        dist = dist_section(store, cand["target"], cand["build"], base["build"])
+        for line in [*lines, *(perf.lines() if perf else ()), *(dist.lines() if dist else ())]:
             echo(line)
         if verdicts is not None:
             verdicts.append(lines[0] + "; " + ", ".join(
                 f"{c} {len(result.of(c))}" for c in ("regression", "worsened", "drift", "flaky", "unreproducible")
                 if result.of(c)))
-        worst = max(worst, 1 if result.verdict == "fail" else 0)
+        worst = max(worst, 1 if result.verdict == "fail" or (dist and dist.regressions) else 0)
     return worst
 
 
