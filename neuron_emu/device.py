@@ -129,6 +129,80 @@ def is_bf16_supported() -> bool:
     return True
 
 
+# ------------------------------------------------------------------ streams and events
+# The device executes synchronously, in program order, on one queue: every stream is that queue
+# (stream 0, what the C++ device guard reports), waits and event records are no-ops, and every
+# event is complete.  Code written for an asynchronous accelerator asks the device module for
+# these -- FSDP2 (``fully_shard``) makes its all-gather and reduce-scatter streams with
+# ``torch.<device>.Stream(priority=-1)``, records ``torch.<device>.Event()``s and enters
+# ``torch.<device>.stream(s)`` -- and without them fails with "module 'torch.neuron' has no
+# attribute 'Stream'".  The guard cannot create streams (``torch.Stream("neuron")`` raises
+# "Backend doesn't support create a new Stream"), so these name stream 0 by its ids.
+_PRIVATEUSE1 = 20  # c10::DeviceType::PrivateUse1
+
+
+class Stream(torch.Stream):
+    """A stream of the synchronous device: the one queue (stream 0) whatever is asked for."""
+
+    def __new__(cls, device=None, priority: int = 0, **kwargs):  # noqa: ARG004 - one queue
+        if device is not None:
+            set_device(device)   # validates the index
+        return super().__new__(cls, stream_id=0, device_index=0, device_type=_PRIVATEUSE1)
+
+    def record_event(self, event=None) -> Event:
+        event = Event() if event is None else event
+        event.record(self)
+        return event
+
+    def __repr__(self) -> str:
+        return "torch.neuron.Stream(device=neuron:0, stream_id=0)"
+
+
+class Event(torch.Event):
+    """An event of the synchronous device: complete as soon as it is recorded (or before)."""
+
+    def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
+        return super().__new__(cls, device="neuron", enable_timing=enable_timing, blocking=blocking,
+                               interprocess=interprocess)
+
+    def synchronize(self) -> None:   # the guard has no event to wait for: the work is done
+        return None
+
+    def query(self) -> bool:
+        return True
+
+
+def current_stream(device=None) -> Stream:
+    if device is not None:
+        set_device(device)
+    return Stream()
+
+
+def default_stream(device=None) -> Stream:
+    return current_stream(device)
+
+
+def set_stream(stream) -> None:  # noqa: ARG001 - one queue
+    return None
+
+
+class StreamContext:
+    """``with torch.neuron.stream(s):`` -- work inside runs on the one queue, as everywhere."""
+
+    def __init__(self, stream) -> None:
+        self.stream = stream
+
+    def __enter__(self):
+        return self.stream
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+
+def stream(stream) -> StreamContext:
+    return StreamContext(stream)
+
+
 def _make_module() -> types.ModuleType:
     mod = types.ModuleType("torch.neuron", "Emulated TorchNeuron device module (neuron_emu).")
     for name in (
@@ -137,7 +211,7 @@ def _make_module() -> types.ModuleType:
         "default_generator manual_seed manual_seed_all seed seed_all initial_seed get_rng_state "
         "set_rng_state get_rng_state_all set_rng_state_all get_amp_supported_dtype "
         "is_autocast_enabled set_autocast_enabled get_autocast_dtype set_autocast_dtype "
-        "is_bf16_supported"
+        "is_bf16_supported Stream Event StreamContext current_stream default_stream set_stream stream"
     ).split():
         fn = globals()[name]
         setattr(mod, name, torch.compiler.disable(fn, recursive=True) if name in _RNG_STATE else fn)
@@ -196,6 +270,20 @@ def _lazy_clone(self: torch.Tensor) -> torch.Tensor:
     return self.clone()
 
 
+def _has_compatible_shallow_copy_type(self: torch.Tensor, src: torch.Tensor) -> bool:
+    # ``var.data = t`` (``set_data``) and ``Module._apply`` ask whether `t`'s TensorImpl may replace
+    # `var`'s.  c10 answers yes for dense tensors only among its own dense backends (CPU, CUDA,
+    # XPU, ...) and leaves a PrivateUse1 backend to say so itself by this op (TensorImpl.h); without
+    # it ``p.data = p.to("neuron")`` raised "incompatible tensor type", and FSDP2's fully_shard,
+    # which moves a CPU-built module's parameters that way, could not shard onto the device.
+    # Dense (strided) CPU and neuron tensors are interchangeable, as CPU and CUDA ones are; any
+    # other pair must have the same dispatch keys, c10's own first rule.
+    if (self.layout == torch.strided and src.layout == torch.strided
+            and {self.device.type, src.device.type} <= {"cpu", "neuron"}):
+        return True
+    return torch._C._dispatch_keys(self) == torch._C._dispatch_keys(src)
+
+
 def _register_python_kernels() -> None:
     """Device kernels written in Python: where PyTorch's own kernel for every backend assumes
     something of the storage that the emulated device does not give."""
@@ -203,6 +291,7 @@ def _register_python_kernels() -> None:
     if _PY_KERNELS is None:
         _PY_KERNELS = torch.library.Library("aten", "IMPL")
         _PY_KERNELS.impl("_lazy_clone", _lazy_clone, "PrivateUse1")
+        _PY_KERNELS.impl("_has_compatible_shallow_copy_type", _has_compatible_shallow_copy_type, "PrivateUse1")
         from .fused_rnn import KERNELS
 
         for name, kernel in KERNELS.items():  # no CPU kernel to fall back to (fused_rnn's doc)

@@ -46,7 +46,9 @@ def test_a_ratio_whose_interval_reaches_below_the_threshold_is_not_called():
 def test_undecided_and_paired_rounds():
     c = stats.Comparison(ratio=1.25, low=1.1, high=1.4, verdict="same", rounds=10)
     assert stats.undecided(c)
+    assert stats.undecided(stats.Comparison(1.19, 1.13, 1.35, "same", 10))  # the estimate below, the interval across
     assert not stats.undecided(stats.Comparison(1.0, 0.95, 1.05, "same", 10))
+    assert not stats.undecided(stats.Comparison(1.5, 1.3, 1.7, "regression", 10))
     with pytest.raises(ValueError, match="paired rounds"):
         stats.round_ratios([[1.0]], [[1.0], [2.0]])
     assert stats.percentile([3.0, 1.0, 2.0, 4.0], 0.5) == 2.5

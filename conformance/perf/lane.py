@@ -8,7 +8,7 @@ calls that one side's batch takes about :attr:`PerfSpec.round_s` (at least ``min
 are pinned to one core (:attr:`PerfSpec.core`): the cores of a shared machine can differ in speed
 by tens of percent for minutes at a time, and a pair measured on two cores measures that. Their
 per-round medians pair up into ratios (:mod:`conformance.perf.stats`); while the interval
-straddles the threshold with the estimate beyond it, ten more rounds are measured, up to
+straddles the threshold (or its inverse), ten more rounds are measured, up to
 ``max_rounds`` (adaptive repetition: a 1.3x slowdown against a 1.2 threshold needs the interval
 within about 8% of the estimate, which a loaded machine reaches only with more rounds). p50 and p99 are taken over every timed call of a side.
 

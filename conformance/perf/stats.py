@@ -101,7 +101,5 @@ def compare(base: Sequence[Sequence[float]], cand: Sequence[Sequence[float]], *,
 
 def undecided(c: Comparison, threshold: float = THRESHOLD) -> bool:
     """Whether more rounds could change the verdict: the interval straddles the threshold (or its
-    inverse) while the estimate lies beyond it."""
-    up = c.low <= threshold < c.high and c.ratio > threshold
-    down = c.low < 1.0 / threshold <= c.high and c.ratio < 1.0 / threshold
-    return up or down
+    inverse), whichever side of it the estimate lies on."""
+    return c.low <= threshold < c.high or c.low < 1.0 / threshold <= c.high
