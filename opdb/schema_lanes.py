@@ -43,7 +43,7 @@ PERF_RESULTS = {
     "first_low": float,
     "first_high": float,
     "rounds": int,
-    "reps": int,  # timed calls per side per round
+    "reps": int,  # timed calls per side per round (the last rounds': undecided items double it)
     "reached": str,  # JSON list: the ATen overloads the candidate's call reached
     "load": float,  # the 1-minute load average when it was measured
     "wall_s": float,

@@ -143,14 +143,18 @@ def _grown(info: Any, dtype: str, *, check: bool = True) -> Any | None:
             return time.perf_counter() - t0
 
     try:
-        small, big = grown(ladder.RUNGS[0]), grown(ladder.RUNGS[2])
-        if small is None or big is None:
+        # two trials a quarter and a sixteenth of the size, the fastest of three calls each (a
+        # loaded machine's stalls must not read as growth); the larger one only when even linear
+        # growth from the smaller stays in budget (a pairwise loss is quadratic)
+        quarter, sixteenth = grown(LARGE_NUMEL // 4), grown(LARGE_NUMEL // 16)
+        if quarter is None or sixteenth is None:
             return None
-        cpu_seconds(small)  # warm
-        # the fastest of three calls each: a loaded machine's stalls must not read as growth
-        t0 = max(min(cpu_seconds(small) for _ in range(3)), 1e-6)
-        t1 = max(min(cpu_seconds(big) for _ in range(3)), 1e-6)
-        n0, n1 = small.input.numel(), big.input.numel()
+        cpu_seconds(sixteenth)  # warm
+        t0 = max(min(cpu_seconds(sixteenth) for _ in range(3)), 1e-6)
+        if t0 * 16 > LARGE_CPU_S:
+            return None
+        t1 = max(min(cpu_seconds(quarter) for _ in range(3)), 1e-6)
+        n0, n1 = sixteenth.input.numel(), quarter.input.numel()
         power = min(max(1.0, math.log(t1 / t0) / math.log(n1 / n0)), 3.0) if n1 > n0 else 1.0
         if t1 * (LARGE_NUMEL / n1) ** power > LARGE_CPU_S:
             return None

@@ -8,7 +8,7 @@ calls that one side's batch takes about :attr:`PerfSpec.round_s` (at least ``min
 are pinned to one core (:attr:`PerfSpec.core`): the cores of a shared machine can differ in speed
 by tens of percent for minutes at a time, and a pair measured on two cores measures that. Their
 per-round medians pair up into ratios (:mod:`conformance.perf.stats`); while the interval
-straddles the threshold (or its inverse), ten more rounds are measured, up to
+straddles the threshold (or its inverse), ten more rounds are measured with twice the calls, up to
 ``max_rounds`` (adaptive repetition: a 1.3x slowdown against a 1.2 threshold needs the interval
 within about 8% of the estimate, which a loaded machine reaches only with more rounds). p50 and p99 are taken over every timed call of a side.
 
@@ -266,7 +266,10 @@ class _Measurer:
         return reply["times"]
 
     def measure(self, key: str, reps: int, start_round: int = 0
-                ) -> tuple[stats.Comparison, list[list[float]], list[list[float]]]:
+                ) -> tuple[stats.Comparison, list[list[float]], list[list[float]], int]:
+        """Paired rounds until the verdict is settled: the comparison, both sides' rounds, and the
+        calls per round it ended with (doubled with each extension: a round's median of more calls
+        is steadier)."""
         s = self.spec
         base_rounds: list[list[float]] = []
         cand_rounds: list[list[float]] = []
@@ -280,8 +283,9 @@ class _Measurer:
                 r += 1
             comp = stats.compare(base_rounds, cand_rounds, threshold=s.threshold, confidence=s.confidence, seed=key)
             if not stats.undecided(comp, s.threshold) or want >= s.max_rounds:
-                return comp, base_rounds, cand_rounds
+                return comp, base_rounds, cand_rounds, reps
             want = min(want + 10, s.max_rounds)
+            reps = min(reps * 2, s.max_reps)
 
 
 class Lane:
@@ -365,13 +369,13 @@ class Lane:
             probe = _Measurer._times(self.base, 3, self.spec.timeout_s)
             per_call = max(statistics.median(probe), 1e-7)
             reps = int(min(self.spec.max_reps, max(self.spec.min_reps, math.ceil(self.spec.round_s / per_call))))
-            first, b1, c1 = m.measure(item.key, reps)
+            first, b1, c1, reps = m.measure(item.key, reps)
             all_b = [t for r in b1 for t in r]
             all_c = [t for r in c1 for t in r]
             row.update(first_ratio=first.ratio, first_low=first.low, first_high=first.high)
             final, rounds = first, first.rounds
             if first.verdict != "same" and self.spec.confirm:
-                again, b2, c2 = m.measure(item.key + "|confirm", reps, start_round=first.rounds)
+                again, b2, c2, reps = m.measure(item.key + "|confirm", reps, start_round=first.rounds)
                 all_b += [t for r in b2 for t in r]
                 all_c += [t for r in c2 for t in r]
                 rounds += again.rounds
