@@ -107,7 +107,7 @@ def op_sizes(info: Any, dtype: str) -> list[tuple[str, int, str]]:
 
 #: A ``large`` input whose CPU call would take longer than this is not used (a pairwise loss grown to
 #: 65,537 elements takes minutes): predicted from two CPU trials on the ladder's first rungs.
-LARGE_CPU_S = 0.05
+LARGE_CPU_S = 0.1
 
 
 def _grown(info: Any, dtype: str, *, check: bool = True) -> Any | None:
