@@ -1,5 +1,6 @@
 """Registers the ``neuron`` PrivateUse1 device with PyTorch: backend name, tensor/module methods,
-the ``torch.neuron`` device module (availability, RNG) and the autocast dtypes.
+the ``torch.neuron`` device module (availability, RNG, the synchronous device's streams and events)
+and the autocast dtypes.
 
 Example::
 
