@@ -163,3 +163,19 @@ def test_nightly_runs_the_lane_and_the_gate_fails_on_a_broken_collective(tmp_pat
     assert doc["verdict"] == "fail" and regs and {(r["collective"], r["dtype"], r["world_size"]) for r in regs} == {
         ("all_reduce", "bfloat16", 3)}
     assert all(r["first_bad_build"] == "2.33.0-dist" for r in regs)
+
+
+def test_training_parity_is_an_item_of_the_lane(tmp_path):
+    manifest = tmp_path / "ar.toml"
+    manifest.write_text('[build]\nname = "ideal-ar"\ninherits = "ideal"\n[[defects]]\nop = "c10d::all_reduce"\n'
+                        'kind = "wrong_result"\nmagnitude = 0.01\ndtypes = ["float32"]\nworld_sizes = [2]\n')
+    spec = DistSpec(build=str(manifest), world_sizes=(2,), collectives=("broadcast",), dtypes=("float32",),
+                    training=("tp",))
+    with Store.open(tmp_path / "d.sqlite") as st:
+        result = run_dist(spec, st)
+    row = next(r for r in result.rows if r["collective"] == "train:tp")
+    assert row["status"] == "mismatch" and row["error"].startswith("step 1: ")  # tp all-reduces activations
+    assert json.loads(row["evidence"])["first_divergence"]["step"] == 1
+    assert all(r["status"] == "pass" for r in result.rows if r is not row)
+    with pytest.raises(DistError, match="--training 'ddp'"):
+        DistSpec(training=("ddp",))

@@ -45,6 +45,12 @@ def int_list(text: str) -> tuple[int, ...]:
               help="Seconds an item may take on every rank; a hang past it is a timeout (the group is restarted).")
 @click.option("--env", "env", multiple=True, metavar="NAME=VALUE", callback=lambda _c, _p, v: env_pairs(v),
               help="Set in every rank before the target loads (repeatable).")
+@click.option("--training", default="", metavar="LIST",
+              help="Training parity too: fsdp2 and/or tp (a small Llama-style model, 3 SGD steps on 2 ranks against "
+                   "one CPU process; items train:fsdp2, train:tp).")
+@click.option("--training-reference", type=click.Choice(["cpu", "device"]), default="cpu", show_default=True,
+              help="What training parity compares with: one CPU process, or the model trained alone on the device "
+                   "(separates the collectives from the build's own arithmetic).")
 @click.option("--json", "as_json", is_flag=True,
               help="Print every item as JSON on stdout (collective, reduce_op, dtype, world_size, shape, status, ...); "
                    "progress goes to stderr.")
@@ -52,7 +58,8 @@ def int_list(text: str) -> tuple[int, ...]:
 @db_option(default="results/opdb.sqlite")
 @handles_errors
 def dist_cmd(target: str, build: str | None, world_sizes: str, collectives: str | None, dtypes: str, timeout_s: float,
-             env: tuple[str, ...], as_json: bool, resume: str | None, db_path: str) -> None:
+             env: tuple[str, ...], training: str, training_reference: str, as_json: bool, resume: str | None,
+             db_path: str) -> None:
     """Run every collective x reduce op x dtype x world size x shape (empty and non-contiguous
     inputs included) on the target's c10d backend, each rank's result held against the exact
     answer; exit 1 when an item fails.
@@ -65,7 +72,9 @@ def dist_cmd(target: str, build: str | None, world_sizes: str, collectives: str 
     check_build(target, build)
     spec = DistSpec(target=target, build=build, world_sizes=int_list(world_sizes),
                     collectives=tuple(c.strip() for c in collectives.split(",")) if collectives else tuple(COLLECTIVES),
-                    dtypes=tuple(d.strip() for d in dtypes.split(",") if d.strip()), timeout_s=timeout_s, env=env)
+                    dtypes=tuple(d.strip() for d in dtypes.split(",") if d.strip()), timeout_s=timeout_s, env=env,
+                    training=tuple(m.strip() for m in training.split(",") if m.strip()),
+                    training_reference=training_reference)
     say = (lambda line: click.echo(line, err=True)) if as_json else click.echo
     Path(db_path).parent.mkdir(parents=True, exist_ok=True)
     signal.signal(signal.SIGTERM, signal.default_int_handler)

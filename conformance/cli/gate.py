@@ -190,8 +190,9 @@ def ledger_stale(ledger_path: str | None, n_runs: int, target: str | None, db_pa
               help="With --perf: model families or ids whose forward pass is timed per shape variant.")
 @click.option("--perf-model-limit", type=int, default=1, show_default=True, help="With --perf: graphs per family.")
 @click.option("--dist", is_flag=True,
-              help="After the sweeps, run the collectives on each build's c10d backend (conformance dist); the gate "
-                   "fails on a collective that passed and now fails.")
+              help="After the sweeps, run the collectives and FSDP2/tensor-parallel training parity on each build's "
+                   "c10d backend (conformance dist --training fsdp2,tp); the gate fails on an item that passed and "
+                   "now fails.")
 @click.option("--dist-world-sizes", default="2,3,4", show_default=True, metavar="LIST",
               help="With --dist: process group sizes.")
 @executor_options
@@ -238,7 +239,8 @@ def nightly_cmd(target: str, builds: tuple[str, ...], ops: tuple[str, ...], dtyp
 
         from .dist import int_list
 
-        dist_spec = DistSpec(target=target, world_sizes=int_list(dist_world_sizes))
+        dist_spec = DistSpec(target=target, world_sizes=int_list(dist_world_sizes), training=("fsdp2", "tp"),
+                             training_reference="device")
     spec = NightlySpec(run=run, builds=builds, run_id_prefix=run_id_prefix, site=site, perf=perf_spec, dist=dist_spec)
     if finish:
         result = NightlyResult()

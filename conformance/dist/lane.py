@@ -59,6 +59,9 @@ class DistSpec:
     dtypes: tuple[str, ...] = ("float32", "bfloat16", "int64")
     timeout_s: float = 30.0
     env: tuple[str, ...] = ()
+    # training parity (conformance.dist.training): fsdp2 and/or tp, 3 steps on 2 ranks against one CPU process
+    training: tuple[str, ...] = ()
+    training_reference: str = "cpu"
 
     def __post_init__(self) -> None:
         bad = [w for w in self.world_sizes if w < 1 or w > 16]
@@ -70,6 +73,9 @@ class DistSpec:
         odd = [d for d in self.dtypes if d not in DTYPES]
         if odd:
             raise DistError(f"--dtypes {odd[0]!r}: one of {', '.join(DTYPES)}")
+        bad_modes = [m for m in self.training if m not in ("fsdp2", "tp")]
+        if bad_modes:
+            raise DistError(f"--training {bad_modes[0]!r}: fsdp2 or tp")
         if self.timeout_s <= 0:
             raise DistError(f"--timeout {self.timeout_s}: a positive number of seconds")
 
@@ -219,6 +225,7 @@ def run_dist(spec: DistSpec, store: Store, *, progress: Callable[[str], None] | 
                         group.start()
             finally:
                 group.stop()
+        _training(spec, store, result, have, say)
     except KeyboardInterrupt:
         result.interrupted = True
         if result.run_id and db.get_run(store, result.run_id):
@@ -227,6 +234,35 @@ def run_dist(spec: DistSpec, store: Store, *, progress: Callable[[str], None] | 
     if result.run_id and db.get_run(store, result.run_id):
         db.finish(store, result.run_id, "finished")
     return result
+
+
+def _training(spec: DistSpec, store: Store, result: DistResult, have: set[str], say: Callable[[str], None]) -> None:
+    """Training parity items (collective ``train:<mode>``, world size 2): stored like collectives."""
+    from .training import train_parity
+
+    for mode in spec.training:
+        item = DistItem(f"train:{mode}", "", "float32", 2, "llama")
+        if item.key in have:
+            continue
+        if not result.run_id:  # no collective ran first: the run starts here
+            import torch
+
+            result.run_id = f"dist-{spec.build or '-'}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+            db.start(store, {"id": result.run_id, "target": spec.target, "build": spec.build or "-",
+                             "torch_version": torch.__version__, "config": spec.to_json()})
+        got = train_parity(spec.target, spec.build, mode, world_size=2, reference=spec.training_reference,
+                           env=spec.env)
+        status = {"pass": "pass", "mismatch": "mismatch", "crash": "crash", "timeout": "timeout"}.get(got["status"],
+                                                                                                    "error")
+        div = got.get("first_divergence")
+        error = got.get("error") or (f"step {div['step']}: {div['what']} differs (max rel err {div['max_rel_err']:.3g})"
+                                     if div else None)
+        row = {**_row(result.run_id, item), "status": status, "error": error, "wall_s": got.get("wall_s"),
+               "evidence": json.dumps({k: got.get(k) for k in ("first_divergence", "losses", "max_rel_err",
+                                                               "tolerance", "reference", "optimizer")}, default=str)}
+        db.record(store, [row])
+        result.rows.append(row)
+        say(f"training parity {mode}: {status}" + (f": {error}" if error else ""))
 
 
 def _one(group: Group, run_id: str, item: DistItem) -> tuple[dict[str, Any], bool]:
