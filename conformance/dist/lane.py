@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -33,6 +32,7 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
+from conformance.run.isolation import how_it_ended
 from opdb import Store
 from opdb import dist as db
 
@@ -147,16 +147,7 @@ class Group:
         return self._gather(self.spec.timeout_s)
 
     def how_rank_died(self, rank: int) -> str:
-        p = self.procs[rank]
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            p.wait(2)
-        code = p.returncode
-        if code is None:
-            return "it stopped answering"
-        if code < 0:
-            with contextlib.suppress(ValueError):
-                return f"killed by {signal.Signals(-code).name}"
-        return f"exit code {code}"
+        return how_it_ended(self.procs[rank])
 
     def stop(self, kill: bool = False) -> None:
         for c in self.conns:

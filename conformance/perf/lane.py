@@ -32,7 +32,6 @@ import contextlib
 import json
 import math
 import os
-import signal
 import socket
 import statistics
 import subprocess
@@ -43,6 +42,7 @@ from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
+from conformance.run.isolation import how_it_ended
 from opdb import Store
 from opdb import perf as db
 
@@ -193,15 +193,7 @@ class Side:
         return self._reply(timeout)
 
     def how_it_died(self) -> str:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(2)
-        code = self.proc.returncode
-        if code is None:
-            return "it stopped answering"
-        if code < 0:
-            with contextlib.suppress(ValueError):
-                return f"killed by {signal.Signals(-code).name}"
-        return f"exit code {code}"
+        return how_it_ended(self.proc)
 
     def restart(self) -> None:
         self.stop()

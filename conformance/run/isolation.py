@@ -288,3 +288,21 @@ class Inflight:
             if settled or s.seq == seq:
                 return count, key, self.phases[code] if code < len(self.phases) else "?", since
         return None
+
+
+def how_it_ended(proc: Any, wait_s: float = 2.0) -> str:
+    """How a child process (a ``subprocess.Popen``) ended, in words: "killed by SIGABRT",
+    "exit code 3", or "it stopped answering" when it is still running after ``wait_s``."""
+    import contextlib
+    import signal
+    import subprocess
+
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(wait_s)
+    code = proc.returncode
+    if code is None:
+        return "it stopped answering"
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-code).name}"
+    return f"exit code {code}"
