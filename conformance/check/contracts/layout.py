@@ -177,13 +177,18 @@ def check_aliasing(s: Subject) -> Check | None:
 
 def noncontiguous_copy(t: torch.Tensor, device: torch.device | str, gap: Any = None) -> torch.Tensor:
     """``t`` on ``device`` as a non-contiguous view (every other element of a buffer twice its
-    size, the gaps filled with ``gap``, by default NaN or the dtype's largest value), or a plain
-    copy when ``t`` has fewer than two elements or is not strided."""
+    size, followed by a tail as long again; the gaps and the tail filled with ``gap``, by default
+    NaN or the dtype's largest value), or a plain copy when ``t`` has fewer than two elements or is
+    not strided."""
     if t.layout != torch.strided or t.numel() < 2:
         return t.to(device, copy=True)
-    big = torch.full((t.numel() * 2,), filler(t.dtype) if gap is None else gap, dtype=t.dtype)  # built on the CPU, moved once
-    big[::2].view(t.shape).copy_(t)
-    return big.to(device)[::2].view(t.shape)
+    # built on the CPU, moved once; a tail as long as the view, filled like the gaps, follows it, so
+    # that a kernel reading past the view's last element reads the same fill on the CPU and the
+    # target instead of whatever each heap holds there (_weight_norm_interface's CPU kernel does)
+    n = t.numel()
+    big = torch.full((n * 3,), filler(t.dtype) if gap is None else gap, dtype=t.dtype)
+    big[:2 * n:2].view(t.shape).copy_(t)
+    return big.to(device)[:2 * n:2].view(t.shape)
 
 
 def _channels_last(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
