@@ -109,13 +109,20 @@ def perturb_outputs(d: Defect, outputs: list[torch.Tensor], kind: str | None = N
                 o.fill_(torch.iinfo(o.dtype).min)
 
 
+_WRONG_DTYPE = {
+    torch.float32: torch.float16, torch.float16: torch.float32, torch.bfloat16: torch.float32,
+    torch.float64: torch.float32, torch.int64: torch.int32, torch.int32: torch.int64,
+}
+
+
+def wrong_dtype_of(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a buggy kernel returns instead of `dtype`."""
+    return _WRONG_DTYPE.get(dtype, torch.float32)
+
+
 def wrong_dtype(t: torch.Tensor) -> torch.Tensor:
-    """The dtype a buggy kernel returns instead of t's."""
-    swap = {
-        torch.float32: torch.float16, torch.float16: torch.float32, torch.bfloat16: torch.float32,
-        torch.float64: torch.float32, torch.int64: torch.int32, torch.int32: torch.int64,
-    }
-    return t.to(swap.get(t.dtype, torch.float32))
+    """`t` in the dtype a buggy kernel returns instead of t's."""
+    return t.to(wrong_dtype_of(t.dtype))
 
 
 def relayout(o: torch.Tensor) -> torch.Tensor:

@@ -42,6 +42,19 @@ Defects (``[[defects]]``: ``op`` glob on "aten::name.overload", optional ``dtype
   refused); ``dtypes`` and ``min_numel`` filter as for the other kinds; several slow defects on one
   call multiply their factors.  Infrastructure ops (allocation, copies, views) are never slowed.
 
+A defect's ``op`` may name one of the backend's own custom ops (``neuron::``, a glob over
+:data:`~neuron_emu.defect_targets.CUSTOM_OPS`: ``neuron::rms_norm.default``, ``neuron::rope.default``,
+``neuron::flash_attention.default`` and the ``*_backward`` ops their autograd calls; see
+:mod:`neuron_emu.custom_ops`), with any kind above but ``view_as_copy`` and ``out_reallocates``,
+or with one of the kinds that only a custom op takes (refused for an ATen op):
+
+* ``wrong_fake_shape`` -- the op's fake (meta) implementation returns its outputs with the last dim
+  one larger, while the device kernel is right (what torch.compile and opcheck's fake test meet);
+* ``wrong_fake_dtype`` -- the fake implementation returns another dtype (float32 for a bfloat16 or
+  float16 output, float16 for a float32 one);
+* ``wrong_backward``   -- the forward is right, the gradients (the outputs of the op's backward op)
+  are scaled by ``1 + magnitude``; it must name a differentiable op (not a ``*_backward`` one).
+
 ``[runtime]`` says how the device's runtime behaves: ``recover_errors`` (default true, as on the
 real device) re-runs an op whose device execution fails (an ``error`` defect, a dtype or layout
 rule of 'error', a kernel that raises) on the CPU, counted and warned as a fallback; the
@@ -73,6 +86,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .defect_targets import CUSTOM_ONLY_KINDS, is_custom, kind_problem, op_traits  # noqa: F401  (op_traits: re-exported)
+
 BUILDS_DIR = Path(__file__).with_name("builds")
 
 DTYPE_RULES: dict[str, tuple[str, ...]] = {
@@ -90,6 +105,8 @@ DEFECT_KINDS = (
     "noncontiguous_wrong",
     # Performance defects: right values and contracts, more time.
     "slow",
+    # Only the backend's custom ops (neuron::): a wrong fake implementation, wrong gradients.
+    *CUSTOM_ONLY_KINDS,
 )
 DTYPE_NAMES = (
     "float16", "bfloat16", "float32", "float64", "int8", "uint8", "int16", "int32", "int64", "bool",
@@ -190,7 +207,10 @@ class Build:
     _cache: dict = field(default_factory=dict, compare=False, repr=False, hash=False)
 
     def is_native(self, op_name: str) -> bool:
-        """Whether `op_name` ("aten::name.overload") has a native kernel in this build."""
+        """Whether `op_name` ("aten::name.overload") has a native kernel in this build (the
+        backend's own custom ops, "neuron::...", always have: they exist only on the device)."""
+        if is_custom(op_name):
+            return True
         hit = self._cache.get(op_name)
         if hit is None:
             hit = bool(_regex(self.native).match(op_name)) and not _regex(self.cpu_fallback).match(op_name)
@@ -314,50 +334,17 @@ def _check_c10d_glob(path, key, glob):
 def _check_world_sizes(path, key, value, c10d):
     if not c10d:
         raise _err(path, key, value, "no 'world_sizes' key: it restricts only defects on collectives "
-                                     "(an op 'c10d::<torch.distributed function>'), and this one names an ATen op")
+                                     "(an op 'c10d::<torch.distributed function>'), and this one does not")
     if not value or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value):
         raise _err(path, key, value, "a non-empty list of integers >= 1 (the process group sizes the defect fires for)")
 
 
-@functools.cache
-def op_traits(name: str) -> tuple[bool, bool, bool]:
-    """(view, out, composite_implicit) of ATen overload `name` ("aten::name.overload"): whether it
-    returns an alias of an input that it does not write (a view op), whether it has out=
-    arguments, and whether it has a CompositeImplicitAutograd kernel (it then decomposes before
-    reaching any device)."""
-    import torch
-
-    qual, _, overload = name.partition(".")
-    overload = "" if overload == "default" else overload
-    try:
-        schema = torch._C._get_schema(qual, overload)
-    except RuntimeError:
-        return False, False, False
-    view = any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
-    out = any(a.is_out for a in schema.arguments)
-    key = qual if overload == "" else f"{qual}.{overload}"
-    implicit = torch._C._dispatch_has_kernel_for_dispatch_key(key, "CompositeImplicitAutograd")
-    return view, out, implicit
-
-
-# Kinds that only mean something for some overloads: the glob must match at least one of them.
-_KIND_TARGETS = {
-    "view_as_copy": (lambda n: op_traits(n)[0] and not op_traits(n)[2],
-                     "a view overload that reaches the device (one returning an alias of an input, without a "
-                     "CompositeImplicitAutograd kernel), e.g. 'aten::transpose.int' or 'aten::permute.default'"),
-    "out_reallocates": (lambda n: op_traits(n)[1],
-                        "an out= overload (one with an out argument), e.g. 'aten::add.out'"),
-}
-
-
 def _check_kind_target(path, key, glob, kind):
-    target = _KIND_TARGETS.get(kind)
-    if target is None:
-        return
-    fits, what = target
-    rx = _regex((glob,))
-    if not any(fits(n) for n in aten_overloads() if rx.match(n)):
-        raise _err(path, key, glob, f"for kind '{kind}', a glob matching at least one {what}; this one matches none")
+    """The defect's op glob names an op that `kind` can act on (see :func:`.defect_targets.kind_problem`)."""
+    problem = kind_problem(glob, kind, aten_overloads())
+    if problem is not None:
+        where, accepted = problem
+        raise _err(path, f"{key}.{where}", glob if where == "op" else kind, accepted)
 
 
 def _slow_factor(path: Path, key: str, d: dict) -> float:
@@ -502,7 +489,7 @@ def _load(path: Path, stack: tuple[Path, ...]) -> Build:
         c10d = d["op"].startswith(C10D_PREFIX)
         if c10d:
             _check_c10d_glob(path, f"{key}.op", d["op"])
-        else:
+        elif not is_custom(d["op"]):  # a custom op's glob: checked with its kind below
             _check_glob(path, f"{key}.op", d["op"])
         if d["kind"] not in DEFECT_KINDS:
             raise _err(path, f"{key}.kind", d["kind"], "one of " + ", ".join(DEFECT_KINDS))
@@ -510,7 +497,7 @@ def _load(path: Path, stack: tuple[Path, ...]) -> Build:
             raise _err(path, f"{key}.kind", d["kind"],
                        f"for a collective (op {d['op']!r}), one of " + ", ".join(C10D_DEFECT_KINDS))
         if not c10d:
-            _check_kind_target(path, f"{key}.op", d["op"], d["kind"])
+            _check_kind_target(path, key, d["op"], d["kind"])
         if "world_sizes" in d:
             _check_world_sizes(path, f"{key}.world_sizes", d["world_sizes"], c10d)
         dts = d.get("dtypes")
