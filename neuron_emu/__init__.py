@@ -78,7 +78,10 @@ def _init() -> None:
     ext.set_router(_dispatch.classify, _dispatch.handle)
     use_build(os.environ.get("NEURON_EMU_BUILD") or shipped_builds()[-1])
     set_strict(os.environ.get("NEURON_EMU_STRICT", "") not in ("", "0", "false", "False"))
-    from . import compile_backend  # noqa: F401  (registers backend="neuron")
+    from . import (
+        compile_backend,  # noqa: F401  (registers backend="neuron")
+        custom_ops,  # noqa: F401  (registers the backend's custom ops: neuron::rms_norm, ...)
+    )
 
 
 _init()
