@@ -78,6 +78,9 @@ class Outcome:
     device_result: Any = None
     device_sample: Any = None
     cpu_sample: Any = None
+    # the eager target's call once more, the sample placed as it was (None: a compiler target's,
+    # or the call did not run): for localising a mismatch (conformance.check.localize)
+    rerun: Callable[[], Any] | None = None
 
     @property
     def graphs(self) -> int | None:
@@ -276,6 +279,7 @@ def _eager(target: Target, sample: Any, key: str, out: Outcome, traces: list[Any
         return got, s
 
     result, s_dev = on_cpu_where_wanted(sample, key, once)
+    out.rerun = lambda: call(place(sample, target.device))
     out.proof = proof(target, result)
     if cpu_args(sample):
         out.proof["cpu_args"] = list(cpu_args(sample))

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from conformance.check import comparators, contracts, selfcheck
+from conformance.check import comparators, contracts, localize, selfcheck
 from conformance.check.batching import OpBatches
 from conformance.check.compare import TWIN_FACTOR, arbitrate, compare, leaves, twin_errors
 from conformance.check.contracts import DEFAULT_BUDGET
@@ -175,6 +175,11 @@ def _decided(target: Target, info: Any, op: str, variant: str, dtype: str, index
     row["status"] = status.value
     row["error"] = error
     row["duration_s"] = out.duration_s or (time.perf_counter() - start)
+    if status is Status.MISMATCH and out.rerun is not None and not target.compiler:
+        # which of the kernels it reached is wrong, asked of the item itself (its error cause)
+        locus = localize.locate(target, out.rerun)
+        if locus is not None:
+            row["proof"] = {**(row.get("proof") or {}), "locus": locus}
     return row, out
 
 

@@ -4,11 +4,13 @@ read back with its history across builds and targets.
 A sweep of one build records thousands of failing items; behind them stand a few dozen causes.
 Each failing item (op or model result) gets a :class:`conformance.triage.signature.Signature`;
 items with equal signatures share a cause, named by the signature's stable key. A value mismatch
-is localised first: it is blamed on the native ATen overload most suspicious across the run
-(:func:`blame`, spectrum-based fault localisation: among the overloads an item ran on the device
-that can change values, the one with the highest Ochiai score), so that a wrong kernel reached
-by twenty OpInfos is one cause, not twenty; then the rules of :func:`_op_signatures` that need
-the whole run (double precision apart, dtype-level causes, variants of one sample together).
+is localised first, so that a wrong kernel reached by twenty OpInfos is one cause, not twenty:
+by the item itself where the sweep localised it (:func:`local_blame`: the kernel that diverges
+alone on its own inputs, ``proof.locus`` from :mod:`conformance.check.localize`), else on the
+native ATen overload most suspicious across the run (:func:`blame`, spectrum-based fault
+localisation: among the overloads an item ran on the device that can change values, the one
+with the highest Ochiai score); then the rules of :func:`_op_signatures` that need the whole run
+(double precision apart, dtype-level causes, variants of one sample together).
 
 Causes are derived data: :func:`ensure` computes a run's causes when they are missing or were
 computed by other normaliser rules (``cause_rules.toml`` changed), and re-applies the knowledge
@@ -77,6 +79,46 @@ def blame(native_ops: Any, counts: dict[str, tuple[int, int]], never: tuple[str,
         if s > score:
             best, score = op, s
     return best
+
+
+#: A kernel whose own output is this many times its dtype's default tolerance from the CPU's, on
+#: the same inputs (:mod:`conformance.check.localize`), is wrong by itself: the item is blamed on
+#: it. Below it, no kernel of the item diverges alone (its error accumulated) and the run-wide
+#: :func:`blame` decides.
+LOCAL_BLAME = 1.0
+#: A double-precision kernel whose own error is at most this many times its single-precision
+#: twin's (the same call computed in float32 on the CPU) is what computing it in single precision
+#: gives: the device's single-precision rounding and the CPU's at most add up. (The whole-item
+#: twin allows more, ``TWIN_FACTOR``: an item's error also grows along its chain of kernels.)
+LOCAL_TWIN_FACTOR = 2.0
+
+
+def local_blame(proof: Any, never: tuple[str, ...] = ()) -> tuple[str, bool | None]:
+    """What a mismatching item's own localisation (``proof.locus``, stored by the sweep) says:
+    (the overload to blame, whether single precision explains the item). Of the kernels that
+    can change values and diverge alone (a score above :data:`LOCAL_BLAME`), the worst one that
+    errs beyond what computing it in single precision gives (more than :data:`LOCAL_TWIN_FACTOR` times its
+    ``single`` score, for a double-precision call) is blamed, and single precision does not
+    explain the item; when every one of them errs as single precision does, the item is the
+    dtype's (blamed on none, explained). ('', None): not localised, or no kernel diverges alone
+    (its error accumulated), and the run-wide :func:`blame` decides."""
+    if isinstance(proof, str):
+        try:
+            proof = json.loads(proof)
+        except ValueError:
+            return "", None
+    locus = (proof or {}).get("locus") or {}
+    scores, single = locus.get("scores") or {}, locus.get("single") or {}
+    alone = sorted(((s, op) for op, s in scores.items()
+                    if isinstance(s, (int, float)) and s > LOCAL_BLAME and not _no_values(op, never)),
+                   key=lambda x: (-x[0], x[1]))
+    if not alone:
+        return "", None
+    for s, op in alone:
+        twin = single.get(op)
+        if not isinstance(twin, (int, float)) or s > LOCAL_TWIN_FACTOR * twin:
+            return op, False
+    return "", True
 
 
 @functools.lru_cache(maxsize=4096)
@@ -179,7 +221,9 @@ def _op_signatures(store: Store, run_id: str, rows: list[dict[str, Any]], rx: Ru
                 sig = Signature(sig.kind, sig.exc, sig.pattern + " in double precision", sig.locus)
             sigs.append(sig)
             continue
-        sig = op_signature(row, blamed=blame(row.get("native_ops"), counts, rx.never_blamed), rx=rx)
+        blamed, single = local_blame(row.get("proof"), rx.never_blamed)
+        sig = op_signature(row, blamed=blamed or blame(row.get("native_ops"), counts, rx.never_blamed),
+                           rx=rx, single=single)
         if row["dtype"] in DOUBLE and sig.locus:
             sig = Signature(sig.kind, sig.exc, sig.pattern + " in double precision", sig.locus)
         if row["dtype"] not in ("float32", "any") and sig.locus and _exact32(passes32, row):

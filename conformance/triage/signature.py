@@ -231,9 +231,11 @@ SINGLE_PRECISION = "values of single precision in double precision"
 MISMATCH_CLASSES = ("wrong dtype", "wrong shape", "NaN/inf differ", SINGLE_PRECISION, "values differ")
 
 
-def mismatch_class(row: dict[str, Any]) -> str:
+def mismatch_class(row: dict[str, Any], single: bool | None = None) -> str:
     """The class of an op item's value mismatch (:data:`MISMATCH_CLASSES`, or the semantic
-    comparator that judged it)."""
+    comparator that judged it). ``single``: whether single precision explains a double-precision
+    item, as its localisation found kernel by kernel (None: as its whole-item twin,
+    ``proof.single_precision``, found)."""
     if row.get("dtype_ok") == 0:
         return "wrong dtype"
     if row.get("shape_ok") == 0:
@@ -241,7 +243,9 @@ def mismatch_class(row: dict[str, Any]) -> str:
     fp = _json(row.get("fingerprint")) or {}
     if row.get("nan_agree") == 0 or fp.get("nonfinite"):
         return "NaN/inf differ"
-    if ((_json(row.get("proof")) or {}).get("single_precision") or {}).get("explains"):
+    if single is None:
+        single = bool(((_json(row.get("proof")) or {}).get("single_precision") or {}).get("explains"))
+    if single:
         return SINGLE_PRECISION
     comparator = row.get("comparator") or "allclose"
     return "values differ" if comparator == "allclose" else f"values differ ({comparator} comparator)"
@@ -259,9 +263,10 @@ def first_contract(row: dict[str, Any]) -> tuple[str, str]:
     return name, detail or row.get("error") or ""
 
 
-def op_signature(row: dict[str, Any], *, blamed: str = "", rx: Rules | None = None) -> Signature:
+def op_signature(row: dict[str, Any], *, blamed: str = "", rx: Rules | None = None,
+                 single: bool | None = None) -> Signature:
     """The signature of a failing op result row (``op_results``). ``blamed``: the ATen overload a
-    value mismatch is blamed on (else its op)."""
+    value mismatch is blamed on (else its op); ``single``: see :func:`mismatch_class`."""
     status = row.get("status") or ""
     error = row.get("error") or ""
     if status == "contract":
@@ -275,7 +280,7 @@ def op_signature(row: dict[str, Any], *, blamed: str = "", rx: Rules | None = No
         # one that describes how the op's results behave is the op's own
         return sig if _RAISES.search(sig.pattern) else Signature(sig.kind, sig.exc, sig.pattern, row.get("op") or "")
     if status == "mismatch" and not error.startswith("infra:"):
-        what = mismatch_class(row)
+        what = mismatch_class(row, single)
         return Signature("mismatch", "", what, "" if what == SINGLE_PRECISION else (blamed or row.get("op") or ""))
     if status in ("crash", "timeout"):
         return _crash(status, row, row.get("op") or "", rx)
