@@ -4,12 +4,15 @@ cause, and how many causes each real cause is split over.
 Ground truth comes from the emulator, which is what makes it ground truth: each mechanism of a
 build that can fail an item (a numerics rule, a dtype or layout rule, a seeded defect) is
 switched on *alone* in an ablation build (every other rule at the control build's setting, the
-same native list), and the OpInfos with failing items in the full build are run again on each.
-An item's label is the set of mechanisms it needs (those whose leaving out, one at a time from
-the full build, makes it pass; asked where no single mechanism, or several, fail it alone), or
-else the set of mechanisms that fail it alone. The benchmark reads the build's
-manifest to make the ablation builds: it measures the harness against the truth, and the
-harness itself never sees either.
+same native list), and the OpInfos of the items to label are run again on each. An item's label
+is the set of mechanisms it needs (those whose leaving out, one at a time from the full build,
+makes it pass; asked where no single mechanism, or several, fail it alone), or else the set of
+mechanisms that fail it alone. The benchmark reads the build's manifest to make the ablation
+builds: it measures the harness against the truth, and the harness itself never sees either.
+
+The full build is swept once (the whole OpInfo database by default); its causes are computed,
+and a seeded sample of causes (``--sample``, up to ``--members`` items of each) is labelled: the
+hand check of purity, done by ablation instead of by eye.
 
 A cause is *pure* when one mechanism explains all its items (their labels share one), or all
 its items have the same label (the empty one included: items no single mechanism fails). A real
@@ -21,7 +24,7 @@ so the figure says what the localisation bought.
 
 Examples::
 
-    python benchmarks/cause_purity.py --keep /tmp/purity          # 2.33.0, about 30 min on 2 cores
+    python benchmarks/cause_purity.py --keep /tmp/purity          # 2.33.0, about an hour on 2 cores
     python benchmarks/cause_purity.py --ops 'nn.functional.*' --dtypes float32,float64   # smaller
     python benchmarks/cause_purity.py --keep /tmp/purity --reuse   # re-score stored runs
 """
@@ -137,25 +140,40 @@ def statuses(db: Path) -> dict[str, str]:
         return {k: r["status"] for k, r in q.results_by_key(st, run_id, columns=("status",)).items()}
 
 
-def score(st: Store, run_id: str, labels: dict[str, frozenset[str]], sample: int, seed: int) -> dict:
-    members: dict[str, list[frozenset[str]]] = defaultdict(list)
-    for key, r in q.results_by_key(st, run_id, columns=("cause",)).items():
-        if r["cause"]:
-            members[r["cause"]].append(labels.get(key, frozenset({"?"})))
-    pure = {c for c, ls in members.items() if frozenset.intersection(*ls) or len(set(ls)) == 1}
-    items_pure = sum(len(members[c]) for c in pure)
+def assignments(st: Store, run_id: str) -> dict[str, str]:
+    """{item key: cause} of a run's failing op items."""
+    return {k: r["cause"] for k, r in q.results_by_key(st, run_id, columns=("cause",)).items() if r["cause"]}
+
+
+def sample_members(assign: dict[str, str], causes: int, per_cause: int, seed: int) -> dict[str, list[str]]:
+    """A seeded sample of ``causes`` causes and, of each, up to ``per_cause`` of its items."""
+    by: dict[str, list[str]] = defaultdict(list)
+    for key, cause in sorted(assign.items()):
+        by[cause].append(key)
+    rng = random.Random(seed)
+    picked = rng.sample(sorted(by), min(causes, len(by)))
+    return {c: sorted(rng.sample(by[c], min(per_cause, len(by[c])))) for c in picked}
+
+
+def score(members: dict[str, list[str]], labels: dict[str, frozenset[str] | None]) -> dict:
+    """Purity of the sampled causes: a cause is pure when one mechanism explains every labelled
+    item of it, or all have one label."""
+    pure, impure, unlabelled = [], [], 0
     split: dict[str, set[str]] = defaultdict(set)
-    for c, ls in members.items():
+    for c, keys in members.items():
+        ls = [labels[k] for k in keys if labels.get(k) is not None]
+        unlabelled += len(keys) - len(ls)
+        if not ls:
+            continue
         for lab in ls:
             if len(lab) == 1:
                 split[next(iter(lab))].add(c)
-    rng = random.Random(seed)
-    picked = rng.sample(sorted(members), min(sample, len(members)))
-    return {"causes": len(members), "items": sum(map(len, members.values())), "pure": len(pure),
-            "items_in_pure": items_pure, "sample_pure": sum(c in pure for c in picked), "sample": len(picked),
-            "split": {m: len(cs) for m, cs in sorted(split.items())},
-            "impure": sorted(((c, Counter("+".join(sorted(x)) or "none" for x in ls).most_common(4))
-                              for c, ls in members.items() if c not in pure), key=lambda x: -sum(n for _, n in x[1]))}
+        if frozenset.intersection(*ls) or len(set(ls)) == 1:
+            pure.append(c)
+        else:
+            impure.append((c, Counter("+".join(sorted(x)) or "none" for x in ls).most_common(4)))
+    return {"judged": len(pure) + len(impure), "pure": len(pure), "impure": impure, "unlabelled": unlabelled,
+            "split": {m: len(cs) for m, cs in sorted(split.items())}}
 
 
 def main() -> None:
@@ -164,8 +182,9 @@ def main() -> None:
     ap.add_argument("--dtypes", default="float32,bfloat16,float64,int64")
     ap.add_argument("--ops", action="append", default=[], help="OpInfo globs (default: every OpInfo)")
     ap.add_argument("--keep", help="keep the databases and manifests here")
-    ap.add_argument("--reuse", action="store_true", help="score the databases already in --keep")
-    ap.add_argument("--sample", type=int, default=50, help="causes in the seeded sample")
+    ap.add_argument("--reuse", action="store_true", help="take the databases already in --keep")
+    ap.add_argument("--sample", type=int, default=50, help="causes in the seeded sample (of each method)")
+    ap.add_argument("--members", type=int, default=12, help="items labelled per sampled cause")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("-n", "--workers", type=int, default=2)
     args = ap.parse_args()
@@ -174,57 +193,70 @@ def main() -> None:
         folder.mkdir(parents=True, exist_ok=True)
         full = folder / "full.sqlite"
         mech = mechanisms(args.build)
-        if not args.reuse:
+        if not (args.reuse and full.exists()):
             for f in folder.glob("*.sqlite"):
                 f.unlink()
             run(full, args.build, args.ops, args.dtypes, args.workers)
-        full_status = statuses(full)
-        failing = {k for k, s in full_status.items() if s not in NOT_FAILING}
-        ops = sorted({k.split("|")[0] for k in failing})
-        print(f"{args.build}: {len(full_status):,} items, {len(failing):,} failing in {len(ops)} OpInfos; "
-              f"{len(mech)} mechanisms: {', '.join(mech)}", file=sys.stderr)
-        alone: dict[str, set[str]] = {k: set() for k in failing}
-        for i, (name, body) in enumerate([*mech.items(), ("none", None)]):
-            db = folder / f"alone{i}.sqlite"
-            if not args.reuse:
-                run(db, str(alone_manifest(folder, args.build, f"alone{i}", body)), ops, args.dtypes, args.workers)
-            for k, st in statuses(db).items():
-                if k in alone and st not in NOT_FAILING:
-                    alone[k].add(name)
-        # where no mechanism alone fails an item, or several do: which ones it needs
-        unclear = sorted({k.split("|")[0] for k, v in alone.items() if len(v) != 1})
-        needed: dict[str, set[str]] = {k: set() for k in failing}
-        for i, name in enumerate(mech):
-            db = folder / f"without{i}.sqlite"
-            if not args.reuse and unclear:
-                run(db, str(without_manifest(folder, args.build, f"without{i}", mech, name)), unclear, args.dtypes,
-                    args.workers)
-            if db.exists():
-                for k, st in statuses(db).items():
-                    if k in needed and st in NOT_FAILING and st != "skip":
-                        needed[k].add(name)
-        frozen = {k: frozenset(needed[k] or alone[k]) for k in failing}
-        print("labels:", dict(Counter("+".join(sorted(v)) or "none" for v in frozen.values()).most_common()))
         with Store.open(full) as st:
             run_id = st.runs()[-1]["id"]
+            t0 = time.perf_counter()
             ca.compute(st, run_id)
-            now = score(st, run_id, frozen, args.sample, args.seed)
+            took = time.perf_counter() - t0
+            now = assignments(st, run_id)
             local = ca.local_blame
             ca.local_blame = lambda *a, **k: ("", None)  # the run-wide blame alone: the previous method
             try:
                 ca.compute(st, run_id)
-                before = score(st, run_id, frozen, args.sample, args.seed)
+                before = assignments(st, run_id)
             finally:
                 ca.local_blame = local
                 ca.compute(st, run_id)
-        for title, s in (("run-wide blame alone (before)", before), ("localised (now)", now)):
-            print(f"\n{title}: {s['items']:,} failing items in {s['causes']} causes "
-                  f"({s['items'] / max(s['causes'], 1):.0f}:1); pure {s['pure']} of {s['causes']} "
-                  f"({100 * s['pure'] / max(s['causes'], 1):.1f}%), items in pure causes "
-                  f"{100 * s['items_in_pure'] / max(s['items'], 1):.1f}%; seeded sample of {s['sample']}: "
-                  f"{s['sample_pure']} pure")
-            print("  split (real cause: causes holding items it alone fails):", s["split"])
-            for c, mix in s["impure"][:12]:
+            loci = [json.loads(p or "{}").get("locus") for p in
+                    (r["proof"] for r in q.results_by_key(st, run_id, columns=("proof",)).values())]
+        loci = [x for x in loci if x]
+        print(f"{args.build}: {len(now):,} failing items in {len(set(now.values()))} causes "
+              f"({len(now) / max(len(set(now.values())), 1):.0f}:1; computed in {took:.1f} s); "
+              f"the run-wide blame alone: {len(set(before.values()))} causes. "
+              f"{len(loci):,} mismatches localised in {sum(x.get('s', 0) for x in loci):.1f} s of worker time")
+        samples = {"localised (now)": sample_members(now, args.sample, args.members, args.seed),
+                   "run-wide blame alone (before)": sample_members(before, args.sample, args.members, args.seed)}
+        wanted = {k for m in samples.values() for keys in m.values() for k in keys}
+        ops = sorted({k.split("|")[0] for k in wanted})
+        dtypes = ",".join(sorted({k.split("|")[2] for k in wanted} - {"any"})) or args.dtypes
+        print(f"labelling {len(wanted):,} items of {len(ops)} OpInfos; {len(mech)} mechanisms: {', '.join(mech)}",
+              file=sys.stderr)
+        alone: dict[str, set[str]] = {k: set() for k in wanted}
+        seen: set[str] = set()
+        for i, (name, body) in enumerate([*mech.items(), ("none", None)]):
+            db = folder / f"alone{i}.sqlite"
+            if not (args.reuse and db.exists()):
+                run(db, str(alone_manifest(folder, args.build, f"alone{i}", body)), ops, dtypes, args.workers)
+            for k, st_ in statuses(db).items():
+                if k in alone:
+                    seen.add(k)
+                    if st_ not in NOT_FAILING:
+                        alone[k].add(name)
+        # where no mechanism alone fails an item, or several do: which ones it needs
+        unclear = sorted({k.split("|")[0] for k, v in alone.items() if len(v) != 1})
+        needed: dict[str, set[str]] = {k: set() for k in wanted}
+        for i, name in enumerate(mech):
+            db = folder / f"without{i}.sqlite"
+            if unclear and not (args.reuse and db.exists()):
+                run(db, str(without_manifest(folder, args.build, f"without{i}", mech, name)), unclear, dtypes,
+                    args.workers)
+            if db.exists():
+                for k, st_ in statuses(db).items():
+                    if k in needed and st_ in NOT_FAILING and st_ != "skip":
+                        needed[k].add(name)
+        labels = {k: frozenset(needed[k] or alone[k]) if k in seen else None for k in wanted}
+        print("labels:", dict(Counter("+".join(sorted(v)) or "none" for v in labels.values() if v is not None)
+                              .most_common()), f"(not in the ablation runs: {sum(v is None for v in labels.values())})")
+        for title, members in samples.items():
+            s = score(members, labels)
+            print(f"\n{title}: {s['pure']} of {s['judged']} sampled causes pure "
+                  f"({100 * s['pure'] / max(s['judged'], 1):.1f}%); items not labelled: {s['unlabelled']}")
+            print("  split (real cause: sampled causes holding items it alone explains):", s["split"])
+            for c, mix in s["impure"]:
                 print(f"  impure {c}: {mix}")
 
 
