@@ -32,6 +32,7 @@ class Status(StrEnum):
     PASS_FALLBACK = "pass_fallback"
     XFAIL = "xfail"
     SKIP = "skip"
+    STRUCTURAL = "structural"
     XPASS = "xpass"
     CONTRACT = "contract"
     UNSUPPORTED_DTYPE = "unsupported_dtype"
@@ -73,27 +74,32 @@ class StatusInfo:
 
 
 INFO: dict[Status, StatusInfo] = {
-    Status.PASS: StatusInfo("pass", 0, 2, "#2b7a3d", "#fff", "matches the CPU, every overload native"),
-    Status.PASS_FALLBACK: StatusInfo("pass", 1, 3, "#8cc084", "#111",
+    Status.PASS: StatusInfo("pass", 0, 3, "#2b7a3d", "#fff", "matches the CPU, every overload native"),
+    Status.PASS_FALLBACK: StatusInfo("pass", 1, 4, "#8cc084", "#111",
                                      "matches the CPU, some overload fell back to the CPU"),
-    Status.XFAIL: StatusInfo("neutral", 0, 1, "#b8bfc9", "#111", "fails as a ledger entry expects"),
+    Status.XFAIL: StatusInfo("neutral", 0, 2, "#b8bfc9", "#111", "fails as a ledger entry expects"),
     Status.SKIP: StatusInfo("neutral", 0, 0, "#e2e5ea", "#333",
                             "not compared: the CPU reference failed, or the sample is undefined"),
-    Status.XPASS: StatusInfo("fail", 2, 4, "#f2d35b", "#111", "passes although a ledger entry expects a failure"),
-    Status.CONTRACT: StatusInfo("fail", 3, 5, "#5fa8d3", "#111",
+    # a custom op no reference is declared for (conformance.customops): torch.library.opcheck's
+    # tests pass, but nothing says its values are right, so it is never counted as passing
+    Status.STRUCTURAL: StatusInfo("neutral", 0, 1, "#cfe3ee", "#111",
+                                  "checked structurally only: a custom op's opcheck tests pass, but no reference "
+                                  "is declared for it, so its values are not checked"),
+    Status.XPASS: StatusInfo("fail", 2, 5, "#f2d35b", "#111", "passes although a ledger entry expects a failure"),
+    Status.CONTRACT: StatusInfo("fail", 3, 6, "#5fa8d3", "#111",
                                 "values match the CPU, but a contract does not (out=, strides, aliasing, "
-                                "non-contiguous inputs, variants, errors, determinism)"),
-    Status.UNSUPPORTED_DTYPE: StatusInfo("fail", 3, 6, "#b79fd6", "#111", "the target rejects the dtype"),
-    Status.UNSUPPORTED_LAYOUT: StatusInfo("fail", 3, 7, "#d6a0c4", "#111",
+                                "non-contiguous inputs, variants, errors, determinism; a custom op's opcheck tests)"),
+    Status.UNSUPPORTED_DTYPE: StatusInfo("fail", 3, 7, "#b79fd6", "#111", "the target rejects the dtype"),
+    Status.UNSUPPORTED_LAYOUT: StatusInfo("fail", 3, 8, "#d6a0c4", "#111",
                                           "the target rejects an input's memory format or layout "
                                           "(channels_last, sparse, ...)"),
-    Status.UNSUPPORTED: StatusInfo("fail", 3, 8, "#9f9fd6", "#111",
+    Status.UNSUPPORTED: StatusInfo("fail", 3, 9, "#9f9fd6", "#111",
                                    "the target refuses the item before running it (an exporter cannot "
                                    "convert the sample; its reason is the error)"),
-    Status.MISMATCH: StatusInfo("fail", 4, 9, "#ee8434", "#111", "runs, but differs from the CPU"),
-    Status.ERROR: StatusInfo("fail", 4, 10, "#d1495b", "#fff", "raises where the CPU does not"),
-    Status.TIMEOUT: StatusInfo("fail", 5, 11, "#8d1c2e", "#fff", "did not finish within the timeout"),
-    Status.CRASH: StatusInfo("fail", 5, 12, "#4a0d17", "#fff", "killed its worker process"),
+    Status.MISMATCH: StatusInfo("fail", 4, 10, "#ee8434", "#111", "runs, but differs from the CPU"),
+    Status.ERROR: StatusInfo("fail", 4, 11, "#d1495b", "#fff", "raises where the CPU does not"),
+    Status.TIMEOUT: StatusInfo("fail", 5, 12, "#8d1c2e", "#fff", "did not finish within the timeout"),
+    Status.CRASH: StatusInfo("fail", 5, 13, "#4a0d17", "#fff", "killed its worker process"),
 }
 
 #: Every status name, in display order.

@@ -15,8 +15,8 @@ from typing import Literal
 
 from opdb.status import FAILING, SEVERITY, Status
 
-__all__ = ["FAILING", "SEVERITY", "Status", "apply_expected", "decide", "decide_unrun", "is_unsupported_dtype",
-           "is_refused", "is_unsupported_layout"]
+__all__ = ["FAILING", "SEVERITY", "Status", "apply_expected", "decide", "decide_opcheck", "decide_unrun",
+           "is_unsupported_dtype", "is_refused", "is_unsupported_layout"]
 
 # whole words: "Int" must not match "internal" (an internal error is no refused dtype)
 _DTYPE_WORDS = r"(?<![A-Za-z])(float64|double|complex|ComplexFloat|ComplexDouble|ComplexHalf|Half|BFloat16|float16|bfloat16|" \
@@ -124,6 +124,25 @@ def decide(*, cpu_error: str | None, target_error: str | None, close: bool,
     else:
         status = Status.PASS_FALLBACK if fallback else Status.PASS
     return apply_expected(status, expected_failure)
+
+
+def decide_opcheck(failed: Sequence[str], *, has_reference: bool,
+                   expected_failure: Sequence[str] | None = None) -> Status:
+    """The verdict for a custom op's ``torch.library.opcheck`` item (:mod:`conformance.customops`):
+    a failed test is ``contract`` (the op breaks what ``torch.library`` asks of it); all passed is
+    ``pass`` for an op whose values are checked against a declared reference, and ``structural``
+    for one with none: its structure is right, and nothing is known of its values.
+
+        >>> decide_opcheck(["test_faketensor"], has_reference=True).value
+        'contract'
+        >>> decide_opcheck([], has_reference=False).value
+        'structural'
+    """
+    if failed:
+        status = Status.CONTRACT
+    else:
+        status = Status.PASS if has_reference else Status.STRUCTURAL
+    return apply_expected(status, expected_failure) if status is not Status.STRUCTURAL else status
 
 
 def apply_expected(status: Status, expected_failure: Sequence[str] | None) -> Status:
