@@ -115,20 +115,31 @@ NOTHING = Skip()
 class Selection:
     """What a run asks for, as the work kinds read it (a run spec's selection fields)."""
 
-    ops: tuple[str, ...] = ()  # OpInfo globs; ``aten::`` globs select schema searches
+    # OpInfo globs; ``aten::`` globs select schema searches, globs of another namespace
+    # (``neuron::*``) a target's custom ops
+    ops: tuple[str, ...] = ()
     dtypes: tuple[str, ...] = ()
     opinfo: bool = True
     schema: bool = False
     models: tuple[str, ...] = ()
     model_limit: int | None = None
 
+    def __post_init__(self) -> None:
+        # custom-op globs alone select no OpInfo (as aten:: globs alone select none)
+        if self.custom_globs and not self.info_globs:
+            object.__setattr__(self, "opinfo", False)
+
     @property
     def aten_globs(self) -> list[str]:
         return [g for g in self.ops if g.startswith("aten::")]
 
     @property
+    def custom_globs(self) -> list[str]:
+        return [g for g in self.ops if "::" in g and not g.startswith("aten::")]
+
+    @property
     def info_globs(self) -> list[str]:
-        return [g for g in self.ops if not g.startswith("aten::")]
+        return [g for g in self.ops if "::" not in g]
 
 
 Row = dict[str, Any]

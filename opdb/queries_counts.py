@@ -34,7 +34,10 @@ from .status import FAILING, FAILS_GATE
 from .store import Store
 
 CANARY = "canary"  # the variant of canary items (conformance.run.run_canaries)
-NOT_OPINFO = (CANARY, "schema", "traced")  # variants whose items are not samples of an OpInfo op
+#: The custom-op lane's variants (conformance.customops.VARIANTS; a test holds the two equal): its
+#: items are a target's own ops, reported on their own (the build page's custom-op section)
+CUSTOM_OP_VARIANTS = ("opcheck", "custom_fwd", "custom_bwd", "custom_compile")
+NOT_OPINFO = (CANARY, "schema", "traced", *CUSTOM_OP_VARIANTS)  # variants whose items are not samples of an OpInfo op
 UNREACHABLE = ("composite_implicit", "no_cpu_kernel")  # coverage states a backend cannot be asked for
 
 

@@ -55,10 +55,11 @@ def test_every_item_variant_belongs_to_exactly_one_kind():
     variants = [v for k in KINDS for v in k.variants]
     assert len(variants) == len(set(variants))
     assert [kind_of_item(f"x|{v}|float32|0").name for v in ("function", "canary", "schema", "traced", "eager",
-                                                            "compile")] \
-        == ["opinfo", "opinfo", "schema", "traced", "model", "model"]
+                                                            "compile", "opcheck", "custom_fwd")] \
+        == ["opinfo", "opinfo", "schema", "traced", "model", "model", "custom_ops", "custom_ops"]
     assert {k.name: k.table for k in KINDS} == {"opinfo": "op_results", "schema": "op_results",
-                                                 "traced": "op_results", "model": "model_results"}
+                                                 "traced": "op_results", "model": "model_results",
+                                                 "custom_ops": "op_results"}
     with pytest.raises(SelectionError, match="no work kind has variant 'nope'"):
         kind_of_item("x|nope|float32|0")
     with pytest.raises(SelectionError, match="unknown work kind 'nope'"):

@@ -162,7 +162,8 @@ def ledger_stale(ledger_path: str | None, n_runs: int, target: str | None, db_pa
               help=f"{TARGETS} (as for conformance run).")
 @click.option("--build", "builds", multiple=True, help="Build(s) to run, oldest first (default: all shipped).")
 @click.option("--ops", "ops", multiple=True, metavar="GLOB",
-              help="OpInfo name or aten:: overload globs (repeatable; default: every op, schema search included).")
+              help="OpInfo name, aten:: overload or custom-op ('neuron::*') globs (repeatable; default: every op, "
+                   "schema search and the target's custom ops included).")
 @click.option("--dtypes", "dtypes", multiple=True, metavar="LIST", help="Comma-separated dtype names (default: every dtype).")
 @click.option("--models", "models", multiple=True, default=("all",), show_default=True,
               help="Model families to run (repeatable; all, hf or family names such as mlp, resnet, gpt).")

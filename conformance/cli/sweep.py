@@ -43,7 +43,8 @@ CLI_VARIANTS = "function,inplace,out,backward,sparse_coo,sparse_csr,sparse_csc,s
                    "(a kernel that fails is an error, not a silent CPU recovery).")
 @click.option("--build", default=None, help="SDK build name or manifest .toml (neuron-emu).")
 @click.option("--ops", "ops", multiple=True, metavar="GLOB",
-              help="OpInfo name globs, or aten:: overload globs for schema-driven inputs (repeatable).")
+              help="OpInfo name globs, aten:: overload globs for schema-driven inputs, or globs of the target's "
+                   "custom ops, e.g. 'neuron::*' (repeatable; none: all of them, the target's custom ops included).")
 @click.option("--dtypes", "dtypes", multiple=True, metavar="LIST", help="Comma-separated dtype names (float32, bfloat16, int64, ...; aliases such as 'float' are refused).")
 @click.option("--thorough", is_flag=True, help="reference_inputs instead of sample_inputs.")
 @click.option("--variants", default=CLI_VARIANTS, show_default=True,

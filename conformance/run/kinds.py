@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from conformance.customops import CUSTOM_OPS
 from conformance.models.runner import MODEL
 from conformance.select import SelectionError, shard_of
 from conformance.sweep.opinfo import OPINFO
@@ -23,7 +24,8 @@ from conformance.sweep.schema import SCHEMA
 from conformance.sweep.traced import TRACED
 from conformance.work import Group, ItemKey, Selection, WorkKind
 
-KINDS: tuple[WorkKind, ...] = (OPINFO, SCHEMA, TRACED, MODEL)
+# a new kind goes last: a shard takes every N-th group, and the others' shards stay as they were
+KINDS: tuple[WorkKind, ...] = (OPINFO, SCHEMA, TRACED, MODEL, CUSTOM_OPS)
 TABLES = tuple(dict.fromkeys(k.table for k in KINDS))  # the result tables a run writes
 _BY_NAME = {k.name: k for k in KINDS}
 _BY_VARIANT = {v: k for k in KINDS for v in k.variants}

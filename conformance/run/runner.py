@@ -27,7 +27,7 @@ from opdb import Store
 from opdb.queries import group_seconds
 
 from .executor import Summary, Work, executor
-from .kinds import TABLES, groups_of, kind_of_item
+from .kinds import TABLES, groups_of, kind_of, kind_of_item
 from .progress import Console
 from .spec import RunSpec
 from .supervisor import CPU_CRASHED, Supervisor, start_worker_server, worker_context
@@ -36,10 +36,17 @@ __all__ = ["CodeChangedWarning", "EmptyRun", "KilledRunResumed", "Prepared", "Ru
            "prepare", "rerun_items", "run_canaries", "run_into", "run_together", "stderr_progress"]
 
 
-def _done_by_group(keys: set[str]) -> dict[str, set[str]]:
+def _done_by_group(keys: set[str], groups: Sequence[Group] = ()) -> dict[str, set[str]]:
     out: dict[str, set[str]] = collections.defaultdict(set)
-    for k in keys:
-        out[ItemKey.parse(k).group_key].add(k)
+    parsed = [(k, ItemKey.parse(k)) for k in keys]
+    for k, key in parsed:
+        out[key.group_key].add(k)
+    # a kind whose group holds items named otherwise (the custom-op lane's glob x dtype group,
+    # an item per op its worker found) says which are its own
+    for g in groups:
+        holds = getattr(kind_of(g), "holds", None)
+        if holds is not None:
+            out[g.key] = {k for k, key in parsed if holds(g, key)}
     return out
 
 
@@ -406,8 +413,8 @@ def _start(spec: RunSpec, store: Store, resume: str | None, prepared: Prepared |
         store.set_run_status(run_id, "infra")
         store.finish_run(run_id, shard=spec.shard, status="infra")
         return Summary(run_id, infra=infra)
-    done = _done_by_group(set().union(*(store.done_keys(table, run_id) for table in TABLES)))
-    failed = _done_by_group(set().union(*(store.done_keys(table, run_id, failing=True) for table in TABLES)))
+    done = _done_by_group(set().union(*(store.done_keys(table, run_id) for table in TABLES)), groups)
+    failed = _done_by_group(set().union(*(store.done_keys(table, run_id, failing=True) for table in TABLES)), groups)
     history = group_seconds(store, target=spec.target, torch_version=torch.__version__, exclude_run=run_id)
     build = (store.get_run(run_id) or {}).get("build") or str(spec.build)  # the build the target reported
     traced_groups, signatures = _traced(spec, store)
