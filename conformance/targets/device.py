@@ -160,7 +160,12 @@ class DeviceTarget(Target):
         return "".join(f"import {m}\n" for m in self.imports), "{fn}"
 
     def compile_backend(self) -> str:
-        return "inductor"
+        """The ``torch.compile`` backend a device package registers under its device type's name
+        (TorchNeuron's ``backend="neuron"``; Inductor has no code generation for an out-of-tree
+        device), else Inductor."""
+        from torch._dynamo import list_backends
+
+        return self.device_type if self.device_type in list_backends(exclude_tags=()) else "inductor"
 
 
 register_family("device:", lambda device_type, build, imports: DeviceTarget(build, device_type=device_type, imports=imports))
