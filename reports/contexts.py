@@ -106,6 +106,27 @@ class SlowOp:
 
 
 @dataclass
+class CustomOpCell:
+    """One check of a custom op x dtype on the build page: its worst status, and what failed."""
+
+    status: str  # "" when the op has no item of this check (no reference: no value items)
+    text: str  # the badge's text: the status, and the failed opcheck tests
+    title: str  # the tooltip: items, failures, the first failure's text
+
+
+@dataclass
+class CustomOpRow:
+    """A custom op x dtype of the build's custom-op lane, a cell per check (opcheck, eager forward,
+    eager backward, compiled), and whether its values were checked at all."""
+
+    op: str
+    href: str  # its op page
+    dtype: str
+    cells: list[CustomOpCell]
+    structural: bool  # no reference declared: checked structurally only, values never
+
+
+@dataclass
 class SummaryPage(Page):
     """``<build>/index.html``: coverage, status counts, slowest ops, trend, links."""
 
@@ -124,6 +145,10 @@ class SummaryPage(Page):
     # (calls passing, calls replayed) of the signatures traced from the model graphs, weighted by
     # how often the models make each call; (0, 0): the run replayed none
     traced_calls: tuple[int, int] = (0, 0)
+    # the custom-op lane: the checks' names (column heads) and a row per custom op x dtype; empty
+    # when the run checked no custom op (the section is then left out)
+    custom_checks: list[str] = field(default_factory=list)
+    custom_ops: list[CustomOpRow] = field(default_factory=list)
 
 
 @dataclass

@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from opdb import queries_counts as qc
+from opdb import queries_customops as qo
 from opdb import queries_report as q
 
-from ..contexts import CountRow, Link, SlowOp, SummaryPage
+from ..contexts import CountRow, CustomOpCell, CustomOpRow, Link, SlowOp, SummaryPage
 from ..scope import BuildScope
 
 TEMPLATE = "summary.html"
@@ -63,4 +64,33 @@ def pages(b: BuildScope) -> Iterator[tuple[str, SummaryPage]]:
         by_class=by_class, by_dtype=by_dtype, states=states, slowest=slowest,
         trend_svg=b.site.trend_svg(highlight=info.build),
         prev=Link(f"../{prev.slug}/index.html", prev.build) if prev and prev.rendered else None,
-        links=links, traced_calls=q.traced_share(store, run["id"]) if run else (0, 0))
+        links=links, traced_calls=q.traced_share(store, run["id"]) if run else (0, 0),
+        custom_checks=list(CUSTOM_CHECKS.values()), custom_ops=_custom_ops(b, run["id"]) if run else [])
+
+
+#: The custom-op lane's checks, as the build page heads them.
+CUSTOM_CHECKS = {"opcheck": "opcheck", "custom_fwd": "eager forward", "custom_bwd": "eager backward",
+                 "custom_compile": "compiled"}
+
+
+def _custom_ops(b: BuildScope, run_id: str) -> list[CustomOpRow]:
+    """A row per custom op x dtype of the run's custom-op lane, a cell per check."""
+    by: dict[tuple[str, str], dict[str, qo.CustomOpCheck]] = {}
+    for c in qo.custom_op_checks(b.store, run_id):
+        by.setdefault((c.op, c.dtype), {})[c.variant] = c
+    rows = []
+    for (op, dtype), checks in by.items():
+        structural = set(checks) == {"opcheck"}
+        cells = []
+        for variant, label in CUSTOM_CHECKS.items():
+            c = checks.get(variant)
+            if c is None:
+                why = " (no reference is declared for this op)" if structural else ""
+                cells.append(CustomOpCell("", "", f"{label}: no item{why}"))
+                continue
+            failed = f" {', '.join(c.failed_checks)}" if c.failed_checks else ""
+            first = f"; first: {' '.join(c.error.split())[:300]}" if c.error else ""
+            cells.append(CustomOpCell(c.status, f"{c.status}{failed}",
+                                      f"{label}: {c.items} items, {c.failing} failing{first}"))
+        rows.append(CustomOpRow(op, f"ops/{b.op_slug(op)}.html", dtype, cells, structural))
+    return rows
