@@ -217,7 +217,7 @@ def main() -> None:
         print(f"{args.build}: {len(now):,} failing items in {len(set(now.values()))} causes "
               f"({len(now) / max(len(set(now.values())), 1):.0f}:1; computed in {took:.1f} s); "
               f"the run-wide blame alone: {len(set(before.values()))} causes. "
-              f"{len(loci):,} mismatches localised in {sum(x.get('s', 0) for x in loci):.1f} s of worker time")
+              f"{len(loci):,} mismatches localised in {sum(x.get('seconds', 0) for x in loci):.1f} s of worker time")
         samples = {"localised (now)": sample_members(now, args.sample, args.members, args.seed),
                    "run-wide blame alone (before)": sample_members(before, args.sample, args.members, args.seed)}
         wanted = {k for m in samples.values() for keys in m.values() for k in keys}

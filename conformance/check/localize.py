@@ -205,7 +205,7 @@ def locate(target: Target, call: Callable[[], Any]) -> dict[str, Any] | None:
     """Run ``call`` (the item's device side, placing its sample on the device itself) under
     :class:`Differential`: ``{"scores": {overload: worst score}, "calls": n}`` with the
     :data:`KEPT` highest-scoring overloads (a tie by name), the double-precision ones' ``single``
-    scores, and the seconds it took (``s``); None when the call raised (the
+    scores, and the seconds it took (``seconds``); None when the call raised (the
     target is not deterministic in what it accepts: nothing to localise)."""
     mode = Differential(target.device)
     t0 = time.perf_counter()
@@ -219,7 +219,7 @@ def locate(target: Target, call: Callable[[], Any]) -> dict[str, Any] | None:
             return None
     top = sorted(mode.scores.items(), key=lambda kv: (-kv[1], kv[0]))[:KEPT]
     found: dict[str, Any] = {"scores": {k: _rounded(v) for k, v in sorted(top)}, "calls": sum(mode.calls.values()),
-                             "s": round(time.perf_counter() - t0, 4)}
+                             "seconds": round(time.perf_counter() - t0, 4)}
     single = {k: _rounded(mode.single[k]) for k, _ in top if k in mode.single}
     if single:
         found["single"] = dict(sorted(single.items()))
