@@ -49,7 +49,10 @@ def test_device_neuron_gives_the_verdicts_of_neuron_emu_on_the_same_build():
     assert not differ
     for key, row in dev.items():
         if row["status"] != "skip":
-            assert row["proof"] == {"device": ["neuron:0"]}, (key, row["proof"])
+            assert row["proof"]["device"] == ["neuron:0"] and set(row["proof"]) <= {"device", "locus"}, (key, row["proof"])
+        if row["status"] == "mismatch":  # localised alike: the same kernels, the same worst one
+            mine, theirs = row["proof"]["locus"]["scores"], emu[key]["proof"]["locus"]["scores"]
+            assert set(mine) == set(theirs) and max(mine, key=mine.get) == max(theirs, key=theirs.get), key
 
 
 def test_host_work_sees_a_round_trip_through_the_cpu_and_nothing_else():
