@@ -1,10 +1,12 @@
 """The custom-op lane end to end on the emulated device's own ops (neuron_emu/custom_ops.py):
 found by discovery on the neuron target and absent on the CPU's, clean on a shipped build, and on
-a build seeding the three faults only a custom op has (a wrong fake shape, a wrong backward, wrong
-bfloat16 values) each flagged naming the check that failed, and by the gate against the clean build."""
+a build seeding the faults only a custom op has (a wrong fake shape, a wrong fake dtype, a wrong
+backward, wrong bfloat16 values) each flagged naming the check that failed, and by the gate against
+the clean build."""
 
 from __future__ import annotations
 
+import json
 import textwrap
 
 import pytest
@@ -41,11 +43,17 @@ op = "neuron::flash_attention.default"
 kind = "wrong_result"
 dtypes = ["bfloat16"]
 magnitude = 0.25
+
+[[defects]]
+op = "neuron::flash_attention.default"
+kind = "wrong_fake_dtype"
+dtypes = ["float32"]
 """
 # (op, variant, dtype) of every item the seeded build gets wrong
 FLAGGED = {("neuron::rms_norm.default", v, d) for v in ("opcheck", "custom_compile") for d in ("float32", "bfloat16")} \
     | {("neuron::rope.default", v, d) for v in ("custom_bwd", "custom_compile") for d in ("float32", "bfloat16")} \
-    | {("neuron::flash_attention.default", v, "bfloat16") for v in ("custom_fwd", "custom_compile")}
+    | {("neuron::flash_attention.default", v, "bfloat16") for v in ("custom_fwd", "custom_compile")} \
+    | {("neuron::flash_attention.default", "opcheck", "float32")}
 
 
 def _manifest(tmp_path, name: str, defects: str = "") -> str:
@@ -144,3 +152,22 @@ def test_the_build_page_lists_each_custom_op_with_its_checks_and_each_has_an_op_
     assert 'st-contract">contract test_faketensor' in section and 'st-mismatch">mismatch<' in section
     op_page = next((tmp_path / "site").glob(f"*{build}*/ops/*rms_norm.default*.html")).read_text()
     assert "test_faketensor" in op_page and "custom_compile" in op_page
+
+
+def test_a_wrong_fake_dtype_is_flagged_naming_the_opcheck_test_that_failed(runs):
+    """The fake implementation gives float16 for a float32 result (the device kernel is right):
+    opcheck's fake-tensor test fails, naming both dtypes; the values and the other dtype are clean."""
+    db, _, seeded = runs
+    rows = _rows(db, seeded)
+    checks = rows[("neuron::flash_attention.default", "opcheck", "float32")]
+    assert len(checks) == 2
+    for check in checks:
+        assert check["status"] == "contract" and check["contract_failed"] == "test_faketensor"
+        assert check["error"].startswith("opcheck test_faketensor: ")
+        assert "torch.float32" in check["error"] and "torch.float16" in check["error"]
+        contracts = json.loads(check["contracts"])
+        assert contracts["test_faketensor"]["outcome"] == "fail" and contracts["test_schema"]["outcome"] == "pass"
+    assert {r["status"] for r in rows[("neuron::flash_attention.default", "opcheck", "bfloat16")]} == {"pass"}
+    for variant in ("custom_fwd", "custom_bwd"):
+        assert {r["status"] for r in rows[("neuron::flash_attention.default", variant, "float32")]} == {"pass"}
+
