@@ -2,11 +2,13 @@
 found by discovery on the neuron target and absent on the CPU's, clean on a shipped build, and on
 a build seeding the faults only a custom op has (a wrong fake shape, a wrong fake dtype, a wrong
 backward, wrong bfloat16 values) each flagged naming the check that failed, and by the gate against
-the clean build."""
+the clean build; `conformance repro` of a flagged item reproduces it, of a clean one passes."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import textwrap
 
 import pytest
@@ -171,3 +173,45 @@ def test_a_wrong_fake_dtype_is_flagged_naming_the_opcheck_test_that_failed(runs)
     for variant in ("custom_fwd", "custom_bwd"):
         assert {r["status"] for r in rows[("neuron::flash_attention.default", variant, "float32")]} == {"pass"}
 
+
+# -- conformance repro of the lane's items ----------------------------------------------------------------
+def _result_id(db, run_id: str, item: str) -> int:
+    with Store.open(db) as st:
+        (row,) = st.db.query("select id from op_results where run_id = ? and item_key = ?", [run_id, item])
+    return row["id"]
+
+
+def test_repro_of_a_custom_op_item_reproduces_a_failure_and_passes_a_clean_item(runs, tmp_path):
+    """`conformance repro N` of a custom-op item writes a script that sets up the run's target and
+    build, makes the sample again (the reference's seeded generator; the schema's walk for an op
+    without a reference) and runs the same check: it exits 1 and says what differs while the item
+    fails (an opcheck test, the gradients), 0 on an item that passes or is checked structurally only."""
+    from click.testing import CliRunner
+
+    from conformance.cli import main
+
+    db, _, seeded = runs
+    cases = {  # item -> (exit code, what the script prints)
+        "neuron::rms_norm.default|opcheck|float32|0": (1, ["status now: contract", "OPCHECK FAILED: test_faketensor",
+                                                           "opcheck test_schema: pass"]),
+        "neuron::rope.default|custom_bwd|float32|1": (1, ["status now: mismatch", "MISMATCH: gradients:",
+                                                          "FAILS: neuron::rope.default|custom_bwd|float32|1"]),
+        "neuron::rope.default|custom_fwd|float32|1": (0, ["status now: pass", "does not fail now"]),
+        "neuron::rope_backward.default|opcheck|float32|0": (0, ["status now: structural", "opcheck test_faketensor: pass"]),
+    }
+    procs = {}
+    for item in cases:
+        rid = _result_id(db, seeded, item)
+        made = CliRunner().invoke(main, ["repro", str(rid), "--db", str(db), "--out", str(tmp_path / "repro")])
+        assert made.exit_code == 0, made.output
+        script = tmp_path / "repro" / f"repro_{rid}.py"
+        assert f"{item!r}" in script.read_text()
+        procs[item] = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                       text=True, cwd=tmp_path)
+    for item, proc in procs.items():
+        out, _ = proc.communicate(timeout=300)
+        code, said = cases[item]
+        assert proc.returncode == code, (item, out[-3000:])
+        assert f"{item} on neuron-emu (build seeded)" in out, out[-3000:]
+        for line in said:
+            assert line in out, (item, line, out[-3000:])

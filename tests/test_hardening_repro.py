@@ -289,3 +289,41 @@ def test_the_hand_check_counts_a_script_that_fails_another_way_apart():
     said = "target raised: BackendCompilerFailed backend='_openvino' raised:"
     text = said + "\nRuntimeError: OpenVINO failed to convert the graph (its backend would compile it)\n"
     assert _same_failure(wrapped, said, text) == "reproduced"
+
+
+# -- custom-op lane items (conformance/triage/repro_customops.py) --------------------------------------
+def test_a_custom_op_items_script_keeps_stored_text_out_of_its_code(tmp_path):
+    """A custom_fwd result with quote-closing payloads as build, status and error: the script is
+    written (no inputs file: the lane makes its sample again from code), parses, holds the text
+    in its docstring and record only; nothing runs."""
+    import ast
+
+    marker = tmp_path / "pwned"
+    payloads = _hostile(marker)
+    db, rid = _db(tmp_path, op="neuron::rms_norm.default", variant="custom_fwd", build=payloads[0] + payloads[3],
+                  status=payloads[1], error=payloads[2] + payloads[4])
+    r = _repro(db, rid, tmp_path / "repro")
+    assert r.exit_code == 0, r.output
+    script = tmp_path / "repro" / f"repro_{rid}.py"
+    assert sorted(p.name for p in (tmp_path / "repro").iterdir()) == [script.name]
+    tree = ast.parse(script.read_text())
+    doc = ast.get_docstring(tree, clean=False)
+    assert payloads[0] + payloads[3] in doc and payloads[1] in doc and payloads[2] + payloads[4] in doc
+    (record,) = [ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign) and n.targets[0].id == "RECORD"]
+    assert record["item"] == "neuron::rms_norm.default|custom_fwd|float32|0" and record["status"] == payloads[1]
+    assert record["seed"] == 0 and record["target"] == "cpu" and (record["atol"], record["rtol"]) == (1e-5, 1.3e-6)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("op, variant, sample, needle", [
+    ("neuron::rms_norm\nimport os", "opcheck", 0, "is not a custom op's overload name"),
+    ("neuron::rms_norm", "custom_fwd", 0, "is not a custom op's overload name"),  # no overload
+    ("neuron::*", "opcheck", -1, "could not be made"),  # the row of a lane that could not look
+    ("neuron::rms_norm.default", "custom_fwd", -1, "could not be made"),
+])
+def test_a_custom_op_item_that_is_no_item_is_refused_in_one_line(tmp_path, op, variant, sample, needle):
+    db, rid = _db(tmp_path, op=op, variant=variant, sample=sample)
+    r = _repro(db, rid, tmp_path / "repro")
+    assert r.exit_code == 2, r.output
+    assert r.output.count("\n") == 1 and f"result {rid}: " in r.output and needle in r.output, r.output
+    assert not (tmp_path / "repro").exists()

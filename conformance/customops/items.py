@@ -103,6 +103,30 @@ def op_rows(target: Any, name: str, dtype: str, config: Any, skip: Container[str
         yield row
 
 
+def item_row(target: Any, key: str, config: Any) -> Row:
+    """The one item ``key`` (``neuron::rms_norm.default|custom_fwd|float32|0``) run again as
+    :func:`op_rows` runs it: its sample regenerated the same way (the reference's seeded
+    generator, else the derandomized walk of the op's schema on the target), the same check, the
+    same decision. What a repro script calls. ValueError: an item that cannot be made again."""
+    k = ItemKey.parse(key)
+    if k.variant not in ITEMS:
+        raise ValueError(f"item {key}: {k.variant!r} is not a custom-op variant ({', '.join(ITEMS)})")
+    index = int(k.sample)
+    if index < 0:
+        raise ValueError(f"item {key}: sample {index} is the row saying why the op's items could not be made, "
+                         "not an item")
+    op, ref, dt = resolve(k.name), reference_for(k.name), getattr(torch, k.dtype)
+    if ref is None and k.variant != OPCHECK:
+        raise ValueError(f"item {key}: no reference is declared for {k.name} any more, so it has no {k.variant} item")
+    samples = ref.samples(dt, config.seed) if ref is not None else schema_samples(target, op, dt)[0]
+    if index >= len(samples):
+        raise ValueError(f"item {key}: sample {index} no longer exists (the op has {len(samples)} now)")
+    start = time.perf_counter()
+    row = ITEMS[k.variant](target, op, ref, samples[index], key, config)
+    row.setdefault("duration_s", time.perf_counter() - start)
+    return row
+
+
 def _base(key: str, config: Any) -> Row:
     k = ItemKey.parse(key)
     return {"item_key": key, "op": k.name, "variant": k.variant, "dtype": k.dtype, "sample": k.sample,

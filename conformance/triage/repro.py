@@ -6,6 +6,10 @@ runs the item as the sweep does (:func:`conformance.sweep.evaluate`, on the samp
 from the same seed, with only those contracts) and prints each one's outcome and detail; it
 exits nonzero while a value or a contract still fails. That part needs the harness installed.
 
+An item of the custom-op lane (``opcheck``, ``custom_fwd``, ``custom_bwd``, ``custom_compile``)
+gets a script of its own (:mod:`.repro_customops`): it makes the sample again from code and runs
+the lane's check with the harness.
+
 The script is built from data only: every stored value enters it as a Python literal (``repr``
 of a checked int, float or str) or as escaped docstring text, op names are resolved only when the
 dispatcher or ``op_db`` knows them, and the inputs file is read by a decoder that admits tensors
@@ -17,27 +21,37 @@ Example (shell): ``conformance repro 1234 --db results/opdb.sqlite --out repro/`
 
 from __future__ import annotations
 
-import ast
 import inspect
-import json
-import math
-import re
 import shlex
 import sys
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from conformance.check.comparators import comparator_for
 from conformance.check.contracts import CONTRACTS
+from conformance.customops import VARIANTS as CUSTOM_VARIANTS
 from conformance.inputs.opinfo import DEFAULT_SEED, SPARSE_VARIANTS, by_name, samples
 from conformance.sweep import ladder
 from conformance.targets import get_target
 from opdb import Store
 from opdb.blobs import decode_inputs, dump_inputs, load_inputs
 from opdb.queries import op_result
+
+from .repro_customops import write_custom_repro
+from .repro_fields import (
+    check_script,
+    doc_text,
+    dtype_field,
+    env_pairs,
+    int_field,
+    literal,
+    module_names,
+    opt_str,
+    run_config,
+    str_field,
+    tol_field,
+)
 
 # Which attribute of the OpInfo a variant calls (schema results call the overload itself).
 _VARIANT_ATTR = {"function": "op", "canary": "op", "backward": "op", "out": "op", "inplace": "inplace_variant",
@@ -197,13 +211,16 @@ def write_repro(store: Store, result_id: int, out_dir: str | Path) -> Path:
     where = f"result {int(result_id)}"
     row = op_result(store, result_id)
     run = store.get_run(row["run_id"]) or {}
-    config = _config(run.get("config"), where)
-    variant = _field(row, "variant", where)
+    config = run_config(run.get("config"), where)
+    variant = str_field(row, "variant", where)
+    if variant in CUSTOM_VARIANTS:  # the custom-op lane's items: their samples are made again from code
+        return write_custom_repro(row, run, config, result_id, out_dir)
     if variant not in _VARIANT_ATTR:
-        raise ValueError(f"{where}: unknown variant {variant!r} (expected one of {', '.join(_VARIANT_ATTR)})")
+        raise ValueError(f"{where}: unknown variant {variant!r} (expected one of "
+                         f"{', '.join((*_VARIANT_ATTR, *CUSTOM_VARIANTS))})")
     out = Path(out_dir)
     inputs = f"repro_{int(result_id)}_inputs.pt"
-    op = _field(row, "op", where)
+    op = str_field(row, "op", where)
     if variant in ("schema", "traced"):  # the overload itself, on the stored input
         if not row.get("inputs"):
             raise ValueError(f"{where}: a passing {variant} result keeps no input; only failing ones store "
@@ -219,17 +236,17 @@ def write_repro(store: Store, result_id: int, out_dir: str | Path) -> Path:
         info = by_name().get(op)
         if info is None:
             raise ValueError(f"{where}: OpInfo {op!r} is not in this torch's op_db")
-        dtype = _dtype(row.get("dtype"), where)
-        seed = _int(row.get("seed") or config.get("seed") or DEFAULT_SEED, where, "seed")
+        dtype = dtype_field(row.get("dtype"), where)
+        seed = int_field(row.get("seed") or config.get("seed") or DEFAULT_SEED, where, "seed")
         if variant == ladder.VARIANT:  # the size ladder's grown sample, regrown as the sweep grew it
             try:
-                sample = ladder.rung_sample(info, op, str(row["dtype"]), _int(row.get("sample"), where, "sample"), seed)
+                sample = ladder.rung_sample(info, op, str(row["dtype"]), int_field(row.get("sample"), where, "sample"), seed)
             except ValueError as exc:
                 raise ValueError(f"{where}: {exc}") from None
         else:
             sample = _nth(samples(info, dtype, thorough=bool(config.get("thorough")), seed=seed,
                                   requires_grad=variant == "backward", layout=variant if variant in SPARSE_VARIANTS else None),
-                          _int(row.get("sample"), where, "sample"))
+                          int_field(row.get("sample"), where, "sample"))
         data = {"input": sample.input, "args": sample.args, "kwargs": sample.kwargs}
         resolve = ("from torch.testing._internal.common_methods_invocations import op_db\n"
                    f"info = next(o for o in op_db if o.name == {info.name!r} and "
@@ -239,7 +256,7 @@ def write_repro(store: Store, result_id: int, out_dir: str | Path) -> Path:
         blob = dump_inputs(data)
     except ValueError as exc:
         raise ValueError(f"{where}: {exc}") from None
-    env = _env(config.get("env"), where)
+    env = env_pairs(config.get("env"), where)
     target = get_target(run.get("target", "cpu"), config.get("build_spec") or run.get("build"),
                         tuple(config.get("imports") or ()), env)
     target.use_own_rng(comparator_for(op) == "random")  # as the sweep ran it
@@ -252,40 +269,30 @@ def write_repro(store: Store, result_id: int, out_dir: str | Path) -> Path:
     # (execute.run_item).
     record = {"result": int(result_id), "op": op, "variant": variant, "device": str(target.device),
               "sized_out": bool(target.compiler),
-              "inputs": inputs, "atol": _tol(row.get("atol"), where, "atol"), "rtol": _tol(row.get("rtol"), where, "rtol")}
+              "inputs": inputs, "atol": tol_field(row.get("atol"), where, "atol"), "rtol": tol_field(row.get("rtol"), where, "rtol")}
     failed = _contracts(row.get("contract_failed"), where)
     if failed and variant not in ("schema", "traced"):
         # what the script needs to evaluate the item as the sweep did: the same target (the values
         # get_target accepted above), the same sample (dtype, index, seed) and those contracts
-        record.update(contracts=failed, target=_field(run, "target", f"{where}: its run"),
-                      build_spec=_opt_str(config.get("build_spec") or run.get("build"), where, "build"),
-                      imports=_imports(config.get("imports"), where), dtype=str(row["dtype"]),
-                      sample=_int(row.get("sample"), where, "sample"), seed=seed,
+        record.update(contracts=failed, target=str_field(run, "target", f"{where}: its run"),
+                      build_spec=opt_str(config.get("build_spec") or run.get("build"), where, "build"),
+                      imports=module_names(config.get("imports"), where), dtype=str(row["dtype"]),
+                      sample=int_field(row.get("sample"), where, "sample"), seed=seed,
                       thorough=bool(config.get("thorough")))
-    doc = _doc_text(
+    doc = doc_text(
         f"Reproduces opdb result {int(result_id)}: {op} ({variant}, {row.get('dtype')}, sample {row.get('sample')}) "
         f"on target {run.get('target')}\n(build {run.get('build')}). Recorded status: {row.get('status')}.\n"
         f"Recorded error: {str(row.get('error') or '')[:500]}\n"
         f"Run it with the Python that wrote it (torch and the target's package are installed there):\n"
         f"  {shlex.join([sys.executable, str(script.resolve())])}")
-    text = _TEMPLATE.format(doc=doc, setup=setup, record=_literal(record), decoder=inspect.getsource(decode_inputs),
+    text = _TEMPLATE.format(doc=doc, setup=setup, record=literal(record), decoder=inspect.getsource(decode_inputs),
                             resolve=resolve, wrapped=wrapped.replace("{fn}", "fn"))
     text += (_CONTRACTS_PART if "contracts" in record else "") + _END
-    _check_script(text, record)
+    check_script(text, record)
     out.mkdir(parents=True, exist_ok=True)
     (out / inputs).write_bytes(blob)
     script.write_text(text, encoding="utf-8")
     return script
-
-
-def _field(row: dict[str, Any], name: str, where: str) -> str:
-    value = row.get(name)
-    if not isinstance(value, str):
-        raise ValueError(f"{where}: field {name} is {value!r}, not a string")
-    return value
-
-
-_MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*\Z")
 
 
 def _contracts(value: Any, where: str) -> list[str]:
@@ -300,60 +307,6 @@ def _contracts(value: Any, where: str) -> list[str]:
         raise ValueError(f"{where}: field contract_failed names {bad[0]!r}, not a contract "
                          f"(expected some of {', '.join(CONTRACTS)})")
     return [c for c in CONTRACTS if c in names]
-
-
-def _opt_str(value: Any, where: str, name: str) -> str | None:
-    if value is not None and not isinstance(value, str):
-        raise ValueError(f"{where}: field {name} is {value!r}, not a string")
-    return value
-
-
-def _env(value: Any, where: str) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if not isinstance(value, list) or not all(isinstance(e, str) and "=" in e for e in value):
-        raise ValueError(f"{where}: its run's config env is {value!r}, not a list of NAME=VALUE")
-    return tuple(value)
-
-
-def _imports(value: Any, where: str) -> list[str]:
-    """The run's ``--import`` modules: dotted Python names only."""
-    mods = list(value or ())
-    for m in mods:
-        if not (isinstance(m, str) and _MODULE.match(m)):
-            raise ValueError(f"{where}: its run's config imports {m!r}, not a dotted module name")
-    return mods
-
-
-def _int(value: Any, where: str, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{where}: field {name} is {value!r}, not an integer")
-    return value
-
-
-def _tol(value: Any, where: str, name: str) -> float:
-    if value is None:
-        return 0.0
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise ValueError(f"{where}: field {name} is {value!r}, not a finite non-negative number")
-    return float(value)
-
-
-def _dtype(value: Any, where: str) -> torch.dtype:
-    found = getattr(torch, value, None) if isinstance(value, str) and value.isidentifier() else None
-    if not isinstance(found, torch.dtype):
-        raise ValueError(f"{where}: field dtype is {value!r}, not a torch dtype")
-    return found
-
-
-def _config(text: Any, where: str) -> dict[str, Any]:
-    try:
-        config = json.loads(text or "{}")
-    except (TypeError, ValueError):
-        config = None
-    if not isinstance(config, dict):
-        raise ValueError(f"{where}: its run's config is not a JSON object")
-    return config
 
 
 @cache
@@ -371,42 +324,6 @@ def _aten_overload(name: str, where: str) -> tuple[str, str]:
     if not (base.isidentifier() and overload.isidentifier()):
         raise ValueError(f"{where}: op {name!r} is not made of Python identifiers")
     return base, overload
-
-
-def _literal(value: Any) -> str:
-    """A Python literal for plain data (str, int, float, bool, None, dicts/lists of them)."""
-    text = repr(value)
-    if ast.literal_eval(text) != value:
-        raise ValueError(f"cannot write {value!r} as a literal")
-    return text
-
-
-def _doc_text(text: str) -> str:
-    """``text`` escaped for a triple-quoted docstring: it reads back as ``text`` and cannot close it."""
-    out = []
-    for c in text:
-        if c == "\\":
-            out.append("\\\\")
-        elif c == '"':
-            out.append('\\"')
-        elif c == "\n" or c.isprintable():
-            out.append(c)
-        else:
-            out.append(repr(c)[1:-1])
-    return "".join(out)
-
-
-def _check_script(text: str, record: dict[str, Any]) -> None:
-    # Defence in depth: the script must parse, its docstring must be the one module docstring,
-    # and the record must be the literal it was built from (nothing stored leaked into code).
-    tree = ast.parse(text)
-    first = tree.body[0]
-    if not (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str)):
-        raise ValueError("repro script: the docstring did not parse as one string")
-    assigns = [n for n in tree.body if isinstance(n, ast.Assign) and any(
-        isinstance(t, ast.Name) and t.id == "RECORD" for t in n.targets)]
-    if len(assigns) != 1 or ast.literal_eval(assigns[0].value) != record:
-        raise ValueError("repro script: the record did not parse back as written")
 
 
 def _nth(it: Any, n: int) -> Any:
