@@ -185,7 +185,8 @@ def test_repro_of_a_custom_op_item_reproduces_a_failure_and_passes_a_clean_item(
     """`conformance repro N` of a custom-op item writes a script that sets up the run's target and
     build, makes the sample again (the reference's seeded generator; the schema's walk for an op
     without a reference) and runs the same check: it exits 1 and says what differs while the item
-    fails (an opcheck test, the gradients), 0 on an item that passes or is checked structurally only."""
+    fails (an opcheck test, the gradients, the compiled op's error), 0 on an item that passes or is
+    checked structurally only."""
     from click.testing import CliRunner
 
     from conformance.cli import main
@@ -196,6 +197,8 @@ def test_repro_of_a_custom_op_item_reproduces_a_failure_and_passes_a_clean_item(
                                                            "opcheck test_schema: pass"]),
         "neuron::rope.default|custom_bwd|float32|1": (1, ["status now: mismatch", "MISMATCH: gradients:",
                                                           "FAILS: neuron::rope.default|custom_bwd|float32|1"]),
+        "neuron::rms_norm.default|custom_compile|float32|0": (1, ["status now: error",
+                                                                  "target raised: RuntimeError The size of tensor a (17)"]),
         "neuron::rope.default|custom_fwd|float32|1": (0, ["status now: pass", "does not fail now"]),
         "neuron::rope_backward.default|opcheck|float32|0": (0, ["status now: structural", "opcheck test_faketensor: pass"]),
     }

@@ -4,7 +4,9 @@ again as the lane made it (the reference registry's seeded generator, or the der
 the op's schema for an op with no reference), runs the same check at the tolerance the run held
 it to (opcheck's tests, the eager forward or backward, or the compiled op against the reference:
 :func:`conformance.customops.items.item_row`) and prints what differs. It exits 1 while the item
-still fails, 0 once it passes (or is checked structurally only, as an op without a reference is).
+still fails, 0 once it passes (or is checked structurally only, as an op without a reference is);
+a value difference is printed as ``MISMATCH: ...`` and a raised error as ``target raised: ...``,
+as the other repro scripts print them (``tools/findings_repro.py`` reads those lines).
 
 The lane's samples come from code (a reference's generator, a device package's registrations),
 so the script calls the harness to make them again; it keeps no inputs file. As for every repro,
@@ -75,8 +77,14 @@ if RECORD["variant"] == "opcheck":
 else:
     print(f"max abs error {{row.get('max_abs_err')}}, max rel error {{row.get('max_rel_err')}}, float64 arbiter's "
           f"error {{row.get('arbiter_err')}} (atol={{RECORD['atol']!r}}, rtol={{RECORD['rtol']!r}})")
-if row.get("error"):
-    print(f"{{'MISMATCH' if status is Status.MISMATCH else status.value.upper()}}: {{row['error']}}")
+error = row.get("error") or ""
+if status is Status.MISMATCH:
+    print(f"MISMATCH: {{error}}")
+elif status is Status.ERROR and error:
+    kind, _, said = error.partition(": ")
+    print(f"target raised: {{kind}} {{said}}")
+elif error:
+    print(f"{{status.value.upper()}}: {{error}}")
 if status.failed:
     print(f"FAILS: {{RECORD['item']}} is {{status.value}}")
 else:
