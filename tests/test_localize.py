@@ -108,3 +108,18 @@ def test_the_sweep_stores_the_locus_of_a_mismatch_and_not_of_a_pass(emu):
                            SweepConfig(variants=("function",), max_samples=3)))
     assert all("locus" not in (r["proof"] or {}) for r in clean)
     neuron_emu.use_build("ideal")
+
+
+def test_the_convolution_hooks_of_an_out_of_tree_device_are_scored_against_the_cpus_convolution(emu):
+    """A PrivateUse1 device's convolution runs through hooks with no CPU kernel
+    (convolution_overrideable and its backward); their CPU counterpart is the convolution."""
+    t = emu('[[defects]]\nop = "aten::convolution_backward_overrideable.default"\nkind = "wrong_result"\n')
+    x, w = torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3)
+
+    def call():
+        xd, wd = x.to(t.device).requires_grad_(), w.to(t.device).requires_grad_()
+        return torch.autograd.grad(torch.nn.functional.conv2d(xd, wd, padding=1).sum(), [xd, wd])
+
+    scores = locate(t, call)["scores"]
+    assert scores["aten::convolution_overrideable.default"] == 0
+    assert scores["aten::convolution_backward_overrideable.default"] > 1

@@ -148,7 +148,8 @@ class Differential(TorchDispatchMode):
             cpu_kwargs["device"] = "cpu"
         out = func(*args, **kwargs)
         try:
-            ref = func(*cpu_args, **cpu_kwargs)
+            cpu_func, cpu_args, cpu_kwargs = _on_the_cpu(func, cpu_args, cpu_kwargs)
+            ref = cpu_func(*cpu_args, **cpu_kwargs)
         except Exception:  # noqa: BLE001 - the CPU cannot run this call as the device was handed it
             return out
         pairs = list(zip(tree_flatten(out)[0], tree_flatten(ref)[0], strict=False))
@@ -186,6 +187,21 @@ class Differential(TorchDispatchMode):
         wide = [o.to(r.dtype) if isinstance(o, torch.Tensor) and isinstance(r, torch.Tensor) else o
                 for o, r in zip(outs, refs, strict=True)]
         return _worst(list(zip(wide, refs, strict=True)))
+
+
+def _on_the_cpu(func: torch._ops.OpOverload, args: Any, kwargs: Any) -> tuple[Any, Any, Any]:
+    """The CPU's call for a device call: the same one, except for the hooks PyTorch gives an
+    out-of-tree device for convolution (``*_overrideable``, no CPU kernel), whose CPU counterpart
+    is the convolution they stand for."""
+    aten = torch.ops.aten
+    if func is aten.convolution_overrideable.default:
+        return aten.convolution.default, args, kwargs
+    if func is aten.convolution_backward_overrideable.default and not kwargs:
+        grad_output = args[0]
+        # convolution_backward takes the bias's sizes (its gradient sums grad_output over all but
+        # the channel dimension) where the hook takes none
+        return aten.convolution_backward.default, (*args[:3], [grad_output.shape[1]], *args[3:]), kwargs
+    return func, args, kwargs
 
 
 #: Double-precision dtypes and their single-precision twins.
