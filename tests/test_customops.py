@@ -191,3 +191,56 @@ def test_a_run_stores_the_lanes_items_resumes_them_and_isolates_a_crash(tmp_path
         assert sorted(again) == sorted(rows) and len(again) == len(set(again))  # nothing lost, nothing doubled
         kept = st.db.query("select error from op_results where item_key = ?", ["cotest::rms_norm.default|opcheck|float32|0"])
         assert [r["error"] for r in kept] == ["kept"]  # a recorded item was not run again
+
+
+# -- the ledger: tolerances and expected failures naming custom ops -------------------------------------
+LANE_LEDGER = """
+[[override]]
+op = "cotest::bad_grad.default"
+variant = "custom_bwd"
+atol = 10
+rtol = 10
+reason = "a gradient scaled by 1.5 is within this"
+
+[[xfail]]
+op = "cotest::bad_fake.default"
+variant = "opcheck"
+status = "contract"
+reason = "its fake gives the wrong shape"
+
+[[xfail]]
+op = "cotest::rms*"
+variant = "custom_fwd"
+reason = "expected to fail, yet right"
+
+[[xfail]]
+op = "cotest::bad_grad.default"
+variant = "custom_compile"
+status = "error"
+reason = "expects an error, gets a mismatch"
+"""
+
+
+def test_the_lane_honours_the_ledgers_tolerances_and_expected_failures_of_custom_ops():
+    """As the OpInfo lane: an override's tolerance holds the item (named as its source), an
+    expected failure that fails so is ``xfail``, one that passes is ``xpass``, one that fails
+    otherwise keeps its status; the items the ledger names nothing of are as they were."""
+    from conformance.check.ledger import Ledger
+
+    config = SweepConfig(ledger=Ledger.from_toml(LANE_LEDGER, source="lane.toml"))
+    group = Group("cotest::bad_grad,cotest::bad_fake,cotest::rms_norm", "float32", CUSTOM_OPS.name)
+    rows = {r["item_key"].replace("|float32|0", "").removeprefix("cotest::"): r
+            for r in CUSTOM_OPS.run(get_target("neuron-emu", "ideal"), group, config)}
+    bwd = rows["bad_grad.default|custom_bwd"]
+    assert bwd["status"] == "pass" and (bwd["atol"], bwd["rtol"]) == (10.0, 10.0)
+    assert bwd["tol_source"] == "lane.toml:override[0] (a gradient scaled by 1.5 is within this)"
+    fake = rows["bad_fake.default|opcheck"]
+    assert fake["status"] == "xfail" and fake["contract_failed"].startswith("test_faketensor")
+    assert "[expected failure: lane.toml:xfail[0]: its fake gives the wrong shape]" in fake["error"]
+    right = rows["rms_norm.default|custom_fwd"]
+    assert right["status"] == "xpass" and "[expected failure: lane.toml:xfail[1]" in right["error"]
+    assert rows["bad_grad.default|custom_compile"]["status"] == "mismatch"  # not the status it expected
+    unnamed = {k: r["status"] for k, r in rows.items() if k in ("rms_norm.default|opcheck", "bad_fake.default|custom_fwd",
+                                                                "rms_norm.default|custom_bwd")}
+    assert unnamed == dict.fromkeys(unnamed, "pass") and len(unnamed) == 3
+    assert rows["bad_grad.default|custom_fwd"]["tol_source"] != bwd["tol_source"]

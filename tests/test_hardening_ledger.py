@@ -91,3 +91,41 @@ def test_cli_check_and_run_refuse_in_one_line_writing_nothing(tmp_path, body, ne
     r = CliRunner().invoke(main, ["run", "--target", "cpu", "--ops", "abs", "--ledger", str(bad), "--db", str(db)])
     assert r.exit_code == 2 and f"{bad}: {needle}" in r.output
     assert not db.exists()
+
+
+# -- a target's custom ops (the custom-op lane, conformance/customops) --------------------------------------
+def test_custom_op_names_globs_and_variants_are_accepted():
+    led = Ledger.from_toml(
+        '[[override]]\nop = "neuron::flash_attention.default"\ndtype = "bfloat16"\nrtol = 0.1\nreason = "any variant"\n'
+        '[[override]]\nop = "neuron::*"\nvariant = "custom_bwd"\natol = 0.2\nreason = "glob, one variant"\n'
+        '[[xfail]]\nop = "neuron::rms_norm.default"\nvariant = "opcheck"\nstatus = "contract"\nreason = "fake"\n'
+        '[[xfail]]\nop = "*::rope*"\nvariant = "custom_compile"\nreason = "any namespace"\n', source="ok.toml")
+    assert led.tolerance("neuron::flash_attention.default", "custom_fwd", "bfloat16", "neuron-emu").rtol == 0.1
+    assert led.tolerance("neuron::rope.default", "custom_bwd", "float32", "neuron-emu").atol == 0.2
+    assert led.tolerance("neuron::rope.default", "custom_fwd", "float32", "neuron-emu").atol != 0.2
+    assert led.expected_failure("neuron::rms_norm.default", "opcheck", "float32", "neuron-emu").statuses == ("contract",)
+    assert led.expected_failure("cotest::rope.default", "custom_compile", "float32", "device:neuron") is not None
+    assert led.expected_failure("neuron::rms_norm.default", "custom_fwd", "float32", "neuron-emu") is None
+
+
+@pytest.mark.parametrize("text, key, value, needle", [
+    # an ATen overload is never an item of the custom-op lane
+    ('[[override]]\nop = "aten::add.Tensor"\nvariant = "custom_fwd"\nrtol = 0.1\nreason = "r"\n',
+     "override[0].op", "'aten::add.Tensor'", "a custom op's overload name"),
+    # the lane's items carry overload names: without one the entry would match none of them
+    ('[[xfail]]\nop = "neuron::flash_attention"\nreason = "r"\n', "xfail[0].op", "'neuron::flash_attention'",
+     "(did you mean 'neuron::flash_attention.default'?)"),
+    ('[[xfail]]\nop = "neuron::flash attention.default"\nvariant = "opcheck"\nreason = "r"\n', "xfail[0].op",
+     "'neuron::flash attention.default'", "of a namespace other than aten and prims for variant 'opcheck'"),
+    # custom-op globs are no OpInfo names
+    ('[[override]]\nop = "neuron::*"\nvariant = "function"\nrtol = 0.1\nreason = "r"\n', "override[0].op",
+     "'neuron::*'", "an OpInfo name"),
+    ('[[override]]\nop = "neuron::rope.default"\nvariant = "custom_forward"\nrtol = 0.1\nreason = "r"\n',
+     "override[0].variant", "'custom_forward'", "opcheck, custom_fwd, custom_bwd, custom_compile"),
+])
+def test_a_bad_custom_op_name_or_variant_is_refused_in_one_line(text, key, value, needle):
+    with pytest.raises(LedgerError) as err:
+        Ledger.from_toml(text, source="bad.toml")
+    msg = str(err.value)
+    assert msg.startswith(f"bad.toml: {key} = {value} is not valid; expected ") and "\n" not in msg
+    assert needle in msg, msg

@@ -1,7 +1,10 @@
 """Tolerances and expected failures, loaded from validated TOML (``conformance/data/ledger.toml``).
 
 Every entry carries its reason (and optionally an issue link and an expiry date), so a report
-can show why a tolerance was widened or a failure is expected.
+can show why a tolerance was widened or a failure is expected. An entry's ``op`` must name ops its
+variant's items carry: OpInfo names, ATen overloads and model ids are checked against what exists;
+a target's custom ops (``neuron::flash_attention.default``, ``neuron::*``: the custom-op lane's
+items, found on the target when it runs) by their form (:func:`custom_op_name`).
 
 Example::
 
@@ -26,6 +29,7 @@ import difflib
 import fnmatch
 import functools
 import math
+import re
 import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -36,12 +40,14 @@ import torch
 
 from conformance.datafiles import DATA
 from conformance.inputs.opinfo import SPARSE_VARIANTS
+from opdb.queries_counts import CUSTOM_OP_VARIANTS
 from opdb.status import EXPECTABLE
 
 DEFAULT_LEDGER = DATA / "ledger.toml"
 DTYPES = ("float64", "float32", "bfloat16", "float16", "complex64", "complex128", "int64", "int32",
           "int16", "int8", "uint8", "bool")
-VARIANTS = ("function", "inplace", "out", "backward", *SPARSE_VARIANTS, "schema", "canary", "model", "*")
+VARIANTS = ("function", "inplace", "out", "backward", *SPARSE_VARIANTS, "schema", "canary", "model",
+            *CUSTOM_OP_VARIANTS, "*")
 STATUSES = EXPECTABLE  # the failing statuses an xfail entry may accept
 
 # torch.testing.assert_close defaults, the baseline every override starts from.
@@ -159,14 +165,26 @@ def _entry(kind: str, index: int, raw: Any, source: str) -> Entry:
 
 # -- op names: an entry for an op that does not exist is a typo that silently matches nothing ------
 # Which names an item's ``op`` holds depends on its variant: OpInfo names (function, inplace, out,
-# backward and the canaries), ATen overloads for schema-driven items, model ids for model graphs.
+# backward and the canaries), ATen overloads for schema-driven items, model ids for model graphs,
+# a target's custom-op overloads for the custom-op lane's items (conformance.customops).
 _NAMESPACES: dict[str, tuple[str, ...]] = {
     "function": ("opinfo",), "inplace": ("opinfo",), "out": ("opinfo",), "backward": ("opinfo",),
-    "canary": ("opinfo",), "schema": ("aten",), "model": ("model",), "*": ("opinfo", "aten", "model"),
+    "canary": ("opinfo",), "schema": ("aten",), "model": ("model",), **dict.fromkeys(CUSTOM_OP_VARIANTS, ("custom",)),
+    "*": ("opinfo", "aten", "model", "custom"),
 }
 _WHAT = {"opinfo": "an OpInfo name (e.g. 'cumsum', 'nn.functional.gelu')",
          "aten": "an ATen overload (e.g. 'aten::add.Tensor')",
-         "model": "a model id (e.g. 'mlp.*', 'hf.gpt2')"}
+         "model": "a model id (e.g. 'mlp.*', 'hf.gpt2')",
+         "custom": "a custom op's overload name (e.g. 'neuron::flash_attention.default')"}
+# The namespaces whose ops are PyTorch's own (their overloads are checked against the dispatcher),
+# never a target's custom op.
+_TORCH_NAMESPACES = ("aten", "prims")
+_GLOB = "*?["
+# A custom op's overload name: namespace, op and overload, identifiers each (a glob may stand
+# for any part). A target's custom ops are discovered on it at run time (its package registers
+# them), so a name is checked for its form, not against a list.
+_CUSTOM_NAME = re.compile(r"[A-Za-z_]\w*::[A-Za-z_]\w*\.[A-Za-z_]\w*\Z")
+_CUSTOM_GLOB = re.compile(r"[\w*?\[\]!]+::[\w*?\[\]!.]+\Z")
 
 
 @functools.cache
@@ -196,23 +214,43 @@ def _model_ids() -> tuple[str, ...]:
 NAMES: dict[str, Callable[[], Sequence[str]]] = {"opinfo": _opinfo_names, "aten": _aten_names, "model": _model_ids}
 
 
+def custom_op_name(op: str) -> bool:
+    """Whether ``op`` can name custom ops: an overload name of a namespace other than PyTorch's
+    (``neuron::flash_attention.default``) or a glob over such names (``neuron::*``).
+
+        >>> [custom_op_name(n) for n in ("neuron::rope.default", "neuron::*", "neuron::rope", "aten::add.Tensor")]
+        [True, True, False, False]
+    """
+    ns = op.split("::", 1)[0]
+    if ns in _TORCH_NAMESPACES:
+        return False
+    return bool(_CUSTOM_GLOB.match(op)) if any(ch in op for ch in _GLOB) else bool(_CUSTOM_NAME.match(op))
+
+
 def _check_op(e: Entry) -> None:
     """Refuse an override or xfail whose op (glob) names no op its variant's items can carry."""
     if e.op == "*":
         return
     spaces = _NAMESPACES[e.variant]
-    names = [n for space in spaces for n in NAMES[space]()]
-    if any(ch in e.op for ch in "*?["):
+    if "custom" in spaces and custom_op_name(e.op):
+        return
+    names = [n for space in spaces if space in NAMES for n in NAMES[space]()]
+    if any(ch in e.op for ch in _GLOB):
         if any(fnmatch.fnmatchcase(n, e.op) for n in names):
             return
     elif e.op in set(names):
         return
     close = difflib.get_close_matches(e.op, names, n=1, cutoff=0.6)
+    if "custom" in spaces and custom_op_name(f"{e.op}.default"):
+        close = [f"{e.op}.default"]  # a custom op named without its overload matches none of its items
     hint = f" (did you mean {close[0]!r}?)" if close else ""
-    accepted = " or ".join(_WHAT[s] for s in spaces)
-    raise _bad(e.source, f"{e.kind}[{e.index}].op", e.op,
-               f"{accepted} that exists{' for variant ' + repr(e.variant) if e.variant != '*' else ''}, "
-               f"or a glob matching one{hint}")
+    listed = [s for s in spaces if s in NAMES]
+    accepted = [f"{' or '.join(_WHAT[s] for s in listed)} that exists"
+                f"{' for variant ' + repr(e.variant) if e.variant != '*' else ''}, or a glob matching one"] if listed else []
+    if "custom" in spaces:  # discovered on the target when it runs: checked for its form only
+        accepted.append(f"{_WHAT['custom']} or a glob over them (e.g. 'neuron::*'), of a namespace other than "
+                        f"{' and '.join(_TORCH_NAMESPACES)}{'' if listed else ' for variant ' + repr(e.variant)}")
+    raise _bad(e.source, f"{e.kind}[{e.index}].op", e.op, "; or ".join(accepted) + hint)
 
 
 @dataclass(frozen=True)
