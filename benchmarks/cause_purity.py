@@ -124,9 +124,11 @@ def without_manifest(folder: Path, build: str, name: str, mech: dict[str, str], 
     return path
 
 
-def run(db: Path, build: str, ops: list[str], dtypes: str, workers: int) -> None:
+def run(db: Path, build: str, ops: list[str], dtypes: str, workers: int, timeout: float | None = None) -> None:
     cmd = [sys.executable, "-m", "conformance", "run", "--target", "neuron-emu", "--build", build,
            "--dtypes", dtypes, "--no-schema", "--db", str(db), "--quiet", "--exit-zero", "-n", str(workers)]
+    if timeout is not None:
+        cmd += ["--timeout", str(timeout)]
     for o in ops:
         cmd += ["--ops", o]
     t0 = time.perf_counter()
@@ -187,6 +189,9 @@ def main() -> None:
     ap.add_argument("--members", type=int, default=12, help="items labelled per sampled cause")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("-n", "--workers", type=int, default=2)
+    ap.add_argument("--timeout", type=float, default=20.0,
+                    help="seconds per item in the ablation runs (a quadratic op's largest ladder rungs time out "
+                         "at any limit; the label counts how many sampled items did)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(args.keep or tmp)
@@ -230,7 +235,8 @@ def main() -> None:
         for i, (name, body) in enumerate([*mech.items(), ("none", None)]):
             db = folder / f"alone{i}.sqlite"
             if not (args.reuse and db.exists()):
-                run(db, str(alone_manifest(folder, args.build, f"alone{i}", body)), ops, dtypes, args.workers)
+                run(db, str(alone_manifest(folder, args.build, f"alone{i}", body)), ops, dtypes, args.workers,
+                    args.timeout)
             for k, st_ in statuses(db).items():
                 if k in alone:
                     seen.add(k)
@@ -243,12 +249,15 @@ def main() -> None:
             db = folder / f"without{i}.sqlite"
             if unclear and not (args.reuse and db.exists()):
                 run(db, str(without_manifest(folder, args.build, f"without{i}", mech, name)), unclear, dtypes,
-                    args.workers)
+                    args.workers, args.timeout)
             if db.exists():
                 for k, st_ in statuses(db).items():
                     if k in needed and st_ in NOT_FAILING and st_ != "skip":
                         needed[k].add(name)
         labels = {k: frozenset(needed[k] or alone[k]) if k in seen else None for k in wanted}
+        timed_out = sum(1 for i in range(len(mech) + 1) for k, st_ in statuses(folder / f"alone{i}.sqlite").items()
+                        if k in wanted and st_ == "timeout")
+        print(f"sampled items timed out in an ablation run: {timed_out} (item x run)")
         print("labels:", dict(Counter("+".join(sorted(v)) or "none" for v in labels.values() if v is not None)
                               .most_common()), f"(not in the ablation runs: {sum(v is None for v in labels.values())})")
         for title, members in samples.items():
