@@ -131,3 +131,19 @@ def test_the_cli_default_variants_are_the_harness_variants():
 
     option = next(p for p in main.commands["run"].params if p.name == "variants")
     assert tuple(option.default.split(",")) == VARIANTS
+
+
+def test_the_opinfo_kind_itself_selects_no_opinfo_for_custom_op_globs():
+    """Custom-op globs are no OpInfo names: alone they select no OpInfo group, even in a selection
+    whose ``opinfo`` flag was left on (Selection.__post_init__ turns it off; OPINFO does not rely
+    on that), and beside OpInfo globs they leave those as they are."""
+    from conformance.sweep.opinfo import OPINFO
+    from conformance.work import Selection
+
+    alone = Selection(ops=("neuron::*",), dtypes=("float32",))
+    object.__setattr__(alone, "opinfo", True)  # as a selection made without __post_init__ would be
+    assert OPINFO.groups(alone) == []
+    assert [g.key for g in OPINFO.groups(Selection(ops=("abs", "neuron::*"), dtypes=("float32",)))] == ["abs|float32"]
+    assert [g.key for g in OPINFO.groups(Selection(ops=("abs",), dtypes=("float32",)))] == ["abs|float32"]
+    assert OPINFO.groups(Selection(ops=("aten::abs.default",), dtypes=("float32",))) == []
+    assert len(OPINFO.groups(Selection(dtypes=("float32",)))) > 500  # no --ops: every OpInfo

@@ -522,7 +522,8 @@ class OpInfoSweep:
     crash_safe_factor = 0  # no crash-safe mode: a death is the item's crash or the reference's
 
     def groups(self, selection: Selection) -> list[Group]:
-        if not selection.opinfo or (selection.aten_globs and not selection.info_globs):
+        # aten:: and custom-op (neuron::*) globs alone select no OpInfo (not, as no glob would, every one)
+        if not selection.opinfo or ((selection.aten_globs or selection.custom_globs) and not selection.info_globs):
             return []
         infos = by_name()
         wanted = parse_dtypes(selection.dtypes)
