@@ -11,6 +11,9 @@ What each count means, and why it is made that way:
   one (what ``conformance ops --coverage`` prints), else from the op results' overload lists.
 - :func:`coverage_share`: exercised over backend-reachable overloads, the console's coverage line.
 - :func:`opinfo_ops`: OpInfo ops the run swept (schema-driven items and canaries are not OpInfo ops).
+- :func:`backend_share`: a compiler target's items whose backend ran none of it (everything ran in
+  PyTorch), by status, canaries aside. Such an item's status is right by the harness's rule
+  (``pass_fallback`` when its values pass), but "nothing ran on the backend" is a count of its own.
 - :func:`gate_counts`: the gate's stored decisions for a pair of runs, by category, as the
   console's gate summary prints them.
 
@@ -182,6 +185,63 @@ def opinfo_ops(store: Store, run_id: str) -> int:
     marks = ", ".join("?" for _ in NOT_OPINFO)
     return store.db.execute(f"select count(distinct op) from op_results where run_id = ? "
                             f"and coalesce(variant, '') not in ({marks})", [run_id, *NOT_OPINFO]).fetchone()[0]
+
+
+@dataclass
+class BackendShare:
+    """How much of a compiler target's items its backend ran (their ``proof``)."""
+
+    compiled: dict[str, int]  # status -> items with a compiler target's proof
+    ran_none: dict[str, int]  # status -> those of them the backend ran none of
+
+    @property
+    def total(self) -> int:
+        return sum(self.compiled.values())
+
+    @property
+    def none(self) -> int:
+        return sum(self.ran_none.values())
+
+
+def ran_none(graphs: Any, backend_ran: Any, graph_ops: Any, fallback_kernels: Any) -> bool:
+    """Whether a compiler target's backend ran none of an item, from its proof's fields: its
+    ``backend_ran`` count where the target keeps one (a partitioning backend: OpenVINO's
+    subgraphs), else no graph at all, or graphs whose every ATen op is a fallback kernel (an empty
+    graph, one with no ATen op, is the backend's: nothing in it fell back).
+
+    >>> ran_none(1, 0, '["aten::add.Tensor"]', '[]'), ran_none(1, None, '["aten::add.Tensor"]', '["aten::add.Tensor"]')
+    (True, True)
+    >>> ran_none(1, None, '["aten::add.Tensor", "aten::sin.default"]', '["aten::sin.default"]'), ran_none(1, None, '[]', '[]')
+    (False, False)
+    """
+    if backend_ran is not None:
+        return int(backend_ran) == 0
+    if not graphs:
+        return True
+    ops = set(_names(graph_ops))
+    return bool(ops) and ops <= set(_names(fallback_kernels))
+
+
+def backend_share(store: Store, run_ids: Sequence[str]) -> dict[str, BackendShare]:
+    """``{run_id: BackendShare}`` for the runs holding items with a compiler target's proof (the
+    others are left out), canaries aside as in :func:`result_counts`. One grouped scan: only
+    distinct proofs' fields are decoded."""
+    out: dict[str, BackendShare] = {}
+    if not run_ids:
+        return out
+    marks = ", ".join("?" for _ in run_ids)
+    for run, status, graphs, ran, ops, fallback, n in store.db.execute(
+            f"""select run_id, status, json_extract(proof, '$.graphs'), json_extract(proof, '$.backend_ran'),
+                       json_extract(proof, '$.graph_ops'), json_extract(proof, '$.fallback_kernels'), count(*)
+                from op_results where run_id in ({marks}) and coalesce(variant, '') != 'canary'
+                  and json_valid(proof) and json_type(proof, '$.backend') is not null
+                group by 1, 2, 3, 4, 5, 6""", list(run_ids)):
+        share = out.setdefault(run, BackendShare({}, {}))
+        status = status or "?"
+        share.compiled[status] = share.compiled.get(status, 0) + n
+        if ran_none(graphs, ran, ops, fallback):
+            share.ran_none[status] = share.ran_none.get(status, 0) + n
+    return out
 
 
 @dataclass

@@ -12,7 +12,7 @@ from typing import Any
 
 from markupsafe import Markup
 
-from opdb.queries_counts import GateCounts
+from opdb.queries_counts import BackendShare, GateCounts
 
 
 @dataclass
@@ -149,6 +149,9 @@ class SummaryPage(Page):
     # when the run checked no custom op (the section is then left out)
     custom_checks: list[str] = field(default_factory=list)
     custom_ops: list[CustomOpRow] = field(default_factory=list)
+    # a compiler target's op results by how much of each its backend ran (None: no item of the
+    # run holds a compiler's proof, and the table is left out)
+    backend_share: BackendShare | None = None
 
 
 @dataclass
@@ -471,6 +474,9 @@ class Backend:
     failing: int  # of them failing
     only_items: int  # samples failing on this backend only (passing on every other holding them)
     only_groups: int  # op × dtype groups of them
+    # a compiler target's items its backend ran none of (everything ran in PyTorch); None: the
+    # run holds no compiler's proof (an eager target)
+    ran_none: int | None = None
 
 
 @dataclass

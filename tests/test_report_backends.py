@@ -252,3 +252,71 @@ def test_the_gate_links_the_page_the_site_renders_for_its_target(backends_db, ba
             link = _report_page(str(backends_site), st, {"target": target, "build": build})
             assert link == f"{backends_site}/{folder}/regressions.html" and Path(link).is_file(), link
         assert _report_page("", st, {"target": "cpu", "build": "-"}) == ""
+
+
+def test_items_nothing_of_which_ran_on_a_compiler_backend_have_a_count_of_their_own(tmp_path):
+    """An openvino item that ran no OpenVINO subgraph is ``pass_fallback`` by the harness's rule,
+    and its build page and the cross-backend page count it apart: from the proof's generic
+    ``backend_ran`` where the target keeps it, else from every graph op being a fallback kernel
+    (an inductor item, or an openvino row stored before ``backend_ran``). Canaries aside."""
+    from conformance.targets.base import Compiled
+
+    assert "backend_ran" not in Compiled("inductor").evidence()  # an eager-whole-graph backend's proof is unchanged
+    assert Compiled("openvino", backend_ran=0).evidence()["backend_ran"] == 0
+    runs = [("cpu", "-", "c1", "2026-11-01T10:00:00+00:00"), ("openvino", "-", "ov1", "2026-11-01T11:00:00+00:00"),
+            ("inductor", "-", "in1", "2026-11-01T12:00:00+00:00")]
+
+    def ov(ran, ops, fallback, **more):
+        return {"device": ["cpu"], "backend": "openvino", "graphs": 1, "graph_ops": ops, "fallback_kernels": fallback,
+                **({} if ran is None else {"backend_ran": ran}), **more}
+
+    zeta, add, mul = "aten::special_zeta.default", "aten::add.Tensor", "aten::mul.Tensor"
+    proofs = {  # (run, op) -> one proof per sample, in the order of the statuses below
+        ("ov1", "add"): [ov(1, [add], []),  # ran on OpenVINO
+                         ov(0, [add, mul], [add, mul]),  # nothing on OpenVINO
+                         ov(1, [add, zeta], [zeta]),  # partly
+                         ov(1, [add], [add])],  # add in a subgraph that ran and outside it: backend_ran decides
+        ("ov1", "sin"): [ov(None, [zeta], [zeta], openvino_subgraphs=0),  # stored before backend_ran
+                         ov(0, [zeta], [zeta])],
+        ("in1", "sin"): [{"backend": "inductor", "graphs": 1, "graph_ops": ["aten::cholesky.default"],
+                          "fallback_kernels": ["aten::cholesky.default"]},
+                         {"backend": "inductor", "graphs": 1, "graph_ops": [add], "fallback_kernels": []}],
+    }
+    ops = {"c1": {("add", "float32"): ["pass"] * 4, ("sin", "float32"): ["pass", "pass"]},
+           "ov1": {("add", "float32"): ["pass", "pass_fallback", "pass_fallback", "pass_fallback"],
+                   ("sin", "float32"): ["pass_fallback", "mismatch"]},
+           "in1": {("sin", "float32"): ["pass_fallback", "pass"]}}
+    with Store.open(tmp_path / "ov.sqlite") as st:
+        st.insert("runs", [{"id": rid, "target": target, "build": build, "torch_version": TV, "host": "h",
+                            "git_sha": "abc", "started_at": started, "finished_at": started, "status": "finished",
+                            "kind": "ops", "config": "{}"} for target, build, rid, started in runs])
+        rows = []
+        for rid, table in ops.items():
+            for r in _op_rows(rid, table):
+                made = proofs.get((rid, r["op"]))
+                if made:
+                    r["proof"] = made[r["sample"]]
+                rows.append(r)
+        canary = _op_rows("ov1", {("add", "float32"): ["pass_fallback"]})[0]
+        canary.update(item_key="add|canary|float32|0", variant="canary", proof=ov(0, [add], [add]))
+        st.insert("op_results", [*rows, canary])
+        render_site(st, tmp_path / "site")
+    site = tmp_path / "site"
+
+    def share(folder: str) -> dict[str, tuple[str, str]]:
+        html = read(site, f"{folder}/index.html")
+        table = re.search(r'<table class="counts backend-share">(.*?)</table>', html, re.S)
+        if table is None:
+            return {}
+        rows = re.findall(r'<tr data-status="([^"]+)">.*?<td class="n">([\d,]+)</td><td class="n" data-k="ran_none">'
+                          r'([\d,]+)</td>', table.group(1), re.S)
+        total = re.search(r"data-total-ran-none>([\d,]+)<", table.group(1)).group(1)
+        return {**{s: (n, none) for s, n, none in rows}, "total": total}
+
+    assert share("openvino") == {"pass": ("1", "0"), "pass_fallback": ("4", "2"), "mismatch": ("1", "1"), "total": "3"}
+    assert share("inductor") == {"pass": ("1", "0"), "pass_fallback": ("1", "1"), "total": "1"}
+    assert share("cpu") == {} and "What the backend ran" not in read(site, "cpu/index.html")
+    listed = read(site, "backends.html")
+    cells = {t: re.search(rf'<tr data-target="{t}">.*?data-k="ran_none">([^<]*)</td>', listed, re.S).group(1)
+             for t in ("cpu", "openvino", "inductor")}
+    assert cells == {"cpu": "—", "openvino": "3", "inductor": "1"}

@@ -56,7 +56,11 @@ class Compiled:
 
     ``graphs`` counts the graphs handed to the backend, ``frames`` the frames dynamo converted,
     ``graph_ops`` the ATen overloads in the compiled graphs and ``fallback_kernels`` those of
-    them the backend did not lower (it calls the ATen kernel)."""
+    them the backend did not lower (it calls the ATen kernel). ``backend_ran`` counts the parts
+    of the graphs the backend ran itself, for a backend that runs some parts of a graph and hands
+    the rest back to PyTorch (OpenVINO's subgraphs); 0 says that nothing of the item ran on the
+    backend. The report counts those items apart (``opdb.queries_counts.backend_share``: where a
+    target leaves it None, every graph op being a fallback kernel says the same)."""
 
     backend: str
     graphs: int = 0
@@ -66,6 +70,7 @@ class Compiled:
     graph_ops: set[str] = field(default_factory=set)
     fallback_kernels: set[str] = field(default_factory=set)
     compile_s: float = 0.0
+    backend_ran: int | None = None  # parts of the graphs the backend ran itself (None: not counted)
     # the backend's own evidence (JSON values): an exported model's node count and op types, the
     # runtime that ran it, subgraphs a partitioning backend ran itself
     extra: dict[str, Any] = field(default_factory=dict)
@@ -73,7 +78,8 @@ class Compiled:
     def evidence(self) -> dict[str, Any]:
         return {"backend": self.backend, "graphs": self.graphs, "frames": self.frames,
                 "graph_breaks": self.graph_breaks, "break_reasons": self.break_reasons[:5], "graph_ops": sorted(self.graph_ops),
-                "fallback_kernels": sorted(self.fallback_kernels), "compile_s": round(self.compile_s, 4), **self.extra}
+                "fallback_kernels": sorted(self.fallback_kernels), "compile_s": round(self.compile_s, 4),
+                **({} if self.backend_ran is None else {"backend_ran": self.backend_ran}), **self.extra}
 
 
 def overload_name(op: torch._ops.OpOverload) -> str:

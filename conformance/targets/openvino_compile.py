@@ -7,8 +7,9 @@ says which happened:
 
 - it partitions every graph: the ops its frontend supports run in OpenVINO subgraphs, the rest
   run as PyTorch kernels. Those are the item's ``fallback_kernels`` and its fallback ops
-  (``pass_fallback`` when the values pass); ``openvino_subgraphs`` counts the subgraphs OpenVINO
-  compiled and ran.
+  (``pass_fallback`` when the values pass); ``openvino_subgraphs`` (and the generic
+  ``backend_ran``) counts the subgraphs OpenVINO compiled and ran. An item with none ran wholly in
+  PyTorch: still ``pass_fallback`` when its values pass, and counted apart on the report.
 - by default it makes no subgraph of a single op (a lone op between unsupported ones stays in
   PyTorch), so a one-op sample would never reach OpenVINO; the target passes the option
   ``testing`` that allows single-op subgraphs (OpenVINO's own layer tests do the same).
@@ -186,6 +187,9 @@ class OpenVinoTarget(CompilerTarget):
             (outside if m.perm_fallback else inside).update(_ops(m.gm))
         record.graph_ops = inside | outside
         record.fallback_kernels = outside  # run by PyTorch between (or instead of) OpenVINO's subgraphs
+        # how much of the item OpenVINO ran: an op both in a subgraph that ran and outside one (or in
+        # a subgraph that failed) leaves graph_ops - fallback_kernels empty although a subgraph ran
+        record.backend_ran = len(ran)
         record.extra = {"openvino_subgraphs": len(ran), "openvino_ops": sorted(inside),
                         "openvino_failed": list(getattr(self, "_failures", []))[:3], "openvino_device": OPTIONS["device"]}
         return record

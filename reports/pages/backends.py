@@ -7,7 +7,8 @@ the worst status, linking to the op's page in that build. "Fails only on X" list
 the op × dtype groups whose samples fail there and pass on every other backend holding the same
 seeded sample (:func:`opdb.queries_report.fails_only_on`): the findings that are that backend's,
 each marked with what the backend's upstream project expects of it when the caller gave the
-site those lists (``Site.upstream``: listed already, or new to them).
+site those lists (``Site.upstream``: listed already, or new to them). A compiler target's column
+says how many of its run's items its backend ran none of (:func:`opdb.queries_counts.backend_share`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
+from opdb import queries_counts as qc
 from opdb import queries_report as q
 from opdb.status import FAILING, PASSED, ordered, worst
 
@@ -67,6 +69,7 @@ def pages(site: Site) -> Iterator[tuple[str, BackendsPage]]:
         slug = site.op_slugs(info).get(op)
         return f"{info.slug}/ops/{slug}.html" if slug else None
 
+    shares = qc.backend_share(site.store, [info.op_run["id"] for info in infos])
     backends = []
     for info in infos:
         mine = [o for o in only if o.run_id == info.op_run["id"]]
@@ -75,7 +78,8 @@ def pages(site: Site) -> Iterator[tuple[str, BackendsPage]]:
             target=info.target, info=info, href=f"{info.slug}/index.html", anchor="only-" + anchor(info.target),
             samples=sum(sum(c.values()) for c in counts),
             failing=sum(n for c in counts for s, n in c.items() if s in FAILING),
-            only_items=sum(o.items for o in mine), only_groups=len(mine)))
+            only_items=sum(o.items for o in mine), only_groups=len(mine),
+            ran_none=shares[info.op_run["id"]].none if info.op_run["id"] in shares else None))
 
     rows: list[list[Any]] = []
     disagree = 0

@@ -65,7 +65,8 @@ def pages(b: BuildScope) -> Iterator[tuple[str, SummaryPage]]:
         trend_svg=b.site.trend_svg(highlight=info.build),
         prev=Link(f"../{prev.slug}/index.html", prev.build) if prev and prev.rendered else None,
         links=links, traced_calls=q.traced_share(store, run["id"]) if run else (0, 0),
-        custom_checks=list(CUSTOM_CHECKS.values()), custom_ops=_custom_ops(b, run["id"]) if run else [])
+        custom_checks=list(CUSTOM_CHECKS.values()), custom_ops=_custom_ops(b, run["id"]) if run else [],
+        backend_share=qc.backend_share(store, [run["id"]]).get(run["id"]) if run else None)
 
 
 #: The custom-op lane's checks, as the build page heads them.
