@@ -123,3 +123,17 @@ def test_the_convolution_hooks_of_an_out_of_tree_device_are_scored_against_the_c
     scores = locate(t, call)["scores"]
     assert scores["aten::convolution_overrideable.default"] == 0
     assert scores["aten::convolution_backward_overrideable.default"] > 1
+
+
+def test_a_composite_that_calls_its_own_op_again_is_scored_whole_not_forever(emu):
+    """scaled_dot_product_attention's composite kernel dispatches to itself on a device without
+    its own kernel: the mode scores it once it is open instead of recursing without end."""
+    t = emu('[[defects]]\nop = "aten::bmm.default"\nkind = "wrong_result"\n')
+    q = torch.randn(2, 3, 4, 8)
+
+    def call():
+        qd = q.to(t.device).requires_grad_()
+        return torch.autograd.grad(torch.nn.functional.scaled_dot_product_attention(qd, qd, qd).sum(), [qd])
+
+    found = locate(t, call)
+    assert found is not None and local_blame({"locus": found})[0] == "aten::bmm.default"

@@ -112,6 +112,7 @@ class Differential(TorchDispatchMode):
         self.scores: dict[str, float] = {}
         self.calls: dict[str, int] = {}
         self.single: dict[str, float] = {}  # double-precision calls: the single-precision twin's score
+        self._open: set[torch._ops.OpOverload] = set()  # composites being run through their calls
 
     def _composite(self, func: torch._ops.OpOverload) -> torch._C.DispatchKey | None:
         """The composite kernel the device runs for ``func`` (None: the device has its own)."""
@@ -130,12 +131,17 @@ class Differential(TorchDispatchMode):
         flat, _ = tree_flatten((args, kwargs))
         if not self._on_device(flat) or torch.Tag.nondeterministic_seeded in func.tags:
             return func(*args, **kwargs)
-        composite = self._composite(func)
+        composite = self._composite(func) if func not in self._open else None
         if composite is not None:
             # no kernel of the device's own: the device runs PyTorch's composite one, whose calls
-            # are the device's kernels; they are scored, under this mode again
-            with self:
-                return func._op_dk(composite, *args, **kwargs)
+            # are the device's kernels; they are scored, under this mode again (a composite that
+            # calls its own op again is scored whole there)
+            self._open.add(func)
+            try:
+                with self:
+                    return func._op_dk(composite, *args, **kwargs)
+            finally:
+                self._open.discard(func)
         name = overload_name(func)
         if _is_view(func):
             self.scores.setdefault(name, 0.0)
