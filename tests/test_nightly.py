@@ -105,3 +105,33 @@ def test_the_nightly_command_exits_130_when_interrupted(tmp_path, monkeypatch):
     r = CliRunner().invoke(main, ["nightly", *ARGS, "--db", str(tmp_path / "n.sqlite"), "--site", str(tmp_path / "s")])
     assert r.exit_code == 130, r.output
     assert "nightly interrupted in the sweep of 2.33.0" in r.output and "--resume " in r.output
+
+
+def test_a_nightly_without_ops_checks_the_targets_custom_ops_and_says_so(tmp_path, monkeypatch):
+    """No nightly test runs the default selection (every OpInfo: hours), so the spec the command
+    builds is caught before it runs: without --ops the custom-op lane is in it (every custom op,
+    float32 and bfloat16) and the sweep's heading names it; --ops 'neuron::*' runs the lane alone,
+    and OpInfo globs alone leave it out."""
+    from click.testing import CliRunner
+
+    import conformance.gate.nightly
+    from conformance.cli import main
+    from conformance.customops import CUSTOM_OPS
+    from conformance.gate.nightly import NightlyResult, sweep_parts
+
+    specs = []
+
+    def caught(spec, db_path, **kw):
+        specs.append(spec)
+        return NightlyResult()
+
+    monkeypatch.setattr(conformance.gate.nightly, "run_nightly", caught)
+    for ops in ([], ["--ops", "neuron::*"], ["--ops", "abs"]):
+        r = CliRunner().invoke(main, ["nightly", *ops, "--db", str(tmp_path / "n.sqlite")])
+        assert r.exit_code == 0, r.output
+    plain, custom, opinfo = (s.run for s in specs)
+    assert [g.key for g in CUSTOM_OPS.groups(plain.selection)] == ["*::*|float32", "*::*|bfloat16"]
+    assert sweep_parts(plain) == ["OpInfo sweep", "schema search", "custom ops", "models"]
+    assert sweep_parts(custom) == ["custom ops", "models"]
+    assert sweep_parts(opinfo) == ["OpInfo sweep", "models"]
+    assert "the target's custom ops" in CliRunner().invoke(main, ["nightly", "--help"]).output

@@ -208,7 +208,8 @@ def nightly_cmd(target: str, builds: tuple[str, ...], ops: tuple[str, ...], dtyp
                 perf_models: tuple[str, ...], perf_model_limit: int, dist: bool, dist_world_sizes: str,
                 resume: str | None,
                 db_path: str, executor: str, ray_address: str | None, task_resources: tuple[str, ...]) -> None:
-    """The nightly: sweeps + models per build, coverage, the report site, and the gate.
+    """The nightly: sweeps (OpInfo, schema search, the target's custom ops) + models per build, coverage, the
+    report site, and the gate.
 
     Example: conformance nightly --build 2.32.0 --build 2.33.0 --ops "nn.functional.*" --model-limit 5
 

@@ -1,6 +1,7 @@
 """The nightly pipeline: for each build (oldest first) run the op sweep, the schema-driven
-coverage pass and the model corpus into one opdb; compute coverage; render the site; gate each
-build against the previous one.
+coverage pass, the target's custom ops (the custom-op lane, :mod:`conformance.customops`) and the
+model corpus into one opdb; compute coverage; render the site; gate each build against the
+previous one.
 
 Each stage is a plain function over one open store, run in order (like nox's workflow); the
 nightly opens the store once. Shards of a nightly run in separate processes into separate
@@ -212,8 +213,7 @@ def finish_stages(store: Store, spec: NightlySpec, result: NightlyResult, echo: 
 def sweep_stage(spec: NightlySpec, store: Store, result: NightlyResult, progress: Callable[[str], None] | None,
                 echo: Echo, *, resume: bool = False) -> None:
     builds = spec.builds or default_builds(spec.run.target)
-    parts = [name for name, on in (("OpInfo sweep", spec.run.opinfo), ("schema search", spec.run.schema),
-                                   ("models", bool(spec.run.models))) if on]
+    parts = sweep_parts(spec.run)
     if spec.run.executor != "local":
         _sweep_together(spec, builds, parts, store, result, progress, echo, resume=resume)
         return
@@ -233,6 +233,18 @@ def sweep_stage(spec: NightlySpec, store: Store, result: NightlyResult, progress
         if summary.interrupted:
             result.interrupted = str(build)
             return
+
+
+def sweep_parts(run: RunSpec) -> list[str]:
+    """What a build's sweep runs, in words: the OpInfo sweep, the schema search, the target's
+    custom ops (a run without ``--ops`` checks every one it has; ``--ops 'neuron::*'`` selects
+    them), the models."""
+    from conformance.customops import CUSTOM_OPS
+
+    selection = run.selection  # custom-op globs alone turn the OpInfo sweep off
+    return [name for name, on in (("OpInfo sweep", selection.opinfo), ("schema search", run.schema),
+                                  ("custom ops", bool(CUSTOM_OPS.groups(selection))),
+                                  ("models", bool(run.models))) if on]
 
 
 def _sweep_together(spec: NightlySpec, builds: Sequence[BuildRef], parts: list[str], store: Store,
