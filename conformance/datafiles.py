@@ -179,6 +179,9 @@ UPSTREAM_DTYPES = ("bool", "float16", "bfloat16", "float32", "float64", "int32",
 UPSTREAM_DEVICES = ("cpu", "cuda", "xpu")
 #: what the triage file may say of an expectation (re-found and the rest come from a run)
 UPSTREAM_CHECKED = ("stale", "holds", "untestable")
+#: which samples a standalone check of an expectation ran: every sample of the OpInfo, or only
+#: those the expectation's ``matchers`` pick (a fact of some samples whose list says which)
+UPSTREAM_CHECKED_ON = ("every", "matched")
 
 
 @dataclass(frozen=True)
@@ -208,6 +211,11 @@ class Expectation:
     source: Source
     reason: str = ""
     samples: str = "all"  # UPSTREAM_SAMPLES: "some" when upstream expects it of matched samples only
+    # a "some" fact's samples, as upstream's test data picks them: Python expressions of ``sample``
+    # (an OpInfo SampleInput, with ``torch``), any one true picks it. Empty: the list does not say
+    # which samples, so a standalone check runs every sample and can show only that the failure
+    # holds on some sample (maybe not one upstream means): conformance.triage.upstream.claim
+    matchers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -223,6 +231,8 @@ class Checked:
     # the targets the note holds for (empty: every target); e.g. a failure only Inductor's
     # implicit_fallbacks=False shows is untestable on ``inductor`` and testable on ``inductor-strict``
     targets: tuple[str, ...] = ()
+    # UPSTREAM_CHECKED_ON: the samples the check ran ("matched": only those the fact's matchers pick)
+    checked_on: str = "every"
 
     def holds_for(self, target: str | None) -> bool:
         return not self.targets or target is None or target in self.targets
@@ -277,12 +287,13 @@ def _upstream_file(path: Path) -> tuple[Expectation, ...]:
             raise _bad(path, kind, tables, f"an array of tables ([[{kind}]])")
         for i, raw in enumerate(tables):
             where = f"{kind}[{i}]"
-            e = _keys(path, where, raw, {"source", "device", "ops", "dtypes"}, {"reason", "samples"})
+            e = _keys(path, where, raw, {"source", "device", "ops", "dtypes"}, {"reason", "samples", "matchers"})
             if e["source"] not in sources:
                 raise _bad(path, f"{where}.source", e["source"], f"a [source.NAME] table: {', '.join(sources)}")
             device = _choice(path, f"{where}.device", e["device"], UPSTREAM_DEVICES)
             reason = _text(path, f"{where}.reason", e["reason"]) if "reason" in e else ""
             samples = _choice(path, f"{where}.samples", e["samples"], UPSTREAM_SAMPLES) if "samples" in e else "all"
+            matchers = _matchers(path, f"{where}.matchers", e["matchers"], samples) if "matchers" in e else ()
             for dtype in _names(path, f"{where}.dtypes", e["dtypes"]):
                 _choice(path, f"{where}.dtypes", dtype, UPSTREAM_DTYPES)
                 for op in _names(path, f"{where}.ops", e["ops"]):
@@ -291,15 +302,29 @@ def _upstream_file(path: Path) -> tuple[Expectation, ...]:
                         raise _bad(path, f"{where}.ops", op, f"an op listed once per source, device and dtype "
                                                             f"({op} {dtype} is listed twice in {e['source']})")
                     seen.add(key)
-                    out.append(Expectation(op, dtype, kind, device, sources[e["source"]], reason, samples))
+                    out.append(Expectation(op, dtype, kind, device, sources[e["source"]], reason, samples, matchers))
     return tuple(out)
+
+
+def _matchers(path: Path, key: str, value: Any, samples: str) -> tuple[str, ...]:
+    """A "some" fact's sample matchers: each a Python expression of ``sample``."""
+    import ast
+
+    if samples != "some":
+        raise _bad(path, key, value, 'matchers only with samples = "some" (a fact of every sample matches them all)')
+    for text in _names(path, key, value):
+        try:
+            ast.parse(text, mode="eval")
+        except SyntaxError as exc:
+            raise _bad(path, key, text, f"a Python expression of `sample` ({exc.msg})") from None
+    return tuple(value)
 
 
 @functools.cache
 def upstream_checks(path: Path = UPSTREAM_TRIAGE, facts: Path | tuple[Path, ...] = UPSTREAM_FILES,
                     ) -> dict[tuple[str, str, str], Checked]:
     """(source, op, dtype) -> what was shown about that expectation outside the harness."""
-    known = {(e.source.name, e.op, e.dtype) for e in upstream_expectations(facts)}
+    known = {(e.source.name, e.op, e.dtype): e for e in upstream_expectations(facts)}
     files = " or ".join(p.name for p in _paths(facts))
     data = _keys(path, "", read_toml(path), set(), {"check"})
     tables = data.get("check", [])
@@ -308,8 +333,11 @@ def upstream_checks(path: Path = UPSTREAM_TRIAGE, facts: Path | tuple[Path, ...]
     out: dict[tuple[str, str, str], Checked] = {}
     for i, raw in enumerate(tables):
         where = f"check[{i}]"
-        e = _keys(path, where, raw, {"source", "ops", "dtype", "outcome", "reason", "evidence"}, {"targets"})
+        e = _keys(path, where, raw, {"source", "ops", "dtype", "outcome", "reason", "evidence"},
+                  {"targets", "checked_on"})
         targets = _names(path, f"{where}.targets", e["targets"]) if "targets" in e else ()
+        checked_on = (_choice(path, f"{where}.checked_on", e["checked_on"], UPSTREAM_CHECKED_ON)
+                      if "checked_on" in e else "every")
         outcome = _choice(path, f"{where}.outcome", e["outcome"], UPSTREAM_CHECKED)
         dtype = _choice(path, f"{where}.dtype", e["dtype"], UPSTREAM_DTYPES)
         for op in _names(path, f"{where}.ops", e["ops"]):
@@ -319,8 +347,13 @@ def upstream_checks(path: Path = UPSTREAM_TRIAGE, facts: Path | tuple[Path, ...]
                                                     f"in {dtype}")
             if key in out:
                 raise _bad(path, f"{where}.ops", op, "an op checked once per source and dtype")
+            if checked_on == "matched" and not known[key].matchers:
+                # the list cannot say which samples upstream means: the check cannot have run only those
+                raise _bad(path, f"{where}.checked_on", checked_on,
+                           f"'every' for {op}: {files} records no matchers for it, so no check ran only its "
+                           f"matched samples")
             out[key] = Checked(e["source"], op, dtype, outcome, _text(path, f"{where}.reason", e["reason"]),
-                               _text(path, f"{where}.evidence", e["evidence"]), targets)
+                               _text(path, f"{where}.evidence", e["evidence"]), targets, checked_on)
     return out
 
 

@@ -58,6 +58,12 @@ path = "t.py"
      ["xfail[0].samples", "'few'"]),
     (FACTS + 'targets = "inductor"\n', ["source.s.targets", "'inductor'"]),
     (FACTS + 'variants = "function"\n', ["source.s.variants", "'function'"]),
+    (FACTS + '[[xfail]]\nsource = "s"\ndevice = "cpu"\nops = ["a"]\ndtypes = ["float32"]\nmatchers = ["x > 0"]\n',
+     ["xfail[0].matchers", 'samples = "some"']),
+    (FACTS + '[[xfail]]\nsource = "s"\ndevice = "cpu"\nops = ["a"]\ndtypes = ["float32"]\nsamples = "some"\n'
+     'matchers = ["sample.input.dim( == 0"]\n', ["xfail[0].matchers", "'sample.input.dim( == 0'", "expression"]),
+    (FACTS + '[[xfail]]\nsource = "s"\ndevice = "cpu"\nops = ["a"]\ndtypes = ["float32"]\nsamples = "some"\n'
+     'matchers = "len(sample.args) > 1"\n', ["xfail[0].matchers", "non-empty list"]),
 ])
 def test_bad_expectations_are_one_error_naming_file_key_and_value(tmp_path, text, names):
     path = tmp_path / "u.toml"
@@ -95,6 +101,11 @@ def test_a_runs_default_list_is_the_first_about_its_target():
      'evidence = "e"\n', ["check[0].ops", "'abs'"]),
     ('[[check]]\nsource = "newest"\nops = ["cholesky"]\ndtype = "float32"\noutcome = "stale"\nreason = ""\n'
      'evidence = "e"\n', ["check[0].reason", "''"]),
+    ('[[check]]\nsource = "newest"\nops = ["cholesky"]\ndtype = "float32"\noutcome = "holds"\nreason = "r"\n'
+     'evidence = "e"\nchecked_on = "some"\n', ["check[0].checked_on", "'some'", "every, matched"]),
+    # the shipped list records no matchers for scatter_add: no check can have run only its matched samples
+    ('[[check]]\nsource = "onnxscript"\nops = ["scatter_add"]\ndtype = "float32"\noutcome = "holds"\nreason = "r"\n'
+     'evidence = "e"\nchecked_on = "matched"\n', ["check[0].checked_on", "'matched'", "no matchers"]),
 ])
 def test_bad_triage_notes_are_one_error(tmp_path, text, names):
     path = tmp_path / "t.toml"
@@ -197,17 +208,74 @@ def test_an_onnxruntime_run_is_triaged_against_onnx_scripts_list(tmp_path):
     assert "(statuses of function items)" in lines[0]
     scatter = next(line for line in lines if line.split()[:1] == ["scatter_add"])
     assert scatter.split()[1:6] == ["upstream", "xfail", "(some", "samples)", "harness:"]
+    assert "; standalone: holds on some sample - standalone sample 6:" in scatter  # no claim on upstream's samples
     assert lines[-2:] == ["harness findings upstream does not list (1):", lines[-1]]
     assert lines[-1].split() == ["abs", "1", "error"]
     out = json.loads(CliRunner().invoke(main, ["upstream", "--db", str(path), "--run", "o1", "--json"]).output)
     rows = {r["op"]: r for r in out["triage"]}
     assert rows["scatter_add"]["samples"] == "some" and rows["scatter_add"]["outcome"] == "re-found"
     assert rows["special.erfcx"]["samples"] == "all"
+    assert rows["scatter_add"]["standalone"] == "holds on some sample" and rows["special.erfcx"]["standalone"] == "holds"
     # it still fails standalone; the run passed its forward sample (a refused backward re-finds nothing)
     assert rows["special.erfcx"]["outcome"] == "missed" and rows["special.erfcx"]["statuses"] == {"pass": 1}
     assert out["variants"] == ["function"]
     inductor = CliRunner().invoke(main, ["upstream", "--db", str(path), "--run", "o1", "--source", "newest"])
     assert inductor.exit_code == 0 and "against r266-tech/pytorch" in inductor.output
+
+
+def test_a_fact_of_some_samples_claims_no_more_than_its_check_ran():
+    """ONNX Script skips ``all`` of the samples its matcher picks; the stored list records no
+    matcher, so the standalone check ran every sample and its failure (a rank-0 input, sample 1)
+    may be another sample's: shown "holds on some sample", never as holding on upstream's."""
+    rows = {r.op: r for r in upstream.triage({("all", "float32"): {"pass": 3}}, source="onnxscript", dtype="float32")}
+    assert rows["all"].samples == "some" and rows["all"].standalone == "holds on some sample"
+    assert rows["special.erfcx"].samples == "all" and rows["special.erfcx"].standalone == "holds"
+    assert rows["addmm.decomposed"].standalone == "stale"  # every sample passed: the matched ones too
+    facts = {e.op: e for e in upstream.expectations() if e.source.name == "onnxscript"}
+    assert not any(e.matchers for e in facts.values())  # what the shipped list can say of its samples
+    assert all(n.checked_on == "every" for n in upstream.checked().values())
+    assert upstream.claim(facts["all"], "holds", "matched") == "holds on the matched samples"
+    assert upstream.claim(facts["all"], "untestable") == "untestable"
+    assert upstream.sample_picker(facts["all"]) is None and upstream.sample_picker(facts["special.erfcx"]) is None
+
+
+def test_the_standalone_check_runs_the_samples_a_facts_matchers_pick(capsys):
+    """tools/upstream_check_common: a fact of some samples with matchers is checked on the
+    samples they pick only, so "holds" comes from one of them; without matchers every sample
+    runs and the line says "holds on some sample". A fake check fails as ONNX Runtime did on
+    ``all`` (a rank-0 input reduced over a dim)."""
+    import dataclasses
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    import torch
+    import upstream_check_common as common
+
+    def check(fn, sample):  # noqa: ANN001, ANN202
+        rank0 = sample.input.dim() == 0 and isinstance(sample.kwargs.get("dim"), int)
+        return "axis must be in [-rank, rank-1]. Input rank was 0" if rank0 else ""
+
+    (shipped,) = common.listed_facts("onnxscript", "float32", ["all"])
+    tuples = dataclasses.replace(shipped, matchers=("isinstance(sample.kwargs.get('dim'), tuple)",))
+    rank0 = dataclasses.replace(shipped, matchers=("sample.input.dim() == 0 and 'dim' in sample.kwargs",
+                                                   "sample.args[5]"))  # raises on every sample: picks none
+    nothing = dataclasses.replace(shipped, matchers=("sample.input.dim() > 8",))
+    every = common.check_op("all", torch.float32, check, None, picks=upstream.sample_picker(shipped))
+    assert every[:3] == ("holds", "sample 1: axis must be in [-rank, rank-1]. Input rank was 0", 2)
+    assert every.checked_on == "every" and upstream.claim(shipped, every.outcome, every.checked_on) == \
+        "holds on some sample"
+    matched = common.check_op("all", torch.float32, check, None, picks=upstream.sample_picker(tuples))
+    assert (matched.outcome, matched.checked_on, matched.samples, matched.passed_over) == ("stale", "matched", 7, 13)
+    held = common.check_op("all", torch.float32, check, None, picks=upstream.sample_picker(rank0))
+    assert held[:3] == ("holds", "sample 1: axis must be in [-rank, rank-1]. Input rank was 0", 1)
+    assert upstream.claim(rank0, held.outcome, held.checked_on) == "holds on the matched samples"
+    none = common.check_op("all", torch.float32, check, None, picks=upstream.sample_picker(nothing))
+    assert none.outcome == "absent" and "none of its 20 samples" in none.why
+    common.run([shipped, tuples], torch.float32, check, None)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:5] == ["all", "holds", "on", "some", "sample"] and "2 all samples" in lines[0]
+    assert lines[1].split()[:2] == ["all", "stale"] and "7 matched samples" in lines[1]
 
 
 ONNX_DATA = '''
@@ -221,12 +289,16 @@ TESTED_TORCHLIB_OPS: tuple[TorchLibOpInfo, ...] = (
         matcher=lambda sample: not sample.kwargs, reason="one " "overload"
     ),
     TorchLibOpInfo("all", core_ops.aten_all).xfail(reason="rank 0"),
+    TorchLibOpInfo("any_dim", core_ops.aten_any_dim).skip(reason="a copy's entry without a matcher"),
+    TorchLibOpInfo("cat", core_ops.aten_cat).skip(matcher=lambda s: s.input[0].numel() == 0, reason="empty")
+    .xfail(matcher=lambda sample: len(sample.args) > 1, reason="dim given"),
     TorchLibOpInfo("relu6", nn_ops.aten_relu6).xfail(reason="eager only", test_class_name="TestOutputConsistencyEager"),
     TorchLibOpInfo("gelu", nn_ops.aten_gelu).xfail(reason="old ort", enabled_if=version_utils.onnxruntime_older_than("1.17"))
     .skip(reason="new torch", enabled_if=not version_utils.torch_older_than("2.4"), dtypes=(torch.float32,))
     .xfail(reason="cuda", device_type="cuda"),
 )
 ops_test_common.duplicate_opinfo(OPS_DB, "all", ("all_dim", "all_dims"))
+ops_test_common.duplicate_opinfo(OPS_DB, "any", ("any_dim",))
 '''
 
 
@@ -241,8 +313,13 @@ def test_onnx_scripts_test_data_becomes_float32_facts_of_the_export_path():
     from upstream_onnx_facts import facts
 
     found, left = facts(ONNX_DATA, "2.13.0+cpu", "1.32.0")
-    assert sorted(found) == ["addmm.decomposed", "all", "gelu"]
+    assert sorted(found) == ["addmm.decomposed", "all", "any", "cat", "gelu"]
     assert found["addmm.decomposed"].some and found["addmm.decomposed"].kinds == {"xfail"}
+    # a fact of some samples keeps what picks them (its matchers' expressions of `sample`), when it can
+    assert found["addmm.decomposed"].matchers == ["torch.numel(sample.input) == 0"]
+    assert found["cat"].some and found["cat"].matchers == ["(lambda s: s.input[0].numel() == 0)(sample)",
+                                                           "len(sample.args) > 1"]
+    assert found["any"].some and found["any"].matchers is None  # a copy's entry says no more: every sample
     # all: its own entry covers every sample; all_dim's (a copy of all's OpInfo) adds a reason
     assert not found["all"].some and found["all"].kinds == {"xfail", "skip"}
     assert found["all"].reasons == ["[upstream all_dim] one overload", "rank 0"]

@@ -125,10 +125,10 @@ def main() -> int:
     a = parser.parse_args()
     warnings.simplefilter("ignore")
     dtype = getattr(torch, a.dtype)
-    ops = common.listed_ops(a.source, a.dtype, a.ops)
+    facts = common.listed_facts(a.source, a.dtype, a.ops)
     config = "Inductor defaults" if a.default_config else "implicit_fallbacks=False"
-    print(f"# torch {torch.__version__}, {a.dtype}, source {a.source}, {config}: {len(ops)} ops")
-    common.run(ops, dtype, lambda fn, sample: check_sample(fn, sample, dtype, a.default_config), a.max_samples,
+    print(f"# torch {torch.__version__}, {a.dtype}, source {a.source}, {config}: {len(facts)} ops")
+    common.run(facts, dtype, lambda fn, sample: check_sample(fn, sample, dtype, a.default_config), a.max_samples,
                grad=True)
     return 0
 

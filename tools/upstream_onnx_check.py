@@ -4,14 +4,18 @@ ONNX Script's own OpInfo test for the exporter's torch_lib
 (``tests/function_libs/torch_lib/ops_test_data.py``, ``TestOutputConsistencyFullGraph``) runs
 each op's samples as an ONNX graph in ONNX Runtime and compares with eager PyTorch. For every op
 the stored expectations (``conformance/data/upstream_onnxruntime.toml``) list as an expected
-failure or skip for one dtype, this script runs every ``sample_inputs`` sample (no gradients)
+failure or skip for one dtype, this script runs its ``sample_inputs`` samples (no gradients)
 the way a user of ``torch.onnx.export`` would, outside the harness: ``torch.export.export``, the
 public ``torch.onnx.export(..., dynamo=True)`` and an ONNX Runtime CPU session, and compares with
 eager by ``torch.testing.assert_close`` at PyTorch's default tolerance (upstream's unless an op
-sets its own), values of random ops not compared (upstream checks their shapes only). One line
-per op: ``holds`` (some sample fails: the first reason; for an entry upstream expects of some
-samples only, that sample may not be one upstream's matcher picks), ``stale`` (every sample
-passes), ``unknown`` (the first ``--max-samples`` pass), or ``absent`` (no such OpInfo here).
+sets its own), values of random ops not compared (upstream checks their shapes only). The
+samples run are every sample, or, for an entry upstream expects of some samples only, those its
+recorded ``matchers`` pick. One line per op: ``holds`` (a sample fails: the first reason),
+``holds on the matched samples`` (one of the samples upstream's matchers pick fails),
+``holds on some sample`` (an entry of some samples whose list records no matchers: every sample
+ran, and the failing one may not be one upstream's matcher picks), ``stale`` (every sample run
+passes), ``unknown`` (the first ``--max-samples`` pass), or ``absent`` (no such OpInfo here, or
+no sample it is about).
 
     .venv/bin/python tools/upstream_onnx_check.py --dtype float32
     .venv/bin/python tools/upstream_onnx_check.py --ops nn.functional.pad.reflect --max-samples 4
@@ -130,10 +134,10 @@ def main() -> int:
 
     opset = _registration.ONNXRegistry.from_torchlib().opset_version  # the sweep's opset
     dtype = getattr(torch, a.dtype)
-    ops = common.listed_ops(a.source, a.dtype, a.ops)
+    facts = common.listed_facts(a.source, a.dtype, a.ops)
     print(f"# torch {torch.__version__}, onnxscript {onnxscript.__version__}, onnxruntime "
-          f"{onnxruntime.__version__}, opset {opset}, {a.dtype}, source {a.source}: {len(ops)} ops")
-    common.run(ops, dtype, lambda fn, sample: check_sample(fn, sample, opset), a.max_samples)
+          f"{onnxruntime.__version__}, opset {opset}, {a.dtype}, source {a.source}: {len(facts)} ops")
+    common.run(facts, dtype, lambda fn, sample: check_sample(fn, sample, opset), a.max_samples)
     return 0
 
 

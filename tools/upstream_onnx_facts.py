@@ -16,12 +16,16 @@ package). Which entries become facts, for the harness's ``--target onnxruntime``
   only float32 facts are written. ``complex=True`` entries test complex dtypes only, and are left out;
 - the name: ``op_info_name[.variant_name]``. A name upstream made with ``duplicate_opinfo``
   (``all_dim`` is a copy of ``all``, for one overload) is mapped to the original OpInfo, and
-  covers some of its samples (``samples = "some"``), as does an entry with a ``matcher``.
+  covers some of its samples (``samples = "some"``), as does an entry with a ``matcher``. A
+  matcher (a lambda of ``sample``) is written as its expression (``matchers``), so that a
+  standalone check runs the samples it picks; a copy's entry without one, or a matcher that is no
+  lambda, leaves the fact without ``matchers`` (the list cannot say which samples: its check
+  runs every sample, see ``conformance.triage.upstream.claim``).
   ``prims_*`` copies test ``prims.*`` functions an ATen graph never reaches, so they are left out.
   ``ops.aten.*`` names come from upstream's own extra OpInfos, which are not in PyTorch's
   ``op_db``. They are kept, and a run shows them as not swept;
 - several entries for one op are one fact: an xfail if any is, covering all samples if any does,
-  with the reasons joined.
+  with the reasons and matchers joined (a sample any of them picks).
 
     python tools/upstream_onnx_facts.py ops_test_data.py --commit SHA > conformance/data/upstream_onnxruntime.toml
 """
@@ -41,6 +45,9 @@ class Fact:
     kinds: set[str] = field(default_factory=set)
     some: bool = True
     reasons: list[str] = field(default_factory=list)
+    # the expressions of ``sample`` its entries' matchers are; None once an entry of some samples
+    # says no more (a copy's entry without a matcher, a matcher that is no lambda)
+    matchers: list[str] | None = field(default_factory=list)
 
 
 def _older_than(installed: str):  # noqa: ANN202
@@ -127,9 +134,25 @@ def facts(source: str, torch_version: str, ort_version: str,
                 fact = found.setdefault(op, Fact(op))
                 fact.kinds.add(call.func.attr)
                 fact.some = fact.some and ("matcher" in kw or base != name)
+                if "matcher" in kw or base != name:
+                    picks = _matcher(kw.get("matcher"))
+                    if picks is None or fact.matchers is None:
+                        fact.matchers = None
+                    elif picks not in fact.matchers:
+                        fact.matchers.append(picks)
                 why = ast.literal_eval(kw["reason"])
                 fact.reasons.append(why if base == name else f"[upstream {name}] {why}")
     return found, left
+
+
+def _matcher(node: ast.expr | None) -> str | None:
+    """A ``matcher=lambda sample: EXPR`` as ``EXPR`` (a lambda naming its argument otherwise is
+    called on ``sample``); None for no matcher or one that is not a lambda."""
+    if not isinstance(node, ast.Lambda) or len(node.args.args) != 1:
+        return None
+    if node.args.args[0].arg == "sample":
+        return ast.unparse(node.body)
+    return f"({ast.unparse(node)})(sample)"
 
 
 def _toml(value: str) -> str:
@@ -150,7 +173,8 @@ def main() -> int:
     kept = ", ".join(f"{n} {why}" for why, n in left.items() if n)
     print(f"""# ONNX Script's own expectations for the ONNX exporter's torch_lib functions run in ONNX Runtime
 # (tests/function_libs/torch_lib/ops_test_data.py, TESTED_TORCHLIB_OPS .xfail/.skip), float32, as
-# facts (op, dtype, expectation, samples). Written by tools/upstream_onnx_facts.py (its
+# facts (op, dtype, expectation, samples, and for a fact of some samples the matchers that pick
+# them, as expressions of `sample`). Written by tools/upstream_onnx_facts.py (its
 # docstring says which entries become facts) with torch {torch.__version__} and onnxruntime
 # {onnxruntime.__version__} deciding each entry's enabled_if. Entries left out: {kept}.
 # Loaded and validated by conformance.triage.upstream.expectations(); what a standalone check
@@ -178,6 +202,8 @@ note = "a mid-2024 version (its enabled_if checks reach torch 2.4 and onnxruntim
         print(f"[[{kind}]]\nsource = \"onnxscript\"\ndevice = \"cpu\"\nops = [{_toml(op)}]\ndtypes = [\"float32\"]")
         if fact.some:
             print('samples = "some"')
+            if fact.matchers:
+                print(f"matchers = [{', '.join(_toml(m) for m in fact.matchers)}]")
         print(f"reason = {_toml(reason)}\n")
     return 0
 

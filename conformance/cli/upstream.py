@@ -36,6 +36,9 @@ def upstream_cmd(db_path: str, run_id: str, source: str | None, dtype: str, as_j
     standalone check passes it here: tools/upstream_inductor_check.py or
     upstream_onnx_check.py), untestable
     (with the reason), not swept, or missed. Recall = re-found / (total - stale - not swept).
+    A fact that still fails standalone says on which samples: "holds on some sample" where
+    upstream expects it of some samples and the check ran every sample (the list does not say
+    which), "holds on the matched samples" where it ran those upstream's matchers pick.
     Exit 0 whatever it finds (it is a report, not a gate).
 
     Example: conformance upstream --db results/opdb.sqlite --run RUN_ID
@@ -61,7 +64,7 @@ def upstream_cmd(db_path: str, run_id: str, source: str | None, dtype: str, as_j
         click.echo(json.dumps({
             "run": run_id, "target": run.get("target"), "source": str(src), "variants": list(src.variants), "dtype": dtype,
             "triage": [{"op": r.op, "expectation": r.expectation, "samples": r.samples, "outcome": r.outcome,
-                        "statuses": r.statuses, "why": r.why} for r in rows],
+                        "statuses": r.statuses, "standalone": r.standalone, "why": r.why} for r in rows],
             "counts": {o: sum(r.outcome == o for r in rows) for o in upstream.OUTCOMES},
             "recall": {"re_found": found, "of": denominator},
             "unknown_to_upstream": [{"op": op, "dtype": dt, "statuses": s} for op, dt, s in unknown]}, indent=1))
@@ -77,7 +80,9 @@ def upstream_cmd(db_path: str, run_id: str, source: str | None, dtype: str, as_j
         for r in group:
             why = f" - {r.why}" if r.why else ""
             some = " (some samples)" if r.samples == "some" else ""
-            click.echo(f"  {r.op:46s} upstream {r.expectation:5s}{some} harness: {_statuses(r.statuses)}{why}")
+            # a standalone failure is worded by the samples it was found on (upstream.claim)
+            alone = f"; standalone: {r.standalone}" if r.standalone.startswith("holds") else ""
+            click.echo(f"  {r.op:46s} upstream {r.expectation:5s}{some} harness: {_statuses(r.statuses)}{alone}{why}")
     share = f"{found}/{denominator} = {found / denominator:.0%}" if denominator else "n/a (nothing to re-find)"
     click.echo(f"recall of upstream-known failures among the swept ops: {share} "
                f"(stale {sum(r.outcome == 'stale' for r in rows)}, "

@@ -14,6 +14,13 @@ status for the op x dtype),
 ``not swept`` (the run has no item of it), or ``missed``; :func:`unknown_findings` lists the
 run's failing op x dtype pairs upstream does not list.
 
+A fact upstream expects of some samples only (``samples = "some"``: its test picks them with a
+matcher) is checked standalone on the samples its ``matchers`` pick (:func:`sample_picker`).
+Where the stored list does not say which samples (no ``matchers``), the check runs every sample,
+and a failure it finds may be another sample's than the one upstream means: :func:`claim` words
+such a note "holds on some sample", and one checked on the matched samples "holds on the
+matched samples", so no verdict claims more than was checked (``TriageRow.standalone``).
+
 Example::
 
     >>> from conformance.triage.upstream import expectations, triage
@@ -27,8 +34,9 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from conformance import datafiles
 from conformance.datafiles import DataFileError
@@ -49,6 +57,50 @@ class TriageRow:
     statuses: dict[str, int]  # the run's statuses of the op x dtype (all variants)
     why: str  # the triage file's reason, or the upstream reason
     samples: str = "all"  # "some": upstream expects it of the samples it matches only
+    # what a standalone check showed (:func:`claim`: "holds on some sample" where it ran every
+    # sample of a fact of some samples); "" where the triage file has no note for it
+    standalone: str = ""
+
+
+def claim(fact: datafiles.Expectation, outcome: str, checked_on: str = "every") -> str:
+    """A standalone check's ``outcome`` for ``fact``, worded to claim no more than it checked.
+
+    A failure found on a fact of every sample ``holds``; on a fact of some samples it ``holds on
+    the matched samples`` only where the check ran the samples upstream's matchers pick
+    (``checked_on`` "matched"), else it ``holds on some sample`` (every sample was run, and the
+    failing one may be another than upstream means). ``stale`` needs no such words: every sample
+    that ran passed, the matched ones with them.
+
+    >>> some = next(e for e in expectations() if e.source.name == "onnxscript" and e.op == "scatter_add")
+    >>> claim(some, "holds"), claim(some, "stale")
+    ('holds on some sample', 'stale')
+    """
+    if outcome != "holds" or fact.samples != "some":
+        return outcome
+    return "holds on the matched samples" if checked_on == "matched" else "holds on some sample"
+
+
+def sample_picker(fact: datafiles.Expectation) -> Callable[[Any], bool] | None:
+    """Whether a sample is one ``fact`` is about (any of its matchers true; a matcher that raises
+    on a sample does not pick it), or None where every sample is: a fact of every sample, or one
+    of some samples whose list records no matchers (its check runs every sample; see :func:`claim`)."""
+    if fact.samples != "some" or not fact.matchers:
+        return None
+    import torch
+
+    tests = [eval(compile(f"lambda sample: ({m})", f"{fact.source.name}:{fact.op}", "eval"),  # noqa: S307
+                  {"torch": torch}) for m in fact.matchers]
+
+    def picks(sample: Any) -> bool:
+        for test in tests:
+            try:
+                if test(sample):
+                    return True
+            except Exception:  # noqa: BLE001 - a matcher that cannot read the sample does not pick it
+                continue
+        return False
+
+    return picks
 
 
 def statuses_by_pair(cells: Iterable[tuple[str, str, str, int]]) -> dict[tuple[str, str], dict[str, int]]:
@@ -90,7 +142,8 @@ def triage(pairs: Mapping[tuple[str, str], Mapping[str, int]], *, source: str = 
             outcome = "not swept"
         else:
             outcome = "missed"
-        rows.append(TriageRow(e.op, dtype, e.expectation, outcome, st, why, e.samples))
+        rows.append(TriageRow(e.op, dtype, e.expectation, outcome, st, why, e.samples,
+                              claim(e, note.outcome, note.checked_on) if note else ""))
     return rows
 
 
