@@ -12,7 +12,9 @@ builds: it measures the harness against the truth, and the harness itself never 
 
 The full build is swept once (the whole OpInfo database by default); its causes are computed,
 and a seeded sample of causes (``--sample``, up to ``--members`` items of each) is labelled: the
-hand check of purity, done by ablation instead of by eye.
+hand check of purity, done by ablation instead of by eye. Only the sampled items run on the
+ablation builds, each in a worker process with the full run's settings (a crash or hang there
+labels that item and the worker restarts past it); labels are kept in ``--keep`` per build.
 
 A cause is *pure* when one mechanism explains all its items (their labels share one), or all
 its items have the same label (the empty one included: items no single mechanism fails). A real
@@ -124,11 +126,9 @@ def without_manifest(folder: Path, build: str, name: str, mech: dict[str, str], 
     return path
 
 
-def run(db: Path, build: str, ops: list[str], dtypes: str, workers: int, timeout: float | None = None) -> None:
+def run(db: Path, build: str, ops: list[str], dtypes: str, workers: int) -> None:
     cmd = [sys.executable, "-m", "conformance", "run", "--target", "neuron-emu", "--build", build,
            "--dtypes", dtypes, "--no-schema", "--db", str(db), "--quiet", "--exit-zero", "-n", str(workers)]
-    if timeout is not None:
-        cmd += ["--timeout", str(timeout)]
     for o in ops:
         cmd += ["--ops", o]
     t0 = time.perf_counter()
@@ -140,6 +140,74 @@ def statuses(db: Path) -> dict[str, str]:
     with Store.open(db) as st:
         run_id = st.runs()[-1]["id"]
         return {k: r["status"] for k, r in q.results_by_key(st, run_id, columns=("status",)).items()}
+
+
+def label_worker(build: str, run_db: str, want_file: str, timeout: float) -> None:
+    """In a process of its own: the chosen items of ``want_file`` ({"op|dtype": [item keys]}) run
+    on ``build`` with the full run's settings, one JSON line per item started and finished."""
+    import signal
+
+    from conformance.run.spec import RunSpec
+    from conformance.sweep import run_group
+    from conformance.targets import get_target
+    from conformance.work import Group, Skip
+
+    with Store.open(run_db) as st:
+        config = RunSpec.from_run(st.runs()[-1], refcache="none").sweep_config()
+    target = get_target("neuron-emu", build)
+    target.setup()
+
+    def started(key: str) -> None:
+        signal.alarm(int(timeout))  # a hang ends the process; the driver names the item
+        print(json.dumps(["start", key]), flush=True)
+
+    for group, keys in json.loads(Path(want_file).read_text()).items():
+        op, dtype = group.rsplit("|", 1)
+        for row in run_group(target, Group(op, dtype), config, skip=Skip(only=frozenset(keys)), on_start=started):
+            print(json.dumps(["done", row["item_key"], row["status"]]), flush=True)
+        signal.alarm(0)
+
+
+def label_run(folder: Path, name: str, build: str, run_db: Path, keys: set[str], timeout: float) -> dict[str, str]:
+    """The statuses of ``keys`` on ``build`` (cached in ``folder/name.json``): the items run alone,
+    in a worker process restarted past an item that killed it (that item: 'crash')."""
+    cache = folder / f"{name}.json"
+    got: dict[str, str] = json.loads(cache.read_text()) if cache.exists() else {}
+    fresh = len(keys - set(got))
+    t0 = time.perf_counter()
+    while True:
+        left: dict[str, list[str]] = defaultdict(list)
+        for k in sorted(keys - set(got)):
+            op, _, dtype, _ = k.split("|")
+            left[f"{op}|{dtype}"].append(k)
+        if not left:
+            break
+        want = folder / f"{name}.want.json"
+        want.write_text(json.dumps(left))
+        proc = subprocess.run([sys.executable, __file__, "--label-worker", build, str(run_db), str(want), str(timeout)],
+                              capture_output=True, text=True)
+        last = None
+        for line in proc.stdout.splitlines():
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue
+            if msg[0] == "start":
+                last = msg[1]
+            elif msg[0] == "done":
+                got[msg[1]] = msg[2]
+                last = None
+        if proc.returncode == 0:
+            for k in keys - set(got):
+                got[k] = "absent"  # the group made no such item on this build
+            break
+        if last is None or last in got:
+            raise RuntimeError(f"label worker for {name} failed: {proc.stderr[-2000:]}")
+        got[last] = "timeout" if proc.returncode in (-14, 142) else "crash"
+    cache.write_text(json.dumps(got))
+    if fresh:
+        print(f"  {name}: {fresh} items in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    return {k: got[k] for k in keys}
 
 
 def assignments(st: Store, run_id: str) -> dict[str, str]:
@@ -179,19 +247,22 @@ def score(members: dict[str, list[str]], labels: dict[str, frozenset[str] | None
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["--label-worker"]:
+        label_worker(sys.argv[2], sys.argv[3], sys.argv[4], float(sys.argv[5]))
+        return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", default="2.33.0")
     ap.add_argument("--dtypes", default="float32,bfloat16,float64,int64")
     ap.add_argument("--ops", action="append", default=[], help="OpInfo globs (default: every OpInfo)")
     ap.add_argument("--keep", help="keep the databases and manifests here")
-    ap.add_argument("--reuse", action="store_true", help="take the databases already in --keep")
+    ap.add_argument("--reuse", action="store_true", help="take the full run (and labels) already in --keep")
     ap.add_argument("--sample", type=int, default=50, help="causes in the seeded sample (of each method)")
-    ap.add_argument("--members", type=int, default=12, help="items labelled per sampled cause")
+    ap.add_argument("--members", type=int, default=8, help="items labelled per sampled cause")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("-n", "--workers", type=int, default=2)
-    ap.add_argument("--timeout", type=float, default=20.0,
+    ap.add_argument("--timeout", type=float, default=30.0,
                     help="seconds per item in the ablation runs (a quadratic op's largest ladder rungs time out "
-                         "at any limit; the label counts how many sampled items did)")
+                         "at any limit; the output counts how many sampled items did)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(args.keep or tmp)
@@ -199,7 +270,7 @@ def main() -> None:
         full = folder / "full.sqlite"
         mech = mechanisms(args.build)
         if not (args.reuse and full.exists()):
-            for f in folder.glob("*.sqlite"):
+            for f in [*folder.glob("*.sqlite"), *folder.glob("*.json")]:
                 f.unlink()
             run(full, args.build, args.ops, args.dtypes, args.workers)
         with Store.open(full) as st:
@@ -227,36 +298,31 @@ def main() -> None:
                    "run-wide blame alone (before)": sample_members(before, args.sample, args.members, args.seed)}
         wanted = {k for m in samples.values() for keys in m.values() for k in keys}
         ops = sorted({k.split("|")[0] for k in wanted})
-        dtypes = ",".join(sorted({k.split("|")[2] for k in wanted} - {"any"})) or args.dtypes
         print(f"labelling {len(wanted):,} items of {len(ops)} OpInfos; {len(mech)} mechanisms: {', '.join(mech)}",
               file=sys.stderr)
         alone: dict[str, set[str]] = {k: set() for k in wanted}
         seen: set[str] = set()
+        timed_out = 0
         for i, (name, body) in enumerate([*mech.items(), ("none", None)]):
-            db = folder / f"alone{i}.sqlite"
-            if not (args.reuse and db.exists()):
-                run(db, str(alone_manifest(folder, args.build, f"alone{i}", body)), ops, dtypes, args.workers,
-                    args.timeout)
-            for k, st_ in statuses(db).items():
-                if k in alone:
-                    seen.add(k)
-                    if st_ not in NOT_FAILING:
-                        alone[k].add(name)
+            build = str(alone_manifest(folder, args.build, f"alone{i}", body))
+            for k, st_ in label_run(folder, f"alone{i}", build, full, wanted, args.timeout).items():
+                if st_ == "absent":
+                    continue
+                seen.add(k)
+                timed_out += st_ == "timeout"
+                if st_ not in NOT_FAILING:
+                    alone[k].add(name)
         # where no mechanism alone fails an item, or several do: which ones it needs
-        unclear = sorted({k.split("|")[0] for k, v in alone.items() if len(v) != 1})
+        unclear = {k for k, v in alone.items() if len(v) != 1 and k in seen}
         needed: dict[str, set[str]] = {k: set() for k in wanted}
         for i, name in enumerate(mech):
-            db = folder / f"without{i}.sqlite"
-            if unclear and not (args.reuse and db.exists()):
-                run(db, str(without_manifest(folder, args.build, f"without{i}", mech, name)), unclear, dtypes,
-                    args.workers, args.timeout)
-            if db.exists():
-                for k, st_ in statuses(db).items():
-                    if k in needed and st_ in NOT_FAILING and st_ != "skip":
-                        needed[k].add(name)
+            if not unclear:
+                break
+            build = str(without_manifest(folder, args.build, f"without{i}", mech, name))
+            for k, st_ in label_run(folder, f"without{i}", build, full, unclear, args.timeout).items():
+                if st_ in NOT_FAILING and st_ != "skip":
+                    needed[k].add(name)
         labels = {k: frozenset(needed[k] or alone[k]) if k in seen else None for k in wanted}
-        timed_out = sum(1 for i in range(len(mech) + 1) for k, st_ in statuses(folder / f"alone{i}.sqlite").items()
-                        if k in wanted and st_ == "timeout")
         print(f"sampled items timed out in an ablation run: {timed_out} (item x run)")
         print("labels:", dict(Counter("+".join(sorted(v)) or "none" for v in labels.values() if v is not None)
                               .most_common()), f"(not in the ablation runs: {sum(v is None for v in labels.values())})")
