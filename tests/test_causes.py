@@ -351,6 +351,11 @@ def test_mismatches_are_blamed_split_by_precision_merged_by_sample_and_by_dtype(
     # ... but not where float32 passes only within its tolerance (a kernel of reduced precision)
     rows.append(_mismatch(rid, "erf", "float64", 0, ["aten::erf.default"]))
     rows.append(_mismatch(rid, "erf", "float32", 0, ["aten::erf.default"], rms=300.0, status="pass"))
+    # ... nor where the item's own localisation found a kernel wrong beyond single precision:
+    # that evidence is the item's own, the float32 item's only a neighbour's
+    own = _mismatch(rid, "expm1", "float64", 0, ["aten::expm1.default"])
+    own["proof"] = json.dumps({"locus": {"scores": {"aten::expm1.default": 900.0}, "single": {"aten::expm1.default": 0.5}}})
+    rows += [own, _mismatch(rid, "expm1", "float32", 0, ["aten::expm1.default"], rms=0.5, status="pass")]
     st.insert("op_results", rows)
     with st:
         ca.compute(st, rid)
@@ -365,6 +370,7 @@ def test_mismatches_are_blamed_split_by_precision_merged_by_sample_and_by_dtype(
     assert {got[f"{op}|function|float64|0"] for op in ("exp", "log", "sin", "cos", "tanh")} == {
         "mismatch: values differ in float64 only (float32 passes exactly)"}
     assert got["erf|function|float64|0"] == "mismatch at aten::erf.default: values differ in double precision"
+    assert got["expm1|function|float64|0"] == "mismatch at aten::expm1.default: values differ in double precision"
 
 
 def test_a_double_precision_error_of_single_precision_is_the_dtypes_cause():

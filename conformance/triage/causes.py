@@ -207,13 +207,15 @@ def _op_signatures(store: Store, run_id: str, rows: list[dict[str, Any]], rx: Ru
     - a mismatch in a dtype where the float32 item of the same op, variant and sample passes
       exactly (:func:`_exact32`) is that dtype's own ("<dtype> only") when such mismatches reach
       :data:`DTYPE_LEVEL_OVERLOADS` overloads or more (the device's handling of the dtype, not one
-      kernel);
+      kernel), unless its own localisation found the kernel, or single precision, to blame (that
+      evidence is the item's own, the float32 twin's only a neighbour's);
     - an in-place or out= item, or a variants contract, whose function item on the same sample
       mismatches takes that item's cause (it is the same wrong value, met again)."""
     counts = qc.native_counts(store, run_id)
     passes32 = qc.float32_passing(store, run_id)
     sigs: list[Signature] = []
     dtype_only: dict[str, set[str]] = {}
+    localised: set[int] = set()  # rows whose own localisation decided their cause
     for row in rows:
         if row["status"] != "mismatch":
             sig = op_signature(row, rx=rx)
@@ -222,17 +224,21 @@ def _op_signatures(store: Store, run_id: str, rows: list[dict[str, Any]], rx: Ru
             sigs.append(sig)
             continue
         blamed, single = local_blame(row.get("proof"), rx.never_blamed)
+        if single is not None:
+            localised.add(len(sigs))
         sig = op_signature(row, blamed=blamed or blame(row.get("native_ops"), counts, rx.never_blamed),
                            rx=rx, single=single)
         if row["dtype"] in DOUBLE and sig.locus:
             sig = Signature(sig.kind, sig.exc, sig.pattern + " in double precision", sig.locus)
-        if row["dtype"] not in ("float32", "any") and sig.locus and _exact32(passes32, row):
+        if row["dtype"] not in ("float32", "any") and sig.locus and _exact32(passes32, row) \
+                and len(sigs) not in localised:
             dtype_only.setdefault(row["dtype"], set()).add(sig.locus)
         sigs.append(sig)
     wide = {d for d, loci in dtype_only.items() if len(loci) >= DTYPE_LEVEL_OVERLOADS}
     function: dict[tuple[str, str, Any], Signature] = {}
     for i, (row, sig) in enumerate(zip(rows, sigs, strict=True)):
-        if sig.kind == "mismatch" and sig.locus and row["dtype"] in wide and _exact32(passes32, row):
+        if (sig.kind == "mismatch" and sig.locus and row["dtype"] in wide and _exact32(passes32, row)
+                and i not in localised):
             what = sig.pattern.removesuffix(" in double precision")
             sigs[i] = sig = Signature("mismatch", "", f"{what} in {row['dtype']} only (float32 passes exactly)")
         if row["variant"] == "function" and sig.kind == "mismatch":
