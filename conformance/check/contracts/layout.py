@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from conformance.check import execute
+from conformance.check import execute, selfcheck
 from conformance.check.compare import Meta, bitwise_equal, leaves
 from conformance.check.execute import clone_sample, err, phase, to_cpu
 from conformance.check.placement import filler
@@ -253,13 +253,22 @@ def check_noncontiguous(s: Subject) -> Check | None:
 
 
 def _reads_the_gaps(s: Subject, cpu_got: Any) -> bool:
-    """Whether the CPU's result on non-contiguous inputs changes with what fills the gaps between
-    their elements (the view's values are the same): its kernel reads memory the view skips."""
+    """Whether the CPU's result on non-contiguous inputs is no reference: it changes with what
+    fills the gaps between their elements (the view's values are the same), or it does not agree
+    with itself when computed again on poisoned memory (:func:`conformance.check.selfcheck.
+    again_on_poisoned`): its kernel reads memory the view skips, or past it."""
     phase("cpu")
     try:
         other = clone_sample(s.sample, lambda t: noncontiguous_copy(t.detach(), "cpu", gap=0), "cpu")
         again = execute.invoke(s.fn, "function", other, "cpu", None)
     except Exception:  # noqa: BLE001 - it refused the other fill: it looked at the gaps
         return True
-    return not s.same(again, cpu_got)[0]
+    if not s.same(again, cpu_got)[0]:
+        return True
 
+    def reference() -> tuple[Any, Any, str | None]:
+        moved = clone_sample(s.sample, lambda t: noncontiguous_copy(t.detach(), "cpu"), "cpu")
+        return execute.invoke(s.fn, "function", moved, "cpu", None), moved, None
+
+    runs, raised = selfcheck.again_on_poisoned(reference, to_cpu(cpu_got))
+    return raised is not None or selfcheck.undefined(to_cpu(cpu_got), *runs).any
