@@ -155,10 +155,17 @@ def _fingerprint_line(ev: Mapping[str, Any], b: Mapping[str, Any], c: Mapping[st
     return (f"RMS error {_g(b.get('rms_eps'))} -> {_g(c.get('rms_eps'))} eps"
             + (f" (x{_g(ratio)})" if ratio is not None else "")
             + f", bias {_g(b.get('bias_eps'))} -> {_g(c.get('bias_eps'))} eps, p99 {_g(b.get('p99_eps'))} -> "
-            f"{_g(c.get('p99_eps'))} eps over {c.get('elements')} elements of {ev.get('samples')} samples; "
+            f"{_g(c.get('p99_eps'))} eps over {c.get('elements')} elements{_of_samples(ev.get('samples'))}; "
             f"{ev.get('changed_pairs')} of {ev.get('probe_pairs')} probe pairs changed ({ev.get('worse_pairs')} "
             f"larger, {ev.get('up_pairs')} up; sign-test p={_g(ev.get('p_magnitude'))} magnitude, "
             f"{_g(ev.get('p_bias'))} bias)")
+
+
+def _of_samples(n: Any) -> str:
+    """' of 3 samples' (an op group's), '' where the item is one graph (a model's: no samples)."""
+    if not isinstance(n, int):
+        return ""
+    return f" of {n} sample{'' if n == 1 else 's'}"
 
 
 def group_findings(findings: Iterable[Mapping[str, Any]]) -> list[FindingGroup]:

@@ -198,3 +198,14 @@ def test_the_report_says_one_sample_and_two_samples():
     assert t.render(n=1) == "1 sample, overload, family, day, pass"
     assert t.render(n=2) == "2 samples, overloads, families, days, passes"
     assert t.render(n=0).startswith("0 samples")
+
+
+def test_a_drift_line_names_samples_only_where_the_item_has_some():
+    """A model graph's drift is one item with no samples: its line said 'of None samples'."""
+    from opdb.findings import numerics_line
+
+    ev = {"probe_pairs": 248, "changed_pairs": 220, "worse_pairs": 146, "up_pairs": 79, "p_magnitude": 1e-9,
+          "p_bias": 0.2, "rms_ratio": 140.0, "baseline": {"rms_eps": 2.2e5}, "candidate": {"rms_eps": 3.1e7, "elements": 552}}
+    assert "552 elements;" in numerics_line(ev) and "None" not in numerics_line(ev)
+    assert "552 elements of 1 sample;" in numerics_line({**ev, "samples": 1})
+    assert "552 elements of 3 samples;" in numerics_line({**ev, "samples": 3})
