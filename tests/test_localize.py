@@ -84,6 +84,15 @@ def test_double_precision_computed_in_single_is_the_dtypes_and_a_worse_kernel_it
     # cause, at no kernel
     assert mm["scores"]["aten::mm.default"] > 1 and mm["single"]["aten::mm.default"] == mm["scores"]["aten::mm.default"]
     assert local_blame({"locus": mm}) == ("", True)
+    # an in-place call's twin starts from its inputs as they were, not as the call left them
+    y = torch.randn(4096, dtype=torch.float64) * 1e3
+
+    def inplace():
+        z = y.to(t.device)
+        return z.add_(z * 1.0001)
+
+    found = locate(t, inplace)
+    assert found["scores"]["aten::add_.Tensor"] > 0 and found["single"] == found["scores"], found
     row = {"status": "mismatch", "dtype": "float64", "op": "matmul", "proof": {}}
     assert op_signature(row, single=True).pattern == SINGLE_PRECISION and op_signature(row, single=True).locus == ""
     assert op_signature(row, blamed="aten::exp.default", single=False).locus == "aten::exp.default"

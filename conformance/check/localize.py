@@ -153,8 +153,11 @@ class Differential(TorchDispatchMode):
         if "device" in cpu_kwargs and isinstance(cpu_kwargs["device"], str):
             cpu_kwargs["device"] = "cpu"
         out = func(*args, **kwargs)
+        cpu_func, cpu_args, cpu_kwargs = _on_the_cpu(func, cpu_args, cpu_kwargs)
+        double = any(isinstance(x, torch.Tensor) and x.dtype in _SINGLE for x in flat)
+        # the single-precision twin's inputs, copied before an in-place call changes them
+        narrowed = tree_map(_narrow, (cpu_args, cpu_kwargs)) if double else None
         try:
-            cpu_func, cpu_args, cpu_kwargs = _on_the_cpu(func, cpu_args, cpu_kwargs)
             ref = cpu_func(*cpu_args, **cpu_kwargs)
         except Exception:  # noqa: BLE001 - the CPU cannot run this call as the device was handed it
             return out
@@ -169,21 +172,19 @@ class Differential(TorchDispatchMode):
         if worst is not None:
             self.scores[name] = max(self.scores.get(name, 0.0), worst)
             self.calls[name] = self.calls.get(name, 0) + 1
-            if worst > 0 and any(isinstance(x, torch.Tensor) and x.dtype in _SINGLE for x in flat):
-                single = self._single(func, cpu_args, cpu_kwargs, ref)
+            if worst > 0 and narrowed is not None:
+                single = self._single(cpu_func, *narrowed, ref)
                 if single is not None:
                     self.single[name] = max(self.single.get(name, 0.0), single)
         return out
 
     def _single(self, func: torch._ops.OpOverload, args: Any, kwargs: Any, ref: Any) -> float | None:
-        """The score of the call computed in single precision on the CPU (double-precision
-        tensors narrowed, the results widened back): what a device that computes double in single
-        precision gets wrong at this kernel, for comparison with what it does get wrong."""
-        def narrow(x: Any) -> Any:
-            return x.to(_SINGLE[x.dtype]) if isinstance(x, torch.Tensor) and x.dtype in _SINGLE else x
-
+        """The score of the call computed in single precision on the CPU (``args``, ``kwargs``:
+        its double-precision tensors narrowed; the results widened back): what a device that
+        computes double in single precision gets wrong at this kernel, for comparison with what it
+        does get wrong."""
         try:
-            got = func(*tree_map(narrow, args), **tree_map(narrow, kwargs))
+            got = func(*args, **kwargs)
         except Exception:  # noqa: BLE001 - no single-precision kernel: nothing to compare with
             return None
         refs = tree_flatten(ref)[0]
@@ -212,6 +213,10 @@ def _on_the_cpu(func: torch._ops.OpOverload, args: Any, kwargs: Any) -> tuple[An
 
 #: Double-precision dtypes and their single-precision twins.
 _SINGLE = {torch.float64: torch.float32, torch.complex128: torch.complex64}
+
+
+def _narrow(x: Any) -> Any:
+    return x.to(_SINGLE[x.dtype]) if isinstance(x, torch.Tensor) and x.dtype in _SINGLE else x
 
 
 def _worst(pairs: list[tuple[Any, Any]]) -> float | None:
