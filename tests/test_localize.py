@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 
-import neuron_emu
 import pytest
 import torch
 
+import neuron_emu
 from conformance.check.localize import WRONG, locate
 from conformance.sweep import SweepConfig, run_group
 from conformance.targets import get_target
