@@ -121,30 +121,3 @@ def test_a_resumed_walk_takes_the_steps_an_uninterrupted_one_took():
         rest = [(r["item_key"], r["status"]) for r in
                 run_group(target, group, cfg, skip=Skip(done, failed=done & failing))]
         assert full[:cut] + rest == full, cut
-
-
-def test_a_rung_predicted_to_take_too_long_is_not_run(monkeypatch):
-    """An op whose time grows as the square of its input (a pairwise loss) is not climbed, nor
-    bisected, into rungs that would take longer than PREDICTED_SECONDS: the walk extrapolates the
-    two largest rungs' times (a fake clock here: the test times nothing)."""
-    from conformance.inputs.opinfo import by_name, samples
-    from conformance.work import NOTHING, Group
-
-    now = [0.0]
-    monkeypatch.setattr(ladder.time, "perf_counter", lambda: now[0])
-
-    def evaluate(numel, grown):
-        now[0] += 1e-8 * grown.input.numel() ** 2  # 2^14 elements: 2.7 s; 2^16: 43 s
-        return {"status": "pass", "proof": {}}
-
-    info = by_name()["abs"]
-    rows = list(ladder.walk(info, Group("abs", "float32"), enumerate(samples(info, torch.float32)), 0,
-                            evaluate, NOTHING, None))
-    ran = [r["proof"]["ladder"]["numel"] for r in rows]
-    assert ran and max(ran) < 2**15, ran  # 2^14 + 1 predicted 10.9 s ran; 2^16 - 1 (~43 s) did not
-    assert ladder.predicted({1000: 0.1, 4000: 1.6}, 16000) == pytest.approx(25.6)  # squared
-    assert ladder.predicted({1000: 2.0, 4000: 1.5}, 16000) == pytest.approx(6.0)  # at least linear
-    # milliseconds are noise, and two rungs around one power of two say nothing of a rate
-    assert ladder.predicted({1000: 0.001, 4000: 0.016}, 16000) == 0.0 and ladder.PREDICT_FROM > 0.016
-    assert ladder.predicted({4095: 0.5, 4097: 2.0}, 16000) == 0.0
-    assert ladder.predicted({4000: 1.6}, 16000) == 0.0

@@ -28,8 +28,7 @@ vector grows its output as the square) is not run. A rung recorded before (a res
 worker restarted after it died on a later one) is not run again, and whether it failed is taken
 from the run (``Skip.failed``): a resumed walk takes the steps an uninterrupted one took, and a
 rung that killed a worker is a failure the walk bisects below. A rung that takes longer than :data:`RUNG_SECONDS` is the
-last one climbed to, a rung predicted to take longer than :data:`PREDICTED_SECONDS` (:func:`predicted`)
-is not run, and an op whose grown sample gives one output per slice (``unbind``) has no
+last one climbed to, and an op whose grown sample gives one output per slice (``unbind``) has no
 ladder.
 
 Example::
@@ -69,14 +68,6 @@ RUNGS = tuple(sorted([2**k + d for k in PAIRED for d in (-1, 1)] + [2**k + 1 for
 #: Generous, so that a loaded machine does not end a climb that an idle one finishes (the rungs of
 #: common ops take well under a second at 2^20).
 RUNG_SECONDS = 5.0
-#: A rung predicted to take longer than this (seconds, its whole item) is not run: the time of
-#: the two largest rungs run so far, extrapolated at the rate it grew between them (at least
-#: linearly in the element count). A walk that bisects down from a failing rung, or climbs past a
-#: rung just under :data:`RUNG_SECONDS`, would otherwise run a quadratic op's next rung (a pairwise
-#: loss, 16 times the work for 4 times the elements) into the item timeout.
-PREDICTED_SECONDS = 20.0
-#: Seconds the largest rung run must have taken before its time is extrapolated.
-PREDICT_FROM = 0.25
 #: Bytes of grown input tensors one item may hold (each side holds its copies, and the
 #: arbiter a float64 one): a rung above it is not run.
 MAX_BYTES = 64 * 2**20
@@ -264,24 +255,6 @@ def rung_sample(info: Any, op: str, dtype: str, numel: int, seed: int) -> Any:
     return grown
 
 
-def predicted(timed: dict[int, float], numel: int) -> float:
-    """Seconds a rung of ``numel`` elements should take, from ``timed`` (element count -> seconds
-    of the rungs run): the largest run's time grown at the rate between it and the largest run at
-    most half its size (an exponent of the element count, at least 1). 0 where there is no such
-    pair, for a rung no larger, or while the largest took under :data:`PREDICT_FROM` (times of
-    milliseconds are noise, not a rate)."""
-    if not timed:
-        return 0.0
-    n2 = max(timed)
-    t2 = timed[n2]
-    smaller = [n for n in timed if n <= n2 / 2]
-    if numel <= n2 or t2 < PREDICT_FROM or not smaller:
-        return 0.0
-    n1 = max(smaller)
-    rate = math.log(max(t2, 1e-6) / max(timed[n1], 1e-6)) / math.log(n2 / n1)
-    return t2 * (numel / n2) ** max(1.0, rate)
-
-
 def walk(info: Any, group: Group, samples: Iterator[tuple[int, Any]], seed: int,
          evaluate: Callable[[int, Any], dict[str, Any]], skip: Container[str],
          on_start: Callable[[str], None] | None) -> Iterator[dict[str, Any]]:
@@ -299,7 +272,6 @@ def walk(info: Any, group: Group, samples: Iterator[tuple[int, Any]], seed: int,
     failed_before = getattr(skip, "failed", frozenset())
     sizes: set[int] = set()  # element counts run: two rungs that grow to one count run once
     slow = [False]  # a rung took longer than RUNG_SECONDS: the climb ends
-    timed: dict[int, float] = {}  # element count -> seconds, of the rungs run here
 
     def rung(numel: int) -> tuple[str, int, dict[str, Any] | None] | None:
         """Run the rung of ``numel`` elements and say how it went: ("failed" | "passed" |
@@ -317,16 +289,12 @@ def walk(info: Any, group: Group, samples: Iterator[tuple[int, Any]], seed: int,
         g = grow(sample, numel, seed=rung_seed(group.op, group.dtype, numel, seed))
         if g is None or nbytes(g) + found.out_bytes(g.input.numel()) > MAX_BYTES:
             return None
-        if predicted(timed, actual) > PREDICTED_SECONDS:
-            slow[0] = True
-            return None
         sizes.add(actual)
         if on_start:
             on_start(key)
         t0 = time.perf_counter()
         row = evaluate(numel, g)
         took = time.perf_counter() - t0
-        timed[actual] = took
         row.update(item_key=key, variant=VARIANT, sample=numel)
         row["proof"] = {**(row.get("proof") or {}), "ladder": {
             "numel": g.input.numel(), "dim": axis, "from_sample": found.index}}
@@ -366,5 +334,5 @@ def walk(info: Any, group: Group, samples: Iterator[tuple[int, Any]], seed: int,
                 lo = mid
         return
 
-__all__ = ["MAX_BYTES", "PAIRED", "POWERS", "PREDICTED_SECONDS", "RUNG_SECONDS", "RUNGS", "SEED_SAMPLES", "SIZES", "VARIANT", "Seed", "grow", "predicted", "rung_sample", "seed_sample",
+__all__ = ["MAX_BYTES", "PAIRED", "POWERS", "RUNG_SECONDS", "RUNGS", "SEED_SAMPLES", "SIZES", "VARIANT", "Seed", "grow", "rung_sample", "seed_sample",
            "walk", "wanted"]
