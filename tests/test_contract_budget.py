@@ -1,4 +1,4 @@
-"""The contract budget: the costly contracts (noncontiguous, variants) are checked on the first K
+"""The contract budget: the costly contracts (noncontiguous, variants, out) are checked on the first K
 samples of an op x variant x dtype and then on every sample of a new shape class; the others are
 marked as not checked, never as passed; --contract-budget all checks every sample."""
 
@@ -36,12 +36,12 @@ def test_the_budget_takes_the_first_k_then_new_classes_and_answers_a_sample_once
 
 @pytest.fixture(scope="module")
 def rows():
-    """addmm's function items (30+ samples, method and aliases) with a budget of 1 and with none."""
+    """addmm's function and out= items (30+ samples, method and aliases) with a budget of 1 and with none."""
     target = get_target("neuron-emu", build="2.33.0")
     group = Group("addmm", "float32")
     out = {}
     for k in (1, 0):
-        config = SweepConfig(variants=("function",), contract_budget=k)
+        config = SweepConfig(variants=("function", "out"), contract_budget=k)
         out[k] = {r["item_key"]: r for r in run_group(target, group, config)}
     return out
 
@@ -58,10 +58,12 @@ def test_a_budgeted_sweep_checks_fewer_samples_and_marks_the_rest(rows):
         assert all(every[k]["contracts"][name]["outcome"] in ("pass", "fail") for k in sampled_out)
         for k in checked:  # where the budget checks, it finds what the exhaustive check finds
             assert budgeted[k]["contracts"][name] == every[k]["contracts"][name]
-    classes = {shape_class(r["signature"]) for r in every.values()}
-    checked_classes = {shape_class(budgeted[k]["signature"]) for k in budgeted
-                       if budgeted[k]["contracts"] and budgeted[k]["contracts"]["noncontiguous"]["detail"] != SAMPLED_OUT}
-    assert checked_classes == classes  # every shape class is checked at least once
+    for name, variant in (("noncontiguous", "function"), ("out", "out")):
+        mine = {k: r for k, r in budgeted.items() if r["variant"] == variant}
+        classes = {shape_class(r["signature"]) for r in mine.values()}
+        checked_classes = {shape_class(r["signature"]) for r in mine.values()
+                           if r["contracts"] and r["contracts"][name]["detail"] != SAMPLED_OUT}
+        assert checked_classes == classes, name  # every shape class is checked at least once
 
 
 def test_values_and_other_contracts_do_not_change_under_the_budget(rows):

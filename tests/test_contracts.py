@@ -174,6 +174,62 @@ def test_each_contract_fails_where_it_is_broken(target, op, dtype, contract):
     assert not [r for r in rows if r["status"] == "mismatch"], [(r["item_key"], r["error"]) for r in rows]
 
 
+class _GradPlusOneWhenStrided(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):  # noqa: ANN001, ANN205
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):  # noqa: ANN001, ANN205
+        return g + 1 if not g.is_contiguous() else g
+
+
+class _GradTwice(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):  # noqa: ANN001, ANN205
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):  # noqa: ANN001, ANN205
+        return g * 2
+
+
+class NoncontiguousGradWrong(_Breaking):
+    """Forward values right on every layout; the gradient is off by one when the upstream
+    gradient arrives non-contiguous."""
+
+    @staticmethod
+    def change(fn, args, kwargs):
+        result = fn(*args, **kwargs)
+        return _GradPlusOneWhenStrided.apply(result) if isinstance(result, torch.Tensor) and result.requires_grad else result
+
+
+class MethodGradDiffers(_Breaking):
+    """The method variant's forward equals the function's; its gradient is twice the function's."""
+
+    @staticmethod
+    def change(fn, args, kwargs):
+        result = fn(*args, **kwargs)
+        method = getattr(fn, "__qualname__", "").startswith("TensorBase.") and fn.__name__ == "abs"
+        return _GradTwice.apply(result) if method and result.requires_grad else result
+
+
+@pytest.mark.parametrize(("target", "contract"), [(NoncontiguousGradWrong(), "noncontiguous"),
+                                                  (MethodGradDiffers(), "variants")])
+def test_gradient_contracts_fail_where_only_the_gradients_break(target, contract):
+    """PyTorch's test_noncontiguous_samples and test_variant_consistency_eager compare gradients
+    too: a backend whose forward values are right on every layout and variant, but whose gradients
+    are not, fails the contract on its backward items."""
+    rows = _rows(target, "abs", "float32", SweepConfig(max_samples=2, variants=("function", "backward")))
+    failing = [r for r in rows if r["status"] == "contract"]
+    assert failing and {r["variant"] for r in failing} == {"backward"}, [(r["item_key"], r["contracts"]) for r in rows]
+    for r in failing:
+        assert r["contract_failed"] == contract, r["contracts"]
+        assert "gradients" in r["contracts"][contract]["detail"]
+    control = _rows(CpuTarget(), "abs", "float32", SweepConfig(max_samples=2, variants=("backward",)))
+    assert {r["contracts"][contract]["outcome"] for r in control} == {"pass"}
+
+
 def test_tolerance_follows_the_result_dtype():
     # exp of an int64 tensor is a float32 tensor: compared with float32's tolerance, not exactly
     rows = _rows(CpuTarget(), "exp", "int64", SweepConfig(max_samples=1, variants=("function",), contracts=("none",)))

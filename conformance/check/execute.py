@@ -427,8 +427,14 @@ def grad_inputs(sample: Any) -> list[torch.Tensor]:
             if isinstance(x, torch.Tensor) and x.requires_grad]
 
 
-def backward_grads(fn: Callable[..., Any], sample: Any, upstream: list[torch.Tensor] | None, device: str | torch.device
-              ) -> tuple[list[Any], list[torch.Tensor]]:
+def backward_grads(fn: Callable[..., Any], sample: Any, upstream: list[torch.Tensor] | None, device: str | torch.device,
+                   place: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+                   ) -> tuple[list[Any], list[torch.Tensor]]:
+    """The gradients w.r.t. ``sample``'s inputs that require grad, of ``fn``'s differentiable
+    outputs with ``upstream`` gradients (None: drawn from a generator seeded by their count, so
+    that every call on the same sample draws the same). ``place(g, output)`` puts an upstream
+    gradient where its output is (default: ``g.to(output.device, output.dtype)``; the noncontiguous
+    contract passes non-contiguous ones)."""
     out = fn(sample.input, *sample.args, **sample.kwargs)
     outs = [o for o in leaves(out) if isinstance(o, torch.Tensor) and o.requires_grad]
     if not outs:
@@ -437,7 +443,8 @@ def backward_grads(fn: Callable[..., Any], sample: Any, upstream: list[torch.Ten
         gen = torch.Generator().manual_seed(len(outs))
         upstream = [torch.randn(o.shape, generator=gen, dtype=torch.float32).to(o.dtype) for o in outs]
     # each upstream gradient where its output is (``to`` moves its result off the device)
-    grads = torch.autograd.grad(outs, grad_inputs(sample), [g.to(o.device, o.dtype) for g, o in zip(upstream, outs, strict=True)],
+    put = place or (lambda g, o: g.to(o.device, o.dtype))
+    grads = torch.autograd.grad(outs, grad_inputs(sample), [put(g, o) for g, o in zip(upstream, outs, strict=True)],
                                 allow_unused=True)
     return list(grads), upstream
 

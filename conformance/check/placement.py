@@ -356,11 +356,15 @@ def to_cpu(value: Any) -> Any:
     return tree_map(lambda x: _tensor_to_cpu(x) if isinstance(x, torch.Tensor) else x, value)
 
 
-def leafify(sample: Any, device: str | torch.device) -> Any:
+def leafify(sample: Any, device: str | torch.device,
+            make: Callable[[torch.Tensor, str | torch.device], torch.Tensor] | None = None) -> Any:
     """``sample``'s tensors as fresh leaves on ``device`` (those the op wants on the CPU,
-    :func:`cpu_args`, on the CPU)."""
+    :func:`cpu_args`, on the CPU). ``make(t, device)``: how each is copied there (default a
+    plain copy; the noncontiguous contract passes non-contiguous copies)."""
+    copy = make or (lambda t, d: t.to(d, copy=True))
+
     def one(d: str | torch.device) -> Any:
-        return sample.transform(lambda t: t.detach().to(d, copy=True).requires_grad_(t.requires_grad)
+        return sample.transform(lambda t: copy(t.detach(), d).requires_grad_(t.requires_grad)
                                 if isinstance(t, torch.Tensor) else t)
 
     keep = cpu_args(sample)

@@ -16,12 +16,14 @@ aliasing        outputs share storage with the inputs the    function, inplace
                 CPU's share it with (views stay views, an
                 in-place op returns ``self``), and inputs
                 are changed only as the CPU changes them
-noncontiguous   the same values for non-contiguous and       function
-                channels_last copies of the inputs
+noncontiguous   the same values for non-contiguous and       function; backward (non-
+                channels_last copies of the inputs (the      contiguous inputs and upstream
+                same gradients for non-contiguous ones)      gradients)
 variants        in-place and ``out=`` variants, the method   function (method, aliases),
-                and the OpInfo's aliases agree with the      inplace, out
-                function on the target
-out             ``out=``: a sized out keeps its storage and  out, first sample
+                and the OpInfo's aliases agree with the      inplace, out; backward (the
+                function on the target (and their gradients  method, aliases, in-place on a
+                with the function's)                         clone)
+out             ``out=``: a sized out keeps its storage and  out
                 strides, a non-contiguous out is honoured,
                 a pre-filled out is overwritten, a wrong
                 shape is resized with the CPU's warning, an
@@ -62,7 +64,7 @@ import torch
 from conformance.check.compare import leaves
 from conformance.check.execute import err
 
-from .calls import check_determinism, check_errors, check_out, check_variants, other_callables
+from .calls import check_determinism, check_errors, check_out, check_variants, gradient_variants, other_callables
 from .layout import check_aliasing, check_metadata, check_noncontiguous, noncontiguous_copy
 from .terms import (
     BUDGETED,
@@ -116,19 +118,25 @@ def check(subject: Subject, wanted: Collection[str]) -> dict[str, Check]:
 
 
 def _noncontiguous_applies(s: Subject) -> bool:
-    return s.variant == "function" and any(
+    return s.variant in ("function", "backward") and any(
         isinstance(x, torch.Tensor) and x.layout == torch.strided and x.numel() > 1
         for x in leaves((s.sample.input, s.sample.args, s.sample.kwargs)))
 
 
 def _variants_applies(s: Subject) -> bool:
     # in-place and out= items compare with the function's result the sweep already holds: free
+    if s.variant == "backward":
+        return bool(gradient_variants(s.info))
     return s.variant == "function" and next(iter(other_callables(s.info)), None) is not None
+
+
+def _out_applies(s: Subject) -> bool:
+    return s.variant == "out"
 
 
 #: Whether a budgeted contract would call anything on the item (where not, it is not counted).
 _APPLIES: dict[str, Callable[[Subject], bool]] = {"noncontiguous": _noncontiguous_applies,
-                                                  "variants": _variants_applies}
+                                                  "variants": _variants_applies, "out": _out_applies}
 
 #: The check of each contract, by name (a test may swap one for another).
 _CHECKS: dict[str, Callable[[Subject], Check | None]] = {

@@ -16,7 +16,7 @@ import torch
 from conformance.check import execute
 from conformance.check.compare import bitwise_equal, leaves
 from conformance.check.execute import err, phase, signature, to_cpu
-from conformance.check.placement import filler
+from conformance.check.placement import filler, leafify
 
 from .layout import noncontiguous_copy
 from .terms import CPU_DETERMINISM_TRIES, DETERMINISM_SAMPLES, PASS, Check, Subject, fail, na
@@ -60,6 +60,8 @@ def check_variants(s: Subject) -> Check | None:
         if not s.same(o.cpu, _function_on_cpu(s))[0]:
             return na(f"the CPU's {s.variant} variant differs from its function variant on this sample")
         return fail(f"the {s.variant} variant differs from the function variant on the target ({why})")
+    if s.variant == "backward":
+        return _gradient_variants(s)
     if s.variant != "function":
         return None
     others = list(other_callables(s.info))
@@ -87,6 +89,55 @@ def check_variants(s: Subject) -> Check | None:
         problems.append(f"the {label} raises on the target: {target_error}" if target_error else
                         f"the {label} differs from the function on the target ({why})")
     return fail("; ".join(problems)) if problems else PASS
+
+
+def gradient_variants(info: Any) -> list[tuple[str, Callable[..., Any]]]:
+    """The callables whose gradients must equal the function's: the method, every alias's
+    function and method, and the in-place variant applied to a clone of the input (a leaf that
+    requires grad cannot be changed in place), as PyTorch's test_variant_consistency_eager has it."""
+    out = list(other_callables(info))
+    inplace = info.inplace_variant
+    if inplace is not None:
+        out.append(("in-place variant (on a clone)",
+                    lambda x, *args, **kwargs: inplace(x.clone(), *args, **kwargs)))
+    return out
+
+
+def _gradient_variants(s: Subject) -> Check | None:
+    """A backward item: each variant's gradients on the target against the function's (the
+    item's own); where they differ, the same variant on the CPU against the CPU's gradients
+    decides whether the CPU's own variants disagree on this sample (then it proves nothing)."""
+    others = gradient_variants(s.info)
+    if not others or s.outcome.target is None:
+        return None
+    problems = []
+    for label, fn in others:
+        phase("target")
+        try:
+            got = to_cpu(_grads(s.target.wrap(fn), s.sample, s.device))
+            target_error = None
+        except Exception as exc:  # noqa: BLE001
+            got, target_error = None, err(exc)
+        if target_error is None:
+            ok, why = s.same(got, s.outcome.target)
+            if ok:
+                continue
+        phase("cpu")
+        try:
+            cpu = _grads(fn, s.sample, "cpu")
+        except Exception:  # noqa: BLE001 - the CPU cannot differentiate this variant on this sample
+            continue
+        if not s.same(cpu, s.outcome.cpu)[0]:
+            continue  # the CPU's own variants' gradients disagree here
+        problems.append(f"the {label}'s backward raises on the target: {target_error}" if target_error else
+                        f"the {label}'s gradients differ from the function's on the target ({why})")
+    return fail("; ".join(problems)) if problems else PASS
+
+
+def _grads(fn: Callable[..., Any], sample: Any, device: Any) -> Any:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return execute.backward_grads(fn, leafify(sample, device), None, device)[0]
 
 
 # -- out= ------------------------------------------------------------------------------------
@@ -135,7 +186,7 @@ def _unsafe_dtype(dtype: torch.dtype) -> torch.dtype | None:
 def check_out(s: Subject) -> Check | None:
     if s.variant == "function" and s.index == 0 and not s.info.supports_out:
         return na("no out= variant")
-    if s.variant != "out" or s.index != 0:
+    if s.variant != "out":
         return None
     ref = s.outcome.cpu
     flat = leaves(ref)

@@ -24,7 +24,7 @@ import torch
 from conformance.check import execute, selfcheck
 from conformance.check.compare import Meta, bitwise_equal, leaves
 from conformance.check.execute import clone_sample, err, phase, to_cpu
-from conformance.check.placement import filler
+from conformance.check.placement import filler, leafify
 
 from .terms import PASS, Check, Subject, fail, na
 
@@ -198,26 +198,49 @@ def _channels_last(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
     return moved
 
 
+#: A layout maker: a tensor (detached, on the CPU) and a device -> the copy the call gets there.
+Make = Callable[[torch.Tensor, Any], torch.Tensor]
+
+
+def _call(s: Subject, make: Make, device: Any, on_target: bool) -> Any:
+    """The item's call on copies of its sample made by ``make``: the function's result, or, on a
+    backward item, the gradients w.r.t. the inputs that require grad with the item's upstream
+    gradients made by ``make`` too (PyTorch's test_noncontiguous_samples back-propagates a
+    non-contiguous gradient the same way)."""
+    fn = s.target.wrap(s.fn) if on_target else s.fn
+    if s.variant == "backward":
+        leaves_ = leafify(s.sample, device, make)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            grads, _ = execute.backward_grads(fn, leaves_, None, device,
+                                              place=lambda g, o: make(g.to(o.dtype), o.device))
+        return to_cpu(grads) if on_target else grads
+    moved = clone_sample(s.sample, lambda t: make(t.detach(), device), device)
+    got = execute.invoke(fn, "function", moved, device, None)
+    return to_cpu(got) if on_target else got
+
+
 def check_noncontiguous(s: Subject) -> Check | None:
-    if s.variant != "function":
+    """Function items: non-contiguous and channels_last copies of the inputs; backward items:
+    non-contiguous inputs and upstream gradients, the gradients compared."""
+    if s.variant not in ("function", "backward"):
         return None
     tensors = [x for x in leaves((s.sample.input, s.sample.args, s.sample.kwargs))
                if isinstance(x, torch.Tensor)]
     if not any(t.layout == torch.strided and t.numel() > 1 for t in tensors):
         return na("no input with two or more elements to make non-contiguous")
     problems = []
-    layouts: list[tuple[str, Callable[[torch.Tensor, Any], torch.Tensor]]] = [
-        ("non-contiguous", noncontiguous_copy)]
-    if any(t.layout == torch.strided and t.dim() == 4 and t.shape[1] > 1 and t.shape[2] * t.shape[3] > 1
-           for t in tensors):
+    layouts: list[tuple[str, Make]] = [("non-contiguous", noncontiguous_copy)]
+    if s.variant == "function" and any(t.layout == torch.strided and t.dim() == 4 and t.shape[1] > 1
+                                       and t.shape[2] * t.shape[3] > 1 for t in tensors):
         layouts.append(("channels_last", _channels_last))
+    what = "gradients" if s.variant == "backward" else "values"
     dev = s.device
     unjudged: list[str] = []
     for label, make in layouts:
         phase("target")
         try:
-            moved = clone_sample(s.sample, lambda t, make=make: make(t.detach(), dev), dev)
-            got = to_cpu(execute.invoke(s.target.wrap(s.fn), "function", moved, dev, None))
+            got = _call(s, make, dev, on_target=True)
         except Exception as exc:  # noqa: BLE001
             got, why = None, f"they raise {err(exc)}"
         if got is not None:
@@ -228,8 +251,7 @@ def check_noncontiguous(s: Subject) -> Check | None:
         # then the target need only match the CPU on the same layout.
         phase("cpu")
         try:
-            cpu_moved = clone_sample(s.sample, lambda t, make=make: make(t.detach(), "cpu"), "cpu")
-            cpu_got = execute.invoke(s.fn, "function", cpu_moved, "cpu", None)
+            cpu_got = _call(s, make, "cpu", on_target=False)
         except Exception:  # noqa: BLE001 - the CPU rejects the layout too: nothing to hold the target to
             continue
         if got is None:
@@ -245,7 +267,7 @@ def check_noncontiguous(s: Subject) -> Check | None:
             unjudged.append(f"{label} inputs: the CPU's result depends on the memory between the elements "
                             "(its kernel reads past the view's strides), so there is no reference for them")
             continue
-        problems.append(f"{label} inputs give other values than contiguous ones on the target ({why}), "
+        problems.append(f"{label} inputs give other {what} than contiguous ones on the target ({why}), "
                         f"and than the CPU's for the same layout ({why2})")
     if problems:
         return fail("; ".join(problems))
@@ -259,16 +281,14 @@ def _reads_the_gaps(s: Subject, cpu_got: Any) -> bool:
     again_on_poisoned`): its kernel reads memory the view skips, or past it."""
     phase("cpu")
     try:
-        other = clone_sample(s.sample, lambda t: noncontiguous_copy(t.detach(), "cpu", gap=0), "cpu")
-        again = execute.invoke(s.fn, "function", other, "cpu", None)
+        again = _call(s, lambda t, d: noncontiguous_copy(t, d, gap=0), "cpu", on_target=False)
     except Exception:  # noqa: BLE001 - it refused the other fill: it looked at the gaps
         return True
     if not s.same(again, cpu_got)[0]:
         return True
 
     def reference() -> tuple[Any, Any, str | None]:
-        moved = clone_sample(s.sample, lambda t: noncontiguous_copy(t.detach(), "cpu"), "cpu")
-        return execute.invoke(s.fn, "function", moved, "cpu", None), moved, None
+        return _call(s, noncontiguous_copy, "cpu", on_target=False), None, None
 
     runs, raised = selfcheck.again_on_poisoned(reference, to_cpu(cpu_got))
     return raised is not None or selfcheck.undefined(to_cpu(cpu_got), *runs).any

@@ -42,7 +42,7 @@ CPU_DETERMINISM_TRIES = 6
 #: variant x dtype (:class:`Budget`): the first ``--contract-budget`` samples offered to them, then
 #: every sample of a shape class not yet checked. Their recall against checking every sample,
 #: measured over the three shipped builds and every OpInfo: README, "Contracts".
-BUDGETED: tuple[str, ...] = ("noncontiguous", "variants")
+BUDGETED: tuple[str, ...] = ("noncontiguous", "variants", "out")
 DEFAULT_BUDGET = 2
 SAMPLED_OUT = "not checked on this sample: the group's contract budget"
 
