@@ -74,7 +74,7 @@ variant joined with '.'), "dtype", "device" ("neuron"|"cpu"), "cause" (first err
 ``--merge OUT IN...`` merges such files (shards) into one and adds ``device_only``: the op x dtype
 pairs failing a test on neuron that the same op and dtype pass on the CPU device (neither fail nor
 xfail; a ``test_dtypes`` failure stands for the dtypes its message names).  The JSON also lists the
-xfailed items (``"xfailed"``).  ``dtype`` is the test's dtype; for ``test_out_warning`` the one the
+xfailed and passed items (``"xfailed"``, ``"passed"``).  ``dtype`` is the test's dtype; for ``test_out_warning`` the one the
 test picks (float32, else the first listed); ``null`` for ``test_dtypes`` (its cause names the dtypes).
 ``--timeout S`` stops pytest after S seconds; what finished is still counted (its causes then read
 "cause not captured").  ``--from-raw PATH`` recounts a kept ``--raw`` output without running pytest.
@@ -126,7 +126,8 @@ def _op_names() -> tuple[dict[str, str], dict[tuple[str, str], str]]:
 
 
 def _parse_output(out: str):
-    """pytest ``-rA -v`` output -> ({(kind, device): Counter}, [failure dicts], [xfailed item dicts]).
+    """pytest ``-rA -v`` output -> ({(kind, device): Counter}, [failure dicts], [xfailed item dicts],
+    [passed item dicts]).
 
     Outcomes come from the ``-v`` progress lines (the ``-rA`` summary folds skips into one line per
     reason, without test ids); causes from the ``-rA`` summary, one line per failed item with its
@@ -137,6 +138,7 @@ def _parse_output(out: str):
     counts: dict[tuple[str, str], collections.Counter] = collections.defaultdict(collections.Counter)
     failures: list[dict] = []
     xfailed: list[dict] = []
+    passed: list[dict] = []
     words = "PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS"
     summary = re.compile(rf"({words}) \S*::TestCommon(PRIVATEUSE1|CPU)::(\w+)(?: - (.*))?$")
     progress_xdist = re.compile(rf"\[gw\d+\] \[ *\d+%\] ({words}) \S*::TestCommon(PRIVATEUSE1|CPU)::(\w+)\s*$")
@@ -173,7 +175,9 @@ def _parse_output(out: str):
                              "cause": cause})
         elif outcome == "xfailed":
             xfailed.append({"test": kind, "id": test_id, "op": op, "dtype": dtype, "device": device})
-    return counts, failures, xfailed
+        elif outcome == "passed":
+            passed.append({"test": kind, "id": test_id, "op": op, "dtype": dtype, "device": device})
+    return counts, failures, xfailed, passed
 
 
 def _print_summary(header: str, counts: dict, failures: list[dict]) -> None:
@@ -250,7 +254,7 @@ def _main() -> int:
         if len(a.merge) < 2:
             print("testcommon_neuron: --merge: expected OUT IN...", file=sys.stderr)
             return 2
-        merged: dict = {"inputs": [], "counts": {}, "failures": [], "xfailed": [], "timed_out": False,
+        merged: dict = {"inputs": [], "counts": {}, "failures": [], "xfailed": [], "passed": [], "timed_out": False,
                         "wall_s": 0.0}
         for p in a.merge[1:]:
             try:
@@ -268,6 +272,7 @@ def _main() -> int:
                         tgt[k] = tgt.get(k, 0) + v
             merged["failures"] += d["failures"]
             merged["xfailed"] += d.get("xfailed", [])
+            merged["passed"] += d.get("passed", [])
             merged["timed_out"] |= bool(d.get("timed_out"))
             merged["wall_s"] += d.get("wall_s") or 0.0
         merged["device_only"] = _device_only(merged["failures"], merged["xfailed"])
@@ -319,13 +324,13 @@ def _main() -> int:
 def _report(a, out: str, wall: float | None, *, timed_out: bool) -> int:
     import json
     from pathlib import Path
-    counts, failures, xfailed = _parse_output(out)
+    counts, failures, xfailed, passed = _parse_output(out)
     if not counts:
         print(out[-4000:])
         return 2
     if a.json:
         names, warning_dtype = _op_names()
-        for f in failures + xfailed:
+        for f in failures + xfailed + passed:
             if f["op"] not in names:
                 raise RuntimeError(f"test id {f['id']!r}: no OpInfo is named {f['op']!r}")
             if f["test"] == "test_out_warning":  # the test picks its dtype itself; test_dtypes probes several
@@ -339,7 +344,7 @@ def _report(a, out: str, wall: float | None, *, timed_out: bool) -> int:
             {"build": a.build, "dtypes": a.dtypes, "dtype_policy": a.dtype_policy, "ops": a.ops or "all of op_db",
              "shard": a.shard or "0/1", "cpu_too": a.cpu_too, "timed_out": timed_out,
              "wall_s": None if wall is None else round(wall, 1),
-             "counts": by_kind, "failures": failures, "xfailed": xfailed}, indent=1) + "\n")
+             "counts": by_kind, "failures": failures, "xfailed": xfailed, "passed": passed}, indent=1) + "\n")
     _print_summary(f"build {a.build}  dtypes {a.dtypes} ({a.dtype_policy})  ops {a.ops or 'all of op_db'}"
                    + (f"  shard {a.shard} (op_db index mod N)" if a.shard else "")
                    + ("" if wall is None else f"  wall {wall:.0f}s") + ("  STOPPED BY --timeout" if timed_out else ""),
