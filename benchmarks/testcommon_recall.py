@@ -27,7 +27,9 @@ For each build (default the three shipped ones and ``ideal``):
 
 Everything is kept in ``--work`` and reused, so an interrupted benchmark resumes where it stopped:
 TestCommon's JSON per build, the harness's runs (``--resume`` of an interrupted one), the repro
-outcomes. Cost: TestCommon ~25 minutes per build with ``-n 2`` on 2 cores, the harness sweep ~10.
+outcomes. The CPU device's TestCommon results are the same for every build: the first build runs
+them, the others reuse them. Cost on 2 cores (``-n 2``): TestCommon ~40 minutes for the first build
+(both devices), less for the others; the harness sweep ~10 minutes.
 
 Example (the whole figure; ``--builds 2.33.0`` for one build)::
 
@@ -66,6 +68,25 @@ def _say(msg: str) -> None:
     print(msg, flush=True)
 
 
+def _cpu_part(work: Path) -> Path | None:
+    """The CPU device's TestCommon results, kept from the first build run with ``--cpu-too``: they
+    do not depend on the build (the CPU device never calls the emulator), so later builds run the
+    tests on ``neuron`` only and are merged with these."""
+    cpu = work / "tc-cpu.json"
+    if cpu.exists():
+        return cpu
+    for raw in sorted(work.glob("tc-*.raw.json")):
+        d = json.loads(raw.read_text())
+        if d.get("cpu_too"):
+            mine = {k: [f for f in d.get(k, []) if f["device"] == "cpu"] for k in ("failures", "xfailed", "passed")}
+            counts = {kind: {"cpu": c["cpu"]} for kind, c in d["counts"].items() if "cpu" in c}
+            cpu.write_text(json.dumps({**{k: d[k] for k in ("build", "dtypes", "dtype_policy", "ops", "shard")},
+                                       "cpu_too": True, "timed_out": d["timed_out"], "wall_s": 0.0,
+                                       "counts": counts, **mine}, indent=1) + "\n")
+            return cpu
+    return None
+
+
 def testcommon(build: str, work: Path, dtypes: str, ops: str, jobs: int) -> dict:
     """TestCommon's merged JSON for ``build`` (run once, then read from ``work``)."""
     merged = work / f"tc-{build}.json"
@@ -73,17 +94,23 @@ def testcommon(build: str, work: Path, dtypes: str, ops: str, jobs: int) -> dict
         return json.loads(merged.read_text())
     raw_json, log = work / f"tc-{build}.raw.json", work / f"tc-{build}.log"
     tool = str(ROOT / "tools" / "testcommon_neuron.py")
+    cpu = _cpu_part(work)
     if not raw_json.exists():
-        _say(f"  TestCommon on {build} (whole op_db{'' if not ops else ': ' + ops}, neuron and cpu devices) ...")
+        _say(f"  TestCommon on {build} (whole op_db{'' if not ops else ': ' + ops}, "
+             f"{'neuron device; the CPU device kept from an earlier build' if cpu else 'neuron and cpu devices'}) ...")
         t0 = time.monotonic()
-        cmd = [sys.executable, tool, "--build", build, "--dtypes", dtypes, "--cpu-too", "--json", str(raw_json),
-               "--raw", str(log), *(["--ops", ops] if ops else []), "--", "-n", str(jobs)]
+        cmd = [sys.executable, tool, "--build", build, "--dtypes", dtypes, *([] if cpu else ["--cpu-too"]),
+               "--json", str(raw_json), "--raw", str(log), *(["--ops", ops] if ops else []), "--", "-n", str(jobs)]
         done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
         if done.returncode not in (0, 1) or not raw_json.exists():
             sys.exit(f"testcommon_recall: TestCommon on {build} failed (exit {done.returncode}): "
                      f"{(done.stderr or done.stdout).strip()[-600:]}")
         _say(f"  TestCommon on {build}: {time.monotonic() - t0:.0f} s")
-    done = subprocess.run([sys.executable, tool, "--merge", str(merged), str(raw_json)], cwd=ROOT,
+    cpu = cpu or _cpu_part(work)
+    if cpu is None:
+        sys.exit(f"testcommon_recall: no CPU device results in {work}: run one build with --cpu-too first")
+    ins = [str(raw_json)] + ([str(cpu)] if not json.loads(raw_json.read_text()).get("cpu_too") else [])
+    done = subprocess.run([sys.executable, tool, "--merge", str(merged), *ins], cwd=ROOT,
                           capture_output=True, text=True)
     if done.returncode != 0:
         sys.exit(f"testcommon_recall: merging {raw_json}: {(done.stderr or done.stdout).strip()[-400:]}")
