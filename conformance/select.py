@@ -1,27 +1,30 @@
-"""Selection vocabulary shared by the work kinds: dtype names, OpInfo globs, shards.
+"""Selection vocabulary shared by the work kinds: dtype names, OpInfo globs, shards, the slice of
+ops whose ``reference_inputs`` a run sweeps.
 
 The groups a run covers come from the work kinds (:func:`conformance.run.kinds.select_groups`);
 this module holds what they share to read a selection, and the shard split.
 
 Example::
 
-    >>> parse_dtypes(["float32,int64"]), parse_shard("2/4")
-    (('float32', 'int64'), (2, 4))
+    >>> parse_dtypes(["float32,int64"]), parse_shard("2/4"), parse_reference_slice(" 3 / 7 ")
+    (('float32', 'int64'), (2, 4), '3/7')
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import fnmatch
+import hashlib
 from collections.abc import Sequence
 
 import torch
 
-from conformance.inputs.opinfo import SPARSE_VARIANTS, by_name
+from conformance.inputs.opinfo import REFERENCE, SPARSE_VARIANTS, by_name
 
 from .work import Group
 
 DEFAULT_DTYPES = ("float32", "bfloat16", "float16", "int32", "int64", "bool", "float64", "complex64")
-VARIANTS = ("function", "inplace", "out", "backward", *SPARSE_VARIANTS)
+VARIANTS = ("function", "inplace", "out", "backward", *SPARSE_VARIANTS, REFERENCE)
 # The dtypes the harness can run: those some OpInfo supports on the CPU in torch 2.13 (quantized,
 # bits* and sub-byte dtypes have no OpInfo samples; a test keeps this in step with the OpInfo db).
 RUNNABLE_DTYPES = ("bfloat16", "bool", "complex128", "complex32", "complex64", "float16", "float32", "float64",
@@ -93,3 +96,47 @@ def matching(names: Sequence[str], globs: Sequence[str] | None, kind: str, nothi
 
 def select_ops(globs: Sequence[str] | None) -> list[str]:
     return matching(sorted(by_name()), globs, "op", "matches no OpInfo (e.g. 'add', 'nn.functional.*', 'linalg.*')")
+
+
+#: The nights a nightly takes to sweep the reference inputs of every OpInfo that has its own
+#: (``conformance nightly --reference-inputs auto``: night ``d`` sweeps slice ``d mod N``). The
+#: whole ``reference`` variant added 33% to the float32 OpInfo sweep of 2.33.0 as a night runs it
+#: (every variant, samples and ladder; benchmarks/reference_cost.py), so a quarter adds about 8%.
+REFERENCE_NIGHTS = 4
+
+
+def parse_reference_slice(spec: str | None) -> str:
+    """``--reference-inputs``: ``none`` (no reference item), ``all`` (every OpInfo's), or ``K/N``
+    (the OpInfos whose :func:`reference_hash` modulo N is K, 0 <= K < N), normalised."""
+    text = "none" if spec is None else str(spec).strip().lower()
+    if text in ("none", "all"):
+        return text
+    try:
+        k, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise SelectionError(f"--reference-inputs {spec!r}: expected none, all or K/N with 0 <= K < N "
+                             "(e.g. 3/7: the OpInfos whose name hashes to 3 modulo 7)") from None
+    if n < 1 or not 0 <= k < n:
+        raise SelectionError(f"--reference-inputs {spec!r}: K/N needs N >= 1 and 0 <= K < N (e.g. 0/7 .. 6/7)")
+    return f"{k}/{n}"
+
+
+def reference_hash(op: str) -> int:
+    """A stable hash of an OpInfo's name (the same in every process and Python version)."""
+    return int.from_bytes(hashlib.sha256(op.encode()).digest()[:8], "big")
+
+
+def in_reference_slice(op: str, spec: str | None) -> bool:
+    """Whether ``op``'s reference inputs are in the slice ``spec`` (:func:`parse_reference_slice`)."""
+    text = parse_reference_slice(spec)
+    if text in ("none", "all"):
+        return text == "all"
+    k, n = (int(x) for x in text.split("/"))
+    return reference_hash(op) % n == k
+
+
+def night_slice(day: dt.date | None = None, nights: int = REFERENCE_NIGHTS) -> str:
+    """The slice a nightly started on ``day`` (UTC; default today) sweeps: ``day.toordinal() mod N``,
+    so that N consecutive nights cover every OpInfo."""
+    day = day or dt.datetime.now(dt.UTC).date()
+    return f"{day.toordinal() % nights}/{nights}"

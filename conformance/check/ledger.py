@@ -39,14 +39,14 @@ from typing import Any
 import torch
 
 from conformance.datafiles import DATA
-from conformance.inputs.opinfo import SPARSE_VARIANTS
+from conformance.inputs.opinfo import REFERENCE, SPARSE_VARIANTS
 from opdb.queries_counts import CUSTOM_OP_VARIANTS
 from opdb.status import EXPECTABLE
 
 DEFAULT_LEDGER = DATA / "ledger.toml"
 DTYPES = ("float64", "float32", "bfloat16", "float16", "complex64", "complex128", "int64", "int32",
           "int16", "int8", "uint8", "bool")
-VARIANTS = ("function", "inplace", "out", "backward", *SPARSE_VARIANTS, "schema", "canary", "model",
+VARIANTS = ("function", "inplace", "out", "backward", *SPARSE_VARIANTS, REFERENCE, "schema", "canary", "model",
             *CUSTOM_OP_VARIANTS, "*")
 STATUSES = EXPECTABLE  # the failing statuses an xfail entry may accept
 
@@ -87,8 +87,10 @@ class Entry:
     expires: dt.date | None = None
 
     def matches(self, op: str, variant: str, dtype: str, target: str) -> bool:
+        # a reference item is the function called on another input: a function entry covers it too
         return (fnmatch.fnmatchcase(op, self.op) and fnmatch.fnmatchcase(dtype, self.dtype)
-                and fnmatch.fnmatchcase(target, self.target) and fnmatch.fnmatchcase(variant, self.variant))
+                and fnmatch.fnmatchcase(target, self.target)
+                and (fnmatch.fnmatchcase(variant, self.variant) or (variant, self.variant) == (REFERENCE, "function")))
 
     @property
     def where(self) -> str:
@@ -169,7 +171,8 @@ def _entry(kind: str, index: int, raw: Any, source: str) -> Entry:
 # a target's custom-op overloads for the custom-op lane's items (conformance.customops).
 _NAMESPACES: dict[str, tuple[str, ...]] = {
     "function": ("opinfo",), "inplace": ("opinfo",), "out": ("opinfo",), "backward": ("opinfo",),
-    "canary": ("opinfo",), "schema": ("aten",), "model": ("model",), **dict.fromkeys(CUSTOM_OP_VARIANTS, ("custom",)),
+    REFERENCE: ("opinfo",), "canary": ("opinfo",), "schema": ("aten",), "model": ("model",),
+    **dict.fromkeys(CUSTOM_OP_VARIANTS, ("custom",)),
     "*": ("opinfo", "aten", "model", "custom"),
 }
 _WHAT = {"opinfo": "an OpInfo name (e.g. 'cumsum', 'nn.functional.gelu')",

@@ -27,7 +27,7 @@ from . import (
 
 # conformance.select.VARIANTS, spelt out so that the CLI's help needs no torch import (a test
 # keeps the two equal)
-CLI_VARIANTS = "function,inplace,out,backward,sparse_coo,sparse_csr,sparse_csc,sparse_bsr,sparse_bsc"
+CLI_VARIANTS = "function,inplace,out,backward,sparse_coo,sparse_csr,sparse_csc,sparse_bsr,sparse_bsc,reference"
 
 
 @main.command("run")
@@ -48,7 +48,13 @@ CLI_VARIANTS = "function,inplace,out,backward,sparse_coo,sparse_csr,sparse_csc,s
 @click.option("--dtypes", "dtypes", multiple=True, metavar="LIST", help="Comma-separated dtype names (float32, bfloat16, int64, ...; aliases such as 'float' are refused).")
 @click.option("--thorough", is_flag=True, help="reference_inputs instead of sample_inputs.")
 @click.option("--variants", default=CLI_VARIANTS, show_default=True,
-              help="Comma-separated OpInfo variants to run (sparse_*: the OpInfo's own samples in that layout).")
+              help="Comma-separated OpInfo variants to run (sparse_*: the OpInfo's own samples in that layout; "
+                   "reference: the function on the reference_inputs the samples lack, for the OpInfos "
+                   "--reference-inputs selects).")
+@click.option("--reference-inputs", "reference_inputs", default="none", show_default=True, metavar="none|all|K/N",
+              help="Whose reference_inputs the reference variant runs (those of an OpInfo's reference_inputs the "
+                   "sample_inputs lack, by shapes, dtypes, strides and arguments): none, all, or K/N, the OpInfos "
+                   "whose stable name hash is K modulo N (0 <= K < N). The nightly sweeps one such slice a night.")
 @click.option("--sizes", type=click.Choice(["auto", "samples", "ladder", "traced", "all"]), default="auto",
               show_default=True,
               help="Op items at the OpInfo's sample sizes; on the size ladder (one sample per op x dtype grown to "

@@ -117,18 +117,77 @@ def samples(info: Any, dtype: torch.dtype, *, thorough: bool = False, seed: int 
         yield sample
 
 
+#: The variant of an OpInfo's ``reference_inputs`` that its ``sample_inputs`` do not hold: the
+#: function called on them (:func:`reference_only`; :mod:`conformance.sweep.reference` runs them).
+REFERENCE = "reference"
+
+
+def has_reference_inputs(info: Any) -> bool:
+    """Whether the OpInfo has a ``reference_inputs_func`` of its own (without one, upstream's
+    ``reference_inputs`` are its ``sample_inputs``)."""
+    return info.reference_inputs_func is not None
+
+
+def structure(sample: Any) -> tuple[Any, ...]:
+    """A sample's structure, its values aside: each tensor's layout, dtype, shape and strides (and
+    whether it requires grad), every other argument by its full ``repr`` (a callable by its name),
+    keyword arguments by name. Two generators give one structure different values, so
+    :func:`reference_only` compares structures, never values.
+
+        >>> import torch
+        >>> from torch.testing._internal.opinfo.core import SampleInput
+        >>> a = SampleInput(torch.ones(4, 3).t(), args=(1,), kwargs={"alpha": 2})
+        >>> structure(a)
+        (('tensor', 'torch.strided', 'torch.float32', (3, 4), (1, 3), False), '1', (('alpha', '2'),))
+        >>> structure(a) == structure(SampleInput(torch.zeros(4, 3).t(), args=(1,), kwargs={"alpha": 2}))
+        True
+    """
+    def one(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            strides = tuple(x.stride()) if x.layout == torch.strided else None
+            return ("tensor", str(x.layout), str(x.dtype), tuple(x.shape), strides, x.requires_grad)
+        if isinstance(x, (list, tuple)):
+            return (type(x).__name__, *map(one, x))
+        if isinstance(x, dict):
+            return ("dict", *((k, one(v)) for k, v in sorted(x.items(), key=lambda kv: str(kv[0]))))
+        if callable(x) and not isinstance(x, (torch.dtype, torch.device, torch.layout, torch.memory_format)):
+            return ("callable", getattr(x, "__qualname__", None) or type(x).__qualname__)
+        return repr(x)
+
+    return (one(sample.input), *map(one, sample.args), tuple((k, one(v)) for k, v in sorted(sample.kwargs.items())))
+
+
+def reference_only(info: Any, dtype: torch.dtype, *, seed: int = DEFAULT_SEED) -> Iterator[tuple[int, Any]]:
+    """``(i, sample)`` of the OpInfo's ``reference_inputs`` whose :func:`structure` none of its
+    ``sample_inputs`` has, ``i`` the index within ``reference_inputs`` (stable: it does not depend
+    on the dedupe). Nothing for an OpInfo without a ``reference_inputs_func`` of its own. Most
+    reference functions yield the samples first and then more (extremal values, larger and
+    non-contiguous shapes); a later reference sample of a structure a sample has is left out too,
+    whatever its values."""
+    if not has_reference_inputs(info):
+        return
+    known = {structure(s) for s in samples(info, dtype, seed=seed)}
+    for i, sample in enumerate(samples(info, dtype, thorough=True, seed=seed)):
+        if structure(sample) not in known:
+            yield i, sample
+
+
 def variant_fn(info: Any, variant: str) -> Callable[..., Any] | None:
-    """The callable for ``function`` / ``inplace`` / ``out`` / a sparse variant (None when the
-    OpInfo lacks it; a sparse variant calls the function on its own samples)."""
+    """The callable for ``function`` / ``inplace`` / ``out`` / a sparse variant / ``reference``
+    (None when the OpInfo lacks it; a sparse variant and ``reference`` call the function on
+    samples of their own)."""
     if variant == "function":
         return info.op
+    if variant == REFERENCE:
+        return info.op if has_reference_inputs(info) else None
     if variant == "inplace":
         return info.inplace_variant
     if variant == "out":
         return info.op if info.supports_out else None
     if variant in SPARSE_VARIANTS:
         return info.op if sparse_samples_fn(info, variant) is not None else None
-    raise ValueError(f"unknown variant {variant!r}; expected function, inplace, out or one of {', '.join(SPARSE_VARIANTS)}")
+    raise ValueError(f"unknown variant {variant!r}; expected function, inplace, out, {REFERENCE} or one of "
+                     f"{', '.join(SPARSE_VARIANTS)}")
 
 
 class _Recorder(TorchDispatchMode):

@@ -30,7 +30,7 @@ from typing import Any
 from conformance.check.contracts import DEFAULT_BUDGET, parse_contracts
 from conformance.check.ledger import Ledger
 from conformance.inputs.opinfo import DEFAULT_SEED
-from conformance.select import VARIANTS, SelectionError, parse_dtypes, parse_shard
+from conformance.select import VARIANTS, SelectionError, parse_dtypes, parse_reference_slice, parse_shard
 from conformance.sweep.ladder import SIZES
 from conformance.sweep.opinfo import SweepConfig
 from conformance.targets import BuildRef
@@ -103,6 +103,10 @@ class RunSpec:
     # The CLI's run and the nightly ask for "auto"; a spec built in Python runs the samples
     # unless it asks (a run stored before the ladder existed reads back as "samples")
     sizes: str = field(default="samples", metadata=_stored(omit_default=True))
+    # whose reference_inputs the ``reference`` variant sweeps (conformance.sweep.reference): "none",
+    # "all", or "K/N", the OpInfos whose name hashes to K modulo N (the nightly's slice of the
+    # night). Stored, so a resume and a re-run sweep the slice the run started with
+    reference_inputs: str = field(default="none", metadata=_stored(omit_default=True))
     ray_address: str | None = field(default=None, metadata=_stored(None))
     task_resources: tuple[str, ...] = field(default=(), metadata=_stored(None))
 
@@ -142,6 +146,7 @@ class RunSpec:
         parse_resources(self.task_resources)
         parse_shard(self.shard)
         parse_dtypes(self.dtypes)
+        set_(self, "reference_inputs", parse_reference_slice(self.reference_inputs))
         try:
             parse_contracts(self.contracts)
         except ValueError as exc:

@@ -32,7 +32,7 @@ from conformance.check.refcache import open_cache
 from conformance.check.verdict import NOT_COMPILED, Status, decide, decide_unrun
 from conformance.inputs.opinfo import DEFAULT_SEED, SPARSE_VARIANTS, by_name, cpu_dtypes, samples, variant_fn
 from conformance.select import VARIANTS, parse_dtypes, select_ops
-from conformance.sweep import ladder
+from conformance.sweep import ladder, reference
 from conformance.targets import Target
 from conformance.work import NOTHING, Group, ItemKey, Selection
 
@@ -62,6 +62,8 @@ class SweepConfig:
     reference_check: str = "failing"
     # the sizes op items run at: samples, ladder, all, or auto (conformance.sweep.ladder)
     sizes: str = "samples"
+    # whose reference_inputs the reference variant runs: none, all or K/N (conformance.sweep.reference)
+    reference_inputs: str = "none"
 
     def describe(self) -> dict[str, Any]:
         """The settings as JSON values (the ledger, a loaded file, and the cache's path aside)."""
@@ -315,10 +317,10 @@ BACKWARD_DTYPES = ("float32", "bfloat16")
 
 
 def plan(info: Any, config: SweepConfig, dtype: str = "float32") -> list[str]:
-    """The forward variants the OpInfo has on its strided samples (backward and the sparse
-    variants, each with samples of its own, are planned separately)."""
+    """The forward variants the OpInfo has on its strided samples (backward, reference and the
+    sparse variants, each with samples of its own, are planned separately)."""
     return [v for v in config.variants
-            if v != "backward" and v not in SPARSE_VARIANTS and variant_fn(info, v) is not None]
+            if v not in ("backward", reference.VARIANT, *SPARSE_VARIANTS) and variant_fn(info, v) is not None]
 
 
 def sparse_plan(info: Any, config: SweepConfig) -> list[str]:
@@ -345,6 +347,9 @@ def run_group(target: Target, group: Group, config: SweepConfig, *, skip: Contai
     want_samples, want_ladder = ladder.wanted(config.sizes, target.compiler)
     if want_samples:
         yield from _sample_rows(target, info, group, config, skip, on_start)
+        yield from reference.rows(info, group, config, lambda gen: _items(  # its own samples, as a sparse layout's
+            target, info, group, reference.VARIANT, gen, config, skip, on_start), lambda exc: _generation_failed(
+            group, reference.VARIANT, exc, config, skip))
     # the ladder's items are function-variant calls; an empty*'s values mean nothing
     if want_ladder and "function" in config.variants and comparators.comparator_for(group.op) != "meta":
         yield from _ladder_rows(target, info, group, config, skip, on_start)

@@ -31,7 +31,7 @@ from typing import Any
 from conformance.check.comparators import comparator_for
 from conformance.check.contracts import CONTRACTS
 from conformance.customops import VARIANTS as CUSTOM_VARIANTS
-from conformance.inputs.opinfo import DEFAULT_SEED, SPARSE_VARIANTS, by_name, samples
+from conformance.inputs.opinfo import DEFAULT_SEED, REFERENCE, SPARSE_VARIANTS, by_name, samples
 from conformance.sweep import ladder
 from conformance.targets import get_target
 from opdb import Store
@@ -55,7 +55,8 @@ from .repro_fields import (
 
 # Which attribute of the OpInfo a variant calls (schema results call the overload itself).
 _VARIANT_ATTR = {"function": "op", "canary": "op", "backward": "op", "out": "op", "inplace": "inplace_variant",
-                 **dict.fromkeys(SPARSE_VARIANTS, "op"), "schema": None, "traced": None, "ladder": "op"}
+                 **dict.fromkeys(SPARSE_VARIANTS, "op"), REFERENCE: "op", "schema": None, "traced": None,
+                 "ladder": "op"}
 
 _TEMPLATE = '''"""{doc}
 """
@@ -244,7 +245,8 @@ def write_repro(store: Store, result_id: int, out_dir: str | Path) -> Path:
             except ValueError as exc:
                 raise ValueError(f"{where}: {exc}") from None
         else:
-            sample = _nth(samples(info, dtype, thorough=bool(config.get("thorough")), seed=seed,
+            thorough = bool(config.get("thorough")) or variant == REFERENCE  # its index: within reference_inputs
+            sample = _nth(samples(info, dtype, thorough=thorough, seed=seed,
                                   requires_grad=variant == "backward", layout=variant if variant in SPARSE_VARIANTS else None),
                           int_field(row.get("sample"), where, "sample"))
         data = {"input": sample.input, "args": sample.args, "kwargs": sample.kwargs}
@@ -278,7 +280,7 @@ def write_repro(store: Store, result_id: int, out_dir: str | Path) -> Path:
                       build_spec=opt_str(config.get("build_spec") or run.get("build"), where, "build"),
                       imports=module_names(config.get("imports"), where), dtype=str(row["dtype"]),
                       sample=int_field(row.get("sample"), where, "sample"), seed=seed,
-                      thorough=bool(config.get("thorough")))
+                      thorough=bool(config.get("thorough")) or variant == REFERENCE)
     doc = doc_text(
         f"Reproduces opdb result {int(result_id)}: {op} ({variant}, {row.get('dtype')}, sample {row.get('sample')}) "
         f"on target {run.get('target')}\n(build {run.get('build')}). Recorded status: {row.get('status')}.\n"
