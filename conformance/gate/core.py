@@ -23,7 +23,11 @@ printed and stored with the decision.
 Refused (:class:`GateError`, exit 2): a run whose canaries failed (``infra``), a run that never
 finished (interrupted, killed, shards missing), a run holding no result items, and two runs whose
 selections (ops, dtypes, variants, seed, sample limits, ...) differ, unless the caller asks to
-compare only the items both hold (``common_only``). Each failing finding's evidence names its first
+compare only the items both hold (``common_only``). The reference inputs
+(:mod:`conformance.sweep.reference`) are no part of the selection: their slice rotates from night
+to night, so a ``reference`` item is compared where both runs hold it, and one held by a run whose
+op the other run's slice leaves out is neither new nor removed but counted apart
+(``GateResult.outside_slice``, "not in both runs' slices"). Each failing finding's evidence names its first
 bad build, from the stored runs of older builds (:mod:`conformance.gate.first_bad`). Decisions are
 stored in ``gate_items`` so the report's build diff shows exactly what the gate decided.
 
@@ -41,6 +45,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from conformance.check.fingerprint import sign_test_p
+from conformance.inputs.opinfo import REFERENCE
+from conformance.select import VARIANTS, in_reference_slice
 from conformance.work import ItemKey
 from opdb import Store
 from opdb.queries import gate_pairs, latest_run, results_by_key
@@ -105,6 +111,9 @@ class GateResult:
     verdict: str = "pass"  # pass | fail | infra
     confirmation: Confirmation | None = None
     common: dict[str, int] | None = None  # with common_only: compared / only_baseline / only_candidate
+    # reference items held by one run only because the other's slice leaves their op out (the slice
+    # rotates nightly): not compared, and neither new nor removed
+    outside_slice: int = 0
     # error causes (conformance/triage/causes.py): "new" (the candidate's causes the baseline does
     # not have, widest first: key, text, items, ops, dtypes, models, explanation), "gone" (keys)
     causes: dict[str, Any] | None = None
@@ -135,6 +144,8 @@ class GateResult:
                "verdict": self.verdict}
         if self.common is not None:
             out["common_only"] = self.common
+        if self.outside_slice:
+            out["reference_outside_slice"] = self.outside_slice
         if self.causes is not None:
             out["causes"] = self.causes
         return out
@@ -179,6 +190,8 @@ def selection(run: dict[str, Any]) -> dict[str, Any]:
         v = config.get(key, _SELECTION_DEFAULTS.get(key))
         if key in ("dtypes", "contracts") and v:
             v = [p.strip() for x in v for p in str(x).split(",")]
+        if key == "variants" and v:  # the reference items rotate: compared per item (compare_runs)
+            v = [x for x in v if x != REFERENCE]
         if isinstance(v, list):
             v = sorted({str(x) for x in v if str(x)}) or None
         out[key] = v
@@ -235,10 +248,11 @@ def compare_runs(store: Store, baseline: dict[str, Any], candidate: dict[str, An
                  common_only: bool = False, counts: dict[str, int] | None = None) -> list[Finding]:
     """Findings before flake confirmation. With ``common_only`` items held by one run only are
     ignored (not new/removed); ``counts`` receives compared / only_baseline / only_candidate
-    (canary items aside)."""
+    (canary items aside) and outside_slice: the ``reference`` items held by one run whose op the
+    other run's slice of reference inputs leaves out (never new or removed)."""
     findings: list[Finding] = []
     tally = counts if counts is not None else {}
-    for k in ("compared", "only_baseline", "only_candidate"):
+    for k in ("compared", "only_baseline", "only_candidate", "outside_slice"):
         tally.setdefault(k, 0)
     for table, kind in (("op_results", "op"), ("model_results", "model")):
         base, cand = _rows(store, baseline["id"], table), _rows(store, candidate["id"], table)
@@ -248,6 +262,10 @@ def compare_runs(store: Store, baseline: dict[str, Any], candidate: dict[str, An
             assert ref is not None
             name = ref.get("op") or ref.get("model_id") or ItemKey.parse(key).name
             variant = ref.get("variant") or ref.get("mode") or ""
+            if variant == REFERENCE and (b is None or c is None) and not _sweeps_reference(
+                    candidate if c is None else baseline, name):
+                tally["outside_slice"] += 1  # not in the other run's slice: nothing to compare it with
+                continue
             if variant != "canary":  # canaries are compared too, but they are no part of the selection
                 tally["compared" if b and c else ("only_baseline" if b else "only_candidate")] += 1
             if (b is None or c is None) and common_only:
@@ -281,6 +299,20 @@ def compare_runs(store: Store, baseline: dict[str, Any], candidate: dict[str, An
         if kind == "op":
             findings.extend(numerics(base, cand))
     return findings
+
+
+def _sweeps_reference(run: dict[str, Any], op: str) -> bool:
+    """Whether ``run`` swept ``op``'s reference inputs: the variant among its variants and the op
+    in its slice (a run stored before there were reference items swept none)."""
+    try:
+        config = json.loads(run.get("config") or "{}")
+    except ValueError:
+        return False
+    variants = config.get("variants") or VARIANTS
+    try:
+        return REFERENCE in variants and in_reference_slice(op, config.get("reference_inputs"))
+    except ValueError:  # a slice this version cannot read: no reference item of it is compared
+        return False
 
 
 Rerun = Callable[[dict[str, Any], list[str], int], dict[str, list[str]]]
@@ -434,7 +466,8 @@ def run_gate(store: Store, baseline_ref: str, candidate_ref: str, *, attempts: i
         raise GateError(f"baseline run {baseline['id']} and candidate run {candidate['id']} hold no item in common "
                         f"({counts['only_baseline']} only in the baseline, {counts['only_candidate']} only in the "
                         f"candidate); nothing to compare")
-    result = GateResult(baseline, candidate, findings, common=counts if common_only else None)
+    outside = counts.pop("outside_slice")
+    result = GateResult(baseline, candidate, findings, common=counts if common_only else None, outside_slice=outside)
     if rerun is None:
         def rerun(c: dict[str, Any], keys: list[str], n: int) -> dict[str, list[str]]:
             return _rerun(c, keys, n, store)
@@ -469,7 +502,8 @@ def _store(store: Store, result: GateResult) -> None:
               "candidate": result.verdict, "evidence": {
                   "counts": {cat: len(result.of(cat)) for cat in (*FAILS_GATE, "flaky", "unreproducible", "improvement")},
                   "confirmation": result.confirmation.as_json() if result.confirmation else None,
-                  **({"common_only": result.common} if result.common is not None else {})},
+                  **({"common_only": result.common} if result.common is not None else {}),
+                  **({"reference_outside_slice": result.outside_slice} if result.outside_slice else {})},
               "decided_at": decided}
     store.replace_gate_decisions(b, c, [marker] + [
         {"baseline_run": b, "candidate_run": c, "category": f.category, "kind": f.kind, "item_key": f.item_key,

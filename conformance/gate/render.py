@@ -130,6 +130,9 @@ def summary_lines(result: GateResult, links: Links | None = None, top: int = CON
         lines.append(f"  common-only: compared {result.common['compared']} items; ignored "
                      f"{result.common['only_baseline']} only in the baseline, "
                      f"{result.common['only_candidate']} only in the candidate")
+    if result.outside_slice:
+        lines.append(f"  reference: {_n(result.outside_slice, 'item')} not in both runs' slices of reference inputs "
+                     "(the slice rotates nightly): not compared")
     if result.confirmation is not None:
         lines.append(result.confirmation.line())
         lines.append(_explained(result, grouped))
