@@ -175,6 +175,10 @@ def ledger_stale(ledger_path: str | None, n_runs: int, target: str | None, db_pa
               show_default=True,
               help="Op items at sample sizes, on the size ladder, at the signatures traced from the night's model "
                    "graphs (traced once, before the first build's sweep), or all (as for conformance run).")
+@click.option("--reference-inputs", "reference_inputs", default="auto", show_default=True, metavar="auto|none|all|K/N",
+              help="Whose reference_inputs the reference variant sweeps (as for conformance run); auto: the night's "
+                   "slice, K = the UTC date's ordinal modulo N = 4, so every OpInfo's within 4 nights (a resumed nightly "
+                   "keeps the slice it started with).")
 @click.option("-n", "--workers", default=2, show_default=True, help="Worker processes per run.")
 @click.option("--shard", default="1/1", show_default=True, metavar="K/N",
               help="Run this shard of every build's work (merge the shard databases, then --finish).")
@@ -203,7 +207,8 @@ def ledger_stale(ledger_path: str | None, n_runs: int, target: str | None, db_pa
 @db_option(default="results/opdb.sqlite")
 @handles_errors
 def nightly_cmd(target: str, builds: tuple[str, ...], ops: tuple[str, ...], dtypes: tuple[str, ...],
-                models: tuple[str, ...], model_limit: int | None, no_models: bool, no_schema: bool, sizes: str, workers: int,
+                models: tuple[str, ...], model_limit: int | None, no_models: bool, no_schema: bool, sizes: str,
+                reference_inputs: str, workers: int,
                 shard: str, run_id_prefix: str | None, site: str, finish: bool, perf: bool, perf_ops: tuple[str, ...],
                 perf_models: tuple[str, ...], perf_model_limit: int, dist: bool, dist_world_sizes: str,
                 resume: str | None,
@@ -243,7 +248,8 @@ def nightly_cmd(target: str, builds: tuple[str, ...], ops: tuple[str, ...], dtyp
 
         dist_spec = DistSpec(target=target, world_sizes=int_list(dist_world_sizes), training=("fsdp2", "tp"),
                              training_reference="device")
-    spec = NightlySpec(run=run, builds=builds, run_id_prefix=run_id_prefix, site=site, perf=perf_spec, dist=dist_spec)
+    spec = NightlySpec(run=run, builds=builds, run_id_prefix=run_id_prefix, site=site, perf=perf_spec, dist=dist_spec,
+                       reference_inputs=reference_inputs)
     if finish:
         result = NightlyResult()
         with Store.open(db_path) as store:

@@ -21,7 +21,7 @@ from conformance.perf.lane import PerfSpec
 from conformance.run.runner import Summary, check, config_difference, run_into, run_together, stored_summary
 from conformance.run.spec import RunSpec
 from conformance.run.supervisor import start_worker_server
-from conformance.select import SelectionError
+from conformance.select import SelectionError, night_slice, parse_reference_slice
 from conformance.targets import BuildRef
 from opdb import Store
 
@@ -45,9 +45,16 @@ class NightlySpec:
     # the distributed lane (conformance.dist) on every build after the sweeps (None: not run); its
     # build is set per build
     dist: DistSpec | None = None
+    # whose reference_inputs every build's sweep runs (conformance.sweep.reference): None, the run
+    # spec's own; "auto", the slice of the night the nightly started (select.night_slice: every
+    # OpInfo within REFERENCE_NIGHTS nights; a resumed nightly keeps the slice its runs stored);
+    # or none, all, K/N. `conformance nightly` asks for "auto"
+    reference_inputs: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "builds", tuple(BuildRef.parse(b) for b in self.builds))
+        if self.reference_inputs not in (None, "auto"):
+            object.__setattr__(self, "reference_inputs", parse_reference_slice(self.reference_inputs))
 
     def run_for(self, build: BuildRef) -> RunSpec:
         run_id = f"{self.run_id_prefix}-{build}".replace("/", "_") if self.run_id_prefix else None
@@ -111,6 +118,7 @@ def run_nightly(spec: NightlySpec, db_path: str | os.PathLike[str], progress: Ca
     if resume and not Path(db_path).exists():
         raise SelectionError(f"{db_path}: no such database, so no nightly {resume!r} to resume")
     with Store.open(db_path) as store:
+        spec = with_reference_slice(spec, store, bool(resume))
         if resume:
             _check_resumable(store, spec)
         # named first: after a kill -9 this line is what --resume takes
@@ -155,6 +163,22 @@ def trace_stage(spec: NightlySpec, store: Store, progress: Callable[[str], None]
     echo(f"== trace: the op signatures of the model graphs ({', '.join(spec.run.models)}), once for every build ==")
     for line in trace_into(store, spec.run.models, spec.run.model_limit, dtypes, progress):
         echo(line)
+
+
+def with_reference_slice(spec: NightlySpec, store: Store, resume: bool) -> NightlySpec:
+    """The spec with its reference slice set in the run spec every build's sweep starts from (so it
+    is stored with each build's run, and the builds of one night sweep the same slice): ``auto``
+    is the slice of today's night, or, resumed, the one the nightly's first stored run has (a
+    nightly resumed after midnight sweeps the slice it started with)."""
+    chosen = spec.reference_inputs
+    if chosen == "auto":
+        builds = spec.builds or default_builds(spec.run.target)
+        run = next((r for b in builds if (r := store.get_run(spec.run_for(b).run_id or "")) is not None), None) \
+            if resume else None
+        chosen = RunSpec.from_run(run, workers=spec.run.workers).reference_inputs if run else night_slice()
+    if chosen is None:
+        return spec
+    return dataclasses.replace(spec, run=spec.run.replace(reference_inputs=chosen))
 
 
 def _check_resumable(store: Store, spec: NightlySpec) -> None:
@@ -236,13 +260,15 @@ def sweep_stage(spec: NightlySpec, store: Store, result: NightlyResult, progress
 
 
 def sweep_parts(run: RunSpec) -> list[str]:
-    """What a build's sweep runs, in words: the OpInfo sweep, the schema search, the target's
-    custom ops (a run without ``--ops`` checks every one it has; ``--ops 'neuron::*'`` selects
-    them), the models."""
+    """What a build's sweep runs, in words: the OpInfo sweep, the slice of reference inputs, the
+    schema search, the target's custom ops (a run without ``--ops`` checks every one it has;
+    ``--ops 'neuron::*'`` selects them), the models."""
     from conformance.customops import CUSTOM_OPS
 
     selection = run.selection  # custom-op globs alone turn the OpInfo sweep off
-    return [name for name, on in (("OpInfo sweep", selection.opinfo), ("schema search", run.schema),
+    reference = selection.opinfo and "reference" in run.variants and run.reference_inputs != "none"
+    return [name for name, on in (("OpInfo sweep", selection.opinfo),
+                                  (f"reference inputs {run.reference_inputs}", reference), ("schema search", run.schema),
                                   ("custom ops", bool(CUSTOM_OPS.groups(selection))),
                                   ("models", bool(run.models))) if on]
 
