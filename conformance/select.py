@@ -25,6 +25,9 @@ from .work import Group
 
 DEFAULT_DTYPES = ("float32", "bfloat16", "float16", "int32", "int64", "bool", "float64", "complex64")
 VARIANTS = ("function", "inplace", "out", "backward", *SPARSE_VARIANTS, REFERENCE)
+#: The dtype probe's variant (conformance.sweep.dtypes): one item per op x dtype of --dtypes, claimed or not
+DTYPE_PROBE = "dtypes"
+VARIANTS += (DTYPE_PROBE,)
 # The dtypes the harness can run: those some OpInfo supports on the CPU in torch 2.13 (quantized,
 # bits* and sub-byte dtypes have no OpInfo samples; a test keeps this in step with the OpInfo db).
 RUNNABLE_DTYPES = ("bfloat16", "bool", "complex128", "complex32", "complex64", "float16", "float32", "float64",

@@ -123,6 +123,9 @@ class Selection:
     schema: bool = False
     models: tuple[str, ...] = ()
     model_limit: int | None = None
+    # the OpInfo variants asked for (empty: every one); a kind plans a group only for some (the
+    # dtype probe's groups of dtypes an OpInfo does not claim: conformance.sweep.dtypes)
+    variants: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # custom-op globs alone select no OpInfo (as aten:: globs alone select none)

@@ -40,6 +40,7 @@ import torch
 
 from conformance.datafiles import DATA
 from conformance.inputs.opinfo import REFERENCE, SPARSE_VARIANTS
+from conformance.select import DTYPE_PROBE
 from opdb.queries_counts import CUSTOM_OP_VARIANTS
 from opdb.status import EXPECTABLE
 
@@ -48,6 +49,7 @@ DTYPES = ("float64", "float32", "bfloat16", "float16", "complex64", "complex128"
           "int16", "int8", "uint8", "bool")
 VARIANTS = ("function", "inplace", "out", "backward", *SPARSE_VARIANTS, REFERENCE, "schema", "canary", "model",
             *CUSTOM_OP_VARIANTS, "*")
+VARIANTS += (DTYPE_PROBE,)  # the dtype probe's items (conformance.sweep.dtypes): only an entry naming it applies
 STATUSES = EXPECTABLE  # the failing statuses an xfail entry may accept
 
 # torch.testing.assert_close defaults, the baseline every override starts from.
@@ -175,6 +177,7 @@ _NAMESPACES: dict[str, tuple[str, ...]] = {
     **dict.fromkeys(CUSTOM_OP_VARIANTS, ("custom",)),
     "*": ("opinfo", "aten", "model", "custom"),
 }
+_NAMESPACES[DTYPE_PROBE] = ("opinfo",)
 _WHAT = {"opinfo": "an OpInfo name (e.g. 'cumsum', 'nn.functional.gelu')",
          "aten": "an ATen overload (e.g. 'aten::add.Tensor')",
          "model": "a model id (e.g. 'mlp.*', 'hf.gpt2')",

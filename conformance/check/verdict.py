@@ -15,7 +15,7 @@ from typing import Literal
 
 from opdb.status import FAILING, SEVERITY, Status
 
-__all__ = ["FAILING", "SEVERITY", "Status", "apply_expected", "decide", "decide_opcheck", "decide_unrun",
+__all__ = ["FAILING", "SEVERITY", "Status", "apply_expected", "decide", "decide_dtypes", "decide_opcheck", "decide_unrun",
            "is_unsupported_dtype", "is_refused", "is_unsupported_layout"]
 
 # whole words: "Int" must not match "internal" (an internal error is no refused dtype)
@@ -143,6 +143,19 @@ def decide_opcheck(failed: Sequence[str], *, has_reference: bool,
     else:
         status = Status.PASS if has_reference else Status.STRUCTURAL
     return apply_expected(status, expected_failure) if status is not Status.STRUCTURAL else status
+
+
+def decide_dtypes(how: Literal["accepts", "rejects"] | None, *,
+                  expected_failure: Sequence[str] | None = None) -> Status:
+    """The verdict of a dtype probe (:mod:`conformance.check.dtypeprobe`): the target ``accepts`` a
+    dtype in a direction the CPU rejects (``contract``: PyTorch's dtype contract is the CPU's),
+    ``rejects`` one the CPU runs (``unsupported_dtype``, whatever its error says), or neither.
+
+        >>> decide_dtypes("accepts").value, decide_dtypes("rejects").value, decide_dtypes(None).value
+        ('contract', 'unsupported_dtype', 'pass')
+    """
+    status = Status.PASS if how is None else Status.CONTRACT if how == "accepts" else Status.UNSUPPORTED_DTYPE
+    return apply_expected(status, expected_failure)
 
 
 def apply_expected(status: Status, expected_failure: Sequence[str] | None) -> Status:

@@ -27,7 +27,7 @@ from . import (
 
 # conformance.select.VARIANTS, spelt out so that the CLI's help needs no torch import (a test
 # keeps the two equal)
-CLI_VARIANTS = "function,inplace,out,backward,sparse_coo,sparse_csr,sparse_csc,sparse_bsr,sparse_bsc,reference"
+CLI_VARIANTS = "function,inplace,out,backward,sparse_coo,sparse_csr,sparse_csc,sparse_bsr,sparse_bsc,reference,dtypes"
 
 
 @main.command("run")
@@ -50,7 +50,8 @@ CLI_VARIANTS = "function,inplace,out,backward,sparse_coo,sparse_csr,sparse_csc,s
 @click.option("--variants", default=CLI_VARIANTS, show_default=True,
               help="Comma-separated OpInfo variants to run (sparse_*: the OpInfo's own samples in that layout; "
                    "reference: the function on the reference_inputs the samples lack, for the OpInfos "
-                   "--reference-inputs selects).")
+                   "--reference-inputs selects; dtypes: one probe per op and dtype of --dtypes, claimed by the "
+                   "OpInfo or not, of whether the target runs it forward and backward where the CPU does).")
 @click.option("--reference-inputs", "reference_inputs", default="none", show_default=True, metavar="none|all|K/N",
               help="Whose reference_inputs the reference variant runs (those of an OpInfo's reference_inputs the "
                    "sample_inputs lack, by shapes, dtypes, strides and arguments): none, all, or K/N, the OpInfos "

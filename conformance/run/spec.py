@@ -154,7 +154,7 @@ class RunSpec:
 
     @property
     def selection(self) -> Selection:
-        return Selection(self.ops, self.dtypes, self.opinfo, self.schema, self.models, self.model_limit)
+        return Selection(self.ops, self.dtypes, self.opinfo, self.schema, self.models, self.model_limit, self.variants)
 
     def sweep_config(self) -> SweepConfig:
         """What a worker needs of the spec: the fields SweepConfig shares with it, the ledger loaded."""

@@ -30,9 +30,9 @@ from conformance.check.fingerprint import fingerprint
 from conformance.check.ledger import Ledger
 from conformance.check.refcache import open_cache
 from conformance.check.verdict import NOT_COMPILED, Status, decide, decide_unrun
-from conformance.inputs.opinfo import DEFAULT_SEED, SPARSE_VARIANTS, by_name, cpu_dtypes, samples, variant_fn
+from conformance.inputs.opinfo import DEFAULT_SEED, SPARSE_VARIANTS, by_name, samples, variant_fn
 from conformance.select import VARIANTS, parse_dtypes, select_ops
-from conformance.sweep import ladder, reference
+from conformance.sweep import dtypes, ladder, reference
 from conformance.targets import Target
 from conformance.work import NOTHING, Group, ItemKey, Selection
 
@@ -320,7 +320,7 @@ def plan(info: Any, config: SweepConfig, dtype: str = "float32") -> list[str]:
     """The forward variants the OpInfo has on its strided samples (backward, reference and the
     sparse variants, each with samples of its own, are planned separately)."""
     return [v for v in config.variants
-            if v not in ("backward", reference.VARIANT, *SPARSE_VARIANTS) and variant_fn(info, v) is not None]
+            if v not in ("backward", reference.VARIANT, dtypes.VARIANT, *SPARSE_VARIANTS) and variant_fn(info, v) is not None]
 
 
 def sparse_plan(info: Any, config: SweepConfig) -> list[str]:
@@ -345,6 +345,8 @@ def run_group(target: Target, group: Group, config: SweepConfig, *, skip: Contai
     """
     info = by_name()[group.op]
     want_samples, want_ladder = ladder.wanted(config.sizes, target.compiler)
+    if (yield from dtypes.rows(target, info, group, config, skip, on_start, run=want_samples)):
+        return  # a dtype the OpInfo does not claim on the CPU: its group holds the dtype probe alone
     if want_samples:
         yield from _sample_rows(target, info, group, config, skip, on_start)
         yield from reference.rows(info, group, config, lambda gen: _items(  # its own samples, as a sparse layout's
@@ -518,8 +520,9 @@ def harness_error(group: Group, variant: str, index: int, exc: Exception, config
 
 
 class OpInfoSweep:
-    """The work kind: one group per (OpInfo, dtype) the CPU supports, for the selection's
-    OpInfo globs (all OpInfos unless only ``aten::`` globs were given) and dtypes."""
+    """The work kind: one group per (OpInfo, dtype) of the selection's OpInfo globs (all OpInfos
+    unless only ``aten::`` globs were given) and dtypes; one of a dtype the OpInfo does not claim on
+    the CPU holds only the dtype probe (:mod:`conformance.sweep.dtypes`), when that is asked for."""
 
     name = "opinfo"
     table = "op_results"
@@ -530,13 +533,10 @@ class OpInfoSweep:
         # aten:: and custom-op (neuron::*) globs alone select no OpInfo (not, as no glob would, every one)
         if not selection.opinfo or ((selection.aten_globs or selection.custom_globs) and not selection.info_globs):
             return []
-        infos = by_name()
-        wanted = parse_dtypes(selection.dtypes)
-        out = []
-        for name in select_ops(selection.info_globs):
-            supported = {str(d).removeprefix("torch.") for d in cpu_dtypes(infos[name])}
-            out.extend(Group(name, d) for d in wanted if d in supported)
-        return out
+        infos, wanted = by_name(), parse_dtypes(selection.dtypes)
+        probe = not selection.variants or dtypes.VARIANT in selection.variants
+        return [Group(name, d) for name in select_ops(selection.info_globs) for d in wanted
+                if probe or not dtypes.probe_only(infos[name], d)]
 
     def run(self, target: Target, group: Group, config: SweepConfig, *, skip: Container[str] = NOTHING,
             on_start: Callable[[str], None] | None = None) -> Iterator[dict[str, Any]]:

@@ -1,0 +1,114 @@
+"""The dtype probe (variant ``dtypes``, conformance.sweep.dtypes): which dtypes an op runs in on the
+device against the CPU, forward and backward, claimed by the OpInfo or not, stored per run.
+
+The defects are real: nn.functional.max_pool1d runs int64 on any PrivateUse1 device (its composite
+takes max_pool1d_with_indices off the CPU) while the CPU's own kernel refuses it on some samples,
+which PyTorch's TestCommon.test_dtypes fails on 2.33.0; a backward-only refusal is a seeded
+emulator defect (tanh's backward kernel raises in float32, its forward runs).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import textwrap
+
+import pytest
+
+from conformance.run.runner import RunSpec, execute_run
+from conformance.select import DTYPE_PROBE
+from conformance.sweep.opinfo import OPINFO, SweepConfig, run_group
+from conformance.work import Group, Selection
+from opdb import Store
+
+pytestmark = pytest.mark.xdist_group("dtype_probe")
+
+MANIFEST = """
+[build]
+name = "dtype-probe"
+inherits = "2.33.0"
+
+[[defects]]
+op = "aten::tanh_backward.default"
+dtypes = ["float32"]
+kind = "error"
+"""
+
+
+@pytest.fixture(scope="module")
+def probe_run(tmp_path_factory):
+    d = tmp_path_factory.mktemp("dtype_probe")
+    (d / "b.toml").write_text(textwrap.dedent(MANIFEST))
+    db = d / "r.sqlite"
+    spec = RunSpec(target="neuron-emu", build=str(d / "b.toml"), ops=("nn.functional.max_pool1d", "tanh", "abs"),
+                   dtypes=("float32", "int64", "bool"), workers=1, variants=("function", DTYPE_PROBE),
+                   max_samples=1)
+    summary = execute_run(spec, db)
+    with Store.open(db) as st:
+        rows = {r["item_key"]: r for r in st.db.query("select * from op_results where variant = ?", [DTYPE_PROBE])}
+    return db, summary.run_id, rows
+
+
+def _probe(row):
+    return json.loads(row["proof"])["dtypes"]
+
+
+def test_the_variant_name_is_the_same_everywhere():
+    from conformance.check.ledger import VARIANTS as LEDGER_VARIANTS
+    from conformance.select import VARIANTS
+
+    assert DTYPE_PROBE in VARIANTS and DTYPE_PROBE in LEDGER_VARIANTS
+
+
+def test_groups_hold_the_probe_of_every_dtype_asked_for_claimed_or_not():
+    # max_pool1d claims no integer dtype on the CPU: its int64 group holds the probe alone
+    keys = [g.key for g in OPINFO.groups(Selection(ops=("nn.functional.max_pool1d",), dtypes=("float32", "int64")))]
+    assert keys == ["nn.functional.max_pool1d|float32", "nn.functional.max_pool1d|int64"]
+    # a run that does not ask for the probe plans no group for an unclaimed dtype
+    assert [g.key for g in OPINFO.groups(Selection(ops=("nn.functional.max_pool1d",), dtypes=("float32", "int64"),
+                                                   variants=("function",)))] == ["nn.functional.max_pool1d|float32"]
+
+
+def test_the_probe_passes_on_the_ideal_build():
+    from conformance.targets import get_target
+
+    target = get_target("neuron-emu", "ideal")
+    config = SweepConfig(variants=(DTYPE_PROBE,))
+    rows = [r for d in ("float32", "bfloat16", "int64", "bool") for r in run_group(target, Group("tanh", d), config)]
+    assert [r["item_key"] for r in rows] == [f"tanh|dtypes|{d}|0" for d in ("float32", "bfloat16", "int64", "bool")]
+    assert {r["status"] for r in rows} == {"pass"}, [(r["item_key"], r["error"]) for r in rows]
+    f32 = rows[0]["proof"]["dtypes"]  # as the worker yields it, before it is stored
+    assert f32["claimed"] == {"forward": True, "backward": True}
+    assert f32["cpu"] == f32["device"] == {"forward": "ok", "backward": "ok"}
+
+
+def test_a_dtype_the_cpu_rejects_and_the_device_accepts_fails_naming_dtype_and_direction(probe_run):
+    _, _, rows = probe_run
+    row = rows["nn.functional.max_pool1d|dtypes|int64|0"]
+    assert row["status"] == "contract"
+    assert row["error"].startswith("the target accepts int64 forward where the CPU rejects it (sample 1: "
+                                   "the CPU raises NotImplementedError"), row["error"]
+    p = _probe(row)
+    assert p["claimed"] == {"forward": False, "backward": False}
+    assert p["cpu"]["forward"] == "mixed" and p["device"]["forward"] == "ok"
+    # the claimed dtype agrees
+    assert rows["nn.functional.max_pool1d|dtypes|float32|0"]["status"] == "pass"
+
+
+def test_a_backward_only_refusal_is_caught(probe_run):
+    _, _, rows = probe_run
+    row = rows["tanh|dtypes|float32|0"]
+    assert row["status"] == "unsupported_dtype"
+    assert re.match(r"the target rejects float32 backward where the CPU runs it \(sample 0: the target raises ",
+                    row["error"]), row["error"]
+    p = _probe(row)
+    assert p["cpu"] == {"forward": "ok", "backward": "ok"}
+    assert p["device"] == {"forward": "ok", "backward": "raises"}
+
+
+def test_a_dtype_both_sides_reject_passes_and_is_recorded_unclaimed(probe_run):
+    _, _, rows = probe_run
+    row = rows["abs|dtypes|bool|0"]
+    assert row["status"] == "pass" and row["error"] is None
+    p = _probe(row)
+    assert p["claimed"]["forward"] is False and p["cpu"]["forward"] == p["device"]["forward"] == "raises"
