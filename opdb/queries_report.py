@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .queries_counts import NOT_OPINFO
+from .queries_dtypes import DTYPE_PROBE
 from .status import FAILING, PASSED, Status
 from .store import Store
 
@@ -187,13 +188,14 @@ def slowest_ops(store: Store, run_id: str, limit: int = 15) -> list[dict[str, An
 
 def matrix_cells(store: Store, run_id: str, variants: Sequence[str] = ()) -> list[tuple[str, str, str, int]]:
     """``(op, dtype, status, samples)`` of the OpInfo ops for the op × dtype matrix (schema-driven
-    items and canaries are no OpInfo op's samples: they count on the ATen rows they reach); of
-    those ``variants`` only (function, out, backward, ...) when given."""
-    marks = ", ".join("?" for _ in NOT_OPINFO)
+    items and canaries are no OpInfo op's samples: they count on the ATen rows they reach; nor is
+    a dtype probe, which the matrix marks apart, :mod:`opdb.queries_dtypes`); of those ``variants``
+    only (function, out, backward, ...) when given."""
+    marks = ", ".join("?" for _ in (*NOT_OPINFO, DTYPE_PROBE))
     only = f" and variant in ({', '.join('?' for _ in variants)})" if variants else ""
     return [tuple(r) for r in store.db.execute(
         f"select op, dtype, status, count(*) from op_results where run_id = ? and coalesce(variant, '') "
-        f"not in ({marks}){only} group by op, dtype, status", [run_id, *NOT_OPINFO, *variants])]
+        f"not in ({marks}){only} group by op, dtype, status", [run_id, *NOT_OPINFO, DTYPE_PROBE, *variants])]
 
 
 @dataclass(frozen=True)

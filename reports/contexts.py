@@ -211,6 +211,9 @@ class OpPage(Page):
     # overload, or an OpInfo's overloads of its name; and the overloads' own pages
     traced: list[Any] = field(default_factory=list)
     traced_links: dict[str, str] = field(default_factory=dict)
+    # the dtype probes per dtype (opdb.queries_dtypes.DtypeProbe): claimed, CPU and target, forward
+    # and backward, and the verdict; empty: the run probed none
+    dtype_probes: list[Any] = field(default_factory=list)
 
 
 @dataclass

@@ -1,5 +1,6 @@
 """The dtype probe (variant ``dtypes``, conformance.sweep.dtypes): which dtypes an op runs in on the
-device against the CPU, forward and backward, claimed by the OpInfo or not, stored per run.
+device against the CPU, forward and backward, claimed by the OpInfo or not; stored per run, shown on
+the op page and marked in the matrix.
 
 The defects are real: nn.functional.max_pool1d runs int64 on any PrivateUse1 device (its composite
 takes max_pool1d_with_indices off the CPU) while the CPU's own kernel refuses it on some samples,
@@ -20,8 +21,10 @@ from conformance.select import DTYPE_PROBE
 from conformance.sweep.opinfo import OPINFO, SweepConfig, run_group
 from conformance.work import Group, Selection
 from opdb import Store
+from reports import render_site
 
 pytestmark = pytest.mark.xdist_group("dtype_probe")
+TEXT = r'(?:[^"\\]|\\.)*'  # a JSON string's characters (escaped quotes included)
 
 MANIFEST = """
 [build]
@@ -56,8 +59,9 @@ def _probe(row):
 def test_the_variant_name_is_the_same_everywhere():
     from conformance.check.ledger import VARIANTS as LEDGER_VARIANTS
     from conformance.select import VARIANTS
+    from opdb.queries_dtypes import DTYPE_PROBE as OPDB_NAME  # opdb imports nothing of the harness
 
-    assert DTYPE_PROBE in VARIANTS and DTYPE_PROBE in LEDGER_VARIANTS
+    assert DTYPE_PROBE in VARIANTS and DTYPE_PROBE in LEDGER_VARIANTS and OPDB_NAME == DTYPE_PROBE
 
 
 def test_groups_hold_the_probe_of_every_dtype_asked_for_claimed_or_not():
@@ -112,3 +116,24 @@ def test_a_dtype_both_sides_reject_passes_and_is_recorded_unclaimed(probe_run):
     assert row["status"] == "pass" and row["error"] is None
     p = _probe(row)
     assert p["claimed"]["forward"] is False and p["cpu"]["forward"] == p["device"]["forward"] == "raises"
+
+
+def test_the_op_page_shows_the_dtype_table_and_the_matrix_marks_the_cell(probe_run, tmp_path):
+    db, run_id, _ = probe_run
+    with Store.open(db) as st:
+        render_site(st, tmp_path)
+    page = next(tmp_path.glob("*/ops/nn.functional.max_pool1d.html")).read_text()
+    table = page[page.index('<section id="dtypes">'):]
+    table = table[:table.index("</section>")]
+    rows = dict(re.findall(r'<tr data-dtype="(\w+)" data-status="(\w+)"', table))
+    assert rows == {"bool": "pass", "float32": "pass", "int64": "contract"}
+    int64 = re.search(r'<tr data-dtype="int64".*?</tr>', table, re.S).group(0)
+    assert "<td>no / no</td><td>mixed / n/a</td><td>ok / n/a</td>" in int64
+    assert "accepts int64 forward where the CPU rejects it" in int64
+    matrix = next(tmp_path.glob("*/matrix.html")).read_text()
+    # the unclaimed int64 cell: no samples, the probe's status, its mark and a link to the table
+    assert re.search(r'\["contract","int64: no samples \(the OpInfo does not claim it\); \\u2260 dtype probe contract: '
+                     rf'{TEXT}",0,\["dtypes"\],"ops/nn\.functional\.max_pool1d\.html#dtypes","\\u2260"\]', matrix)
+    # the claimed float32 cell of tanh: its sample's count with the mark
+    assert re.search(rf'\["unsupported_dtype","float32: {TEXT}dtype probe unsupported_dtype{TEXT}",1,\["dtypes"\],'
+                     r'"ops/tanh\.html#dtypes","1 \\u2260"\]', matrix)

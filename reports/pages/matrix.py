@@ -8,6 +8,7 @@ from typing import Any
 
 from opdb import queries_contracts as qk
 from opdb import queries_counts as qc
+from opdb import queries_dtypes as qd
 from opdb import queries_report as q
 from opdb.status import WORST_RANK, ordered, worst
 
@@ -31,27 +32,41 @@ def _grouped(items: Cells) -> dict[str, dict[str, Counter]]:
 
 
 Failures = dict[str, dict[str, int]]  # dtype -> failed contract -> items
+#: What a cell whose dtype probe disagrees with the CPU shows after its count (and alone, for a
+#: dtype the OpInfo does not claim: no samples); its 'fails contract' name is the probe's variant.
+PROBE_MARK = "≠"
 
 
-def _row_cells(by_dtype: dict[str, Counter], col: dict[str, int],
-               failures: Failures | None = None) -> tuple[list[Any], list[str], int, str | None]:
+def _row_cells(by_dtype: dict[str, Counter], col: dict[str, int], failures: Failures | None = None,
+               probes: dict[str, qd.DtypeProbe] | None = None, href: str | None = None,
+               ) -> tuple[list[Any], list[str], int, str | None]:
     """One row's dtype cells ([worst, tooltip, samples] or None), its statuses, samples and worst;
     a cell whose items failed contracts names them, with their counts, in its tooltip, and lists
-    them as a fourth element (the 'fails contract' filter dims the other cells)."""
+    them as a fourth element (the 'fails contract' filter dims the other cells). A cell whose dtype
+    probe fails (``probes``: the failing ones by dtype) is marked :data:`PROBE_MARK`, links to the
+    op page's dtype table (``href``) and lists the probe's variant among its failed contracts; the
+    probe counts in its worst status, not among its samples."""
     cells_out: list[Any] = [None] * len(col)
     present: set[str] = set()
     total = 0
-    for d, cnt in by_dtype.items():
-        w = worst(cnt)
+    for d in sorted(set(by_dtype) | set(probes or {}), key=lambda d: col[d]):
+        cnt = by_dtype.get(d, Counter())
+        probe = (probes or {}).get(d)
         n = sum(cnt.values())
         total += n
         present.update(cnt)
-        tip = f"{d}: " + ", ".join(f"{s} {k}" for s, k in ordered(dict(cnt)))
+        tip = f"{d}: " + (", ".join(f"{s} {k}" for s, k in ordered(dict(cnt))) or "no samples (the OpInfo does not claim it)")
         failed = (failures or {}).get(d)
         names = qk.ordered_contracts(failed or ())
         if names:
             tip += "; failed contracts: " + ", ".join(f"{c} {failed[c]}" for c in names)
-        cells_out[col[d]] = [w, tip, n, names] if names else [w, tip, n]
+        if probe is None:
+            cells_out[col[d]] = [worst(cnt), tip, n, names] if names else [worst(cnt), tip, n]
+            continue
+        present.add(probe.status)
+        tip += f"; {PROBE_MARK} dtype probe {probe.status}: {probe.error}"
+        cells_out[col[d]] = [worst([*cnt, probe.status]), tip, n, [*names, qd.DTYPE_PROBE],
+                             f"{href}#dtypes" if href else None, f"{n:,} {PROBE_MARK}" if n else PROBE_MARK]
     return cells_out, sorted(present, key=lambda s: WORST_RANK.get(s, 99)), total, worst(present)
 
 
@@ -81,13 +96,21 @@ def _rows(b: BuildScope) -> tuple[list[list[Any]], list[str], int, int]:
     failures: dict[str, Failures] = {}
     for op, dtype, contract, n in qk.matrix_contract_failures(b.store, rid):
         failures.setdefault(op, {}).setdefault(dtype, {})[contract] = n
+    probes: dict[str, dict[str, qd.DtypeProbe]] = {}
+    for p in qd.dtype_probes(b.store, rid):
+        if p.failing:
+            probes.setdefault(p.op, {})[p.dtype] = p
     ov_cells = b.reached().cells()
-    dtypes = sorted({c[1] or "-" for c in cells} | {c[1] or "-" for c in ov_cells})
+    dtypes = sorted({c[1] or "-" for c in cells} | {c[1] or "-" for c in ov_cells}
+                    | {d for by in probes.values() for d in by})
     col = {d: i for i, d in enumerate(dtypes)}
     n_op = n_aten = 0
-    for name, by_dtype in sorted(_grouped(cells).items()):
-        c, present, total, w = _row_cells(by_dtype, col, failures.get(name))
-        failed = qk.ordered_contracts(k for d in failures.get(name, {}).values() for k in d)
+    grouped = _grouped(cells)
+    for name in sorted(set(grouped) | set(probes)):
+        c, present, total, w = _row_cells(grouped.get(name, {}), col, failures.get(name), probes.get(name),
+                                          f"ops/{b.op_slug(name)}.html")
+        failed = qk.ordered_contracts([*(k for d in failures.get(name, {}).values() for k in d),
+                                       *([qd.DTYPE_PROBE] if name in probes else [])])
         rows.append([[f"ops/{b.op_slug(name)}.html", name], "OpInfo", op_classes.get(name, []),
                      "sampled", total, w, *c, failed, present, []])
         n_op += 1

@@ -7,6 +7,7 @@ from collections import Counter
 from collections.abc import Iterator
 
 from opdb import queries_contracts as qk
+from opdb import queries_dtypes as qd
 from opdb import queries_report as q
 from opdb.status import FAILING, ordered
 
@@ -45,9 +46,12 @@ def pages(b: BuildScope) -> Iterator[tuple[str, OpPage]]:
     for (overload, _), sizes in sorted(q.traced_sizes(b.store, b.info.op_run["id"]).items()):
         traced.setdefault(overload, []).append(sizes)
         traced.setdefault(overload.split("::", 1)[-1].split(".", 1)[0], []).append(sizes)
+    probes: dict[str, list[qd.DtypeProbe]] = {}
+    for p in qd.dtype_probes(b.store, b.info.op_run["id"]):
+        probes.setdefault(p.op, []).append(p)
     for op, group in itertools.groupby(q.op_sample_stream(b.store, b.info.op_run["id"]), key=lambda r: r[0]):
         yield from _op_pages(b, op, list(group), op_classes.get(op, []), outcomes.get(op, []), ladders.get(op, []),
-                             traced.get(op, []))
+                             traced.get(op, []), probes.get(op, []))
 
 
 def _clip(text: str, chars: int = DETAIL_CHARS) -> str:
@@ -84,7 +88,7 @@ def contract_table(outcomes: list[qk.ContractOutcome]) -> tuple[list[str], list[
 
 def _op_pages(b: BuildScope, op: str, rows: list[tuple], classes: list[str],
               outcomes: list[qk.ContractOutcome], ladder: list[q.LadderSizes] = (),
-              traced: list[q.TracedSizes] = ()) -> Iterator[tuple[str, OpPage]]:
+              traced: list[q.TracedSizes] = (), probes: list[qd.DtypeProbe] = ()) -> Iterator[tuple[str, OpPage]]:
     info = b.info
     b.op_pages.add(op)
     slug = b.op_slug(op)
@@ -131,4 +135,5 @@ def _op_pages(b: BuildScope, op: str, rows: list[tuple], classes: list[str],
                                     failing=sorted(FAILING), db=b.db_label),
             part=k + 1, parts=parts, other_builds=builds, other_targets=targets, contracts=contracts,
             contract_rows=contract_rows, ladder=list(ladder), traced=list(traced),
-            traced_links={t.overload: f"{b.op_slug(t.overload)}.html" for t in traced if t.overload in b.site.op_slugs(info)})
+            traced_links={t.overload: f"{b.op_slug(t.overload)}.html" for t in traced if t.overload in b.site.op_slugs(info)},
+            dtype_probes=list(probes))
