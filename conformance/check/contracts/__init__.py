@@ -64,7 +64,14 @@ import torch
 from conformance.check.compare import leaves
 from conformance.check.execute import err
 
-from .calls import check_determinism, check_errors, check_out, check_variants, gradient_variants, other_callables
+from .calls import (
+    check_determinism,
+    check_errors,
+    check_out,
+    check_variants,
+    gradient_variants,
+    other_callables,
+)
 from .layout import check_aliasing, check_metadata, check_noncontiguous, noncontiguous_copy
 from .terms import (
     BUDGETED,
