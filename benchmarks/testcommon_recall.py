@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import sqlite3
 import subprocess
 import sys
@@ -243,9 +244,11 @@ def report(build: str, r: dict) -> None:
         _say(f"  missed: {m['op']} {m['dtype']}  harness: {m['harness']}")
         for c in m["testcommon"]:
             _say(f"      {c}")
-    outcomes = Counter(f.get("outcome", "not reproduced yet") for f in r["harness_only"])
+    outcomes = Counter(f["outcome"] for f in r["harness_only"] if "outcome" in f)
+    sample = r.get("reproduced_sample", len(r["harness_only"]))
     _say(f"harness-only {build}: {len(r['harness_only'])} pairs flagged by the harness that TestCommon passes on "
-         f"the device: " + (", ".join(f"{k} {v}" for k, v in outcomes.most_common()) or "none")
+         f"the device; {'each' if sample == len(r['harness_only']) else f'a seeded sample of {sample}'} "
+         "reproduced standalone: " + (", ".join(f"{k} {v}" for k, v in outcomes.most_common()) or "none")
          + f"; {r['flagged_outside_testcommon']} more flagged pairs TestCommon does not run")
 
 
@@ -258,7 +261,8 @@ def main() -> None:
     ap.add_argument("--ops", default="", help="comma-separated OpInfo names (default: the whole op_db)")
     ap.add_argument("--jobs", type=int, default=2, help="pytest-xdist workers and harness workers")
     ap.add_argument("--repro-limit", type=int, default=-1,
-                    help="reproduce at most this many harness-only findings per build (-1: all)")
+                    help="reproduce a seeded sample of at most this many harness-only findings per build (-1: all)")
+    ap.add_argument("--seed", type=int, default=0, help="the seed of --repro-limit's sample")
     ap.add_argument("--testcommon-only", action="store_true", help="run TestCommon for the builds, nothing else")
     ap.add_argument("harness_args", nargs="*", help="after --: passed to conformance run")
     a = ap.parse_args()
@@ -276,7 +280,10 @@ def main() -> None:
             continue
         run = harness(build, db, a.dtypes, a.ops, a.jobs, a.harness_args)
         r = compare(tc, db, run)
-        todo = r["harness_only"] if a.repro_limit < 0 else r["harness_only"][:a.repro_limit]
+        todo = r["harness_only"]
+        if 0 <= a.repro_limit < len(todo):  # a seeded sample, in op order
+            todo = sorted(random.Random(a.seed).sample(todo, a.repro_limit), key=lambda f: (f["op"], f["dtype"]))
+        r["reproduced_sample"] = len(todo)
         reproduce(db, run, todo, a.work, cache)
         report(build, r)
         results[build] = r
