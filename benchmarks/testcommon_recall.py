@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import sqlite3
 import subprocess
@@ -227,10 +228,19 @@ def reproduce(db: Path, run: str, findings: list[dict], work: Path, cache: dict[
                                    [f["item"]]).fetchone())
             outcome, said = _reproduce(db, row, scripts)
             cache[key] = [outcome, said, row["variant"], row["status"]]
-            (work / "repro.json").write_text(json.dumps(cache, indent=1))
+            _merge_into(work / "repro.json", {key: cache[key]})
         f["outcome"], f["script_said"], f["variant"], f["status"] = cache[key]
         _say(f"    [{n}/{len(findings)}] {f['op']} {f['dtype']} {f['variant']} {f['status']}: {f['outcome']}"
              f" ({f['script_said'][:90]})")
+
+
+def _merge_into(path: Path, new: dict) -> None:
+    """``new``'s keys written into the JSON object at ``path``, read again first: two benchmarks
+    of other builds may share a work folder."""
+    old = json.loads(path.read_text()) if path.exists() else {}
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({**old, **new}, indent=1))
+    tmp.replace(path)
 
 
 def report(build: str, r: dict) -> None:
@@ -287,7 +297,7 @@ def main() -> None:
         reproduce(db, run, todo, a.work, cache)
         report(build, r)
         results[build] = r
-        (a.work / "recall.json").write_text(json.dumps(results, indent=1))
+        _merge_into(a.work / "recall.json", {build: r})
     if results:
         _say("builds: " + ", ".join(f"{b} {r['recall']}% ({r['flagged']}/{r['testcommon_pairs']})"
                                     for b, r in results.items()))
