@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -355,6 +356,46 @@ def upstream_checks(path: Path = UPSTREAM_TRIAGE, facts: Path | tuple[Path, ...]
             out[key] = Checked(e["source"], op, dtype, outcome, _text(path, f"{where}.reason", e["reason"]),
                                _text(path, f"{where}.evidence", e["evidence"]), targets, checked_on)
     return out
+
+
+# -- no_cpu_reference.toml -------------------------------------------------------------------------
+# Overloads the CPU cannot compute although the registry gives them a CPU-side kernel: a composite
+# (an out= wrapper, a functional or *_copy twin) whose CPU path calls an op with no CPU kernel. A
+# fact of the torch release, learned once by the schema search on the CPU
+# (tools/no_cpu_reference.py) and read by conformance.catalog.overloads.
+NO_CPU_REFERENCE = DATA / "no_cpu_reference.toml"
+_OVERLOAD = re.compile(r"aten::[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*")
+_OP = re.compile(r"aten::[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?")
+_RELEASE = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+")
+
+
+@dataclass(frozen=True)
+class NoCpuReference:
+    """For one torch release: overload -> the op its CPU path calls that has no CPU kernel."""
+
+    path: Path
+    torch: str  # the release, without a local label ("2.13.0", not "2.13.0+cpu")
+    overloads: dict[str, str]
+
+
+@functools.cache
+def no_cpu_reference(path: Path = NO_CPU_REFERENCE) -> NoCpuReference:
+    raw = _keys(path, "", read_toml(path), {"torch", "overloads"})
+    release = raw["torch"]
+    if not isinstance(release, str) or not _RELEASE.fullmatch(release):
+        raise _bad(path, "torch", release, 'a torch release such as "2.13.0" (no local label like +cpu)')
+    table = raw["overloads"]
+    if not isinstance(table, dict):
+        raise _bad(path, "overloads", table, 'a table of "aten::name.overload" = "aten::op"')
+    out: dict[str, str] = {}
+    for name, inner in table.items():
+        if not _OVERLOAD.fullmatch(name):
+            raise _bad(path, f'overloads."{name}"', inner, 'a key spelled "aten::name.overload" '
+                                                          '(".default" when the op has no overload name)')
+        if not isinstance(inner, str) or not _OP.fullmatch(inner):
+            raise _bad(path, f'overloads."{name}"', inner, 'the op without a CPU kernel that it calls, "aten::op"')
+        out[name] = inner
+    return NoCpuReference(path, release, out)
 
 
 # The validators other loaders of declarative data share (the knowledge file, the cause rules).

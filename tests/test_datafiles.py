@@ -16,6 +16,8 @@ def test_shipped_data_files_load():
     assert set(rules) == set(datafiles.COMPARATOR_KINDS) and all(r.ops and r.reason for r in rules.values())
     floors = datafiles.model_floors()
     assert floors and all(f.fwd_rtol > 0 and f.reason for f in floors)
+    ncr = datafiles.no_cpu_reference()
+    assert ncr.torch and ncr.overloads and all(v.startswith("aten::") for v in ncr.overloads.values())
 
 
 GOOD_FLOOR = 'fwd_rtol = 1e-4\ngrad_rtol = 1e-3\nloss_rtol = 1e-4\nreason = "r"\n'
@@ -37,6 +39,17 @@ GOOD_RULE = 'reason = "r"\nops = ["x"]\n'
     ("model_floors", f"[[floor]]\n{GOOD_FLOOR.replace('1e-4', '-1', 1)}", ["floor[0].fwd_rtol", "-1"]),
     ("model_floors", f"[[floor]]\n{GOOD_FLOOR}fwd_rtoll = 1\n", ["floor[0].fwd_rtoll"]),
     ("model_floors", "floor = 3\n", ["floor = 3"]),
+    ("no_cpu_reference", 'torch = "2.13.0+cpu"\n[overloads]\n', ["torch", "'2.13.0+cpu'", "no local label"]),
+    ("no_cpu_reference", 'torch = 2.13\n[overloads]\n', ["torch", "2.13", "a torch release"]),
+    ("no_cpu_reference", 'torch = "2.13.0"\n', ["overloads is missing"]),
+    ("no_cpu_reference", 'torch = "2.13.0"\noverloads = ["aten::a.out"]\n', ["overloads", "['aten::a.out']"]),
+    ("no_cpu_reference", 'torch = "2.13.0"\n[overloads]\n"aten::_copy_from" = "aten::_copy_from"\n',
+     ['overloads."aten::_copy_from"', ".default"]),
+    ("no_cpu_reference", 'torch = "2.13.0"\n[overloads]\n"aten::_copy_from.out" = "_copy_from"\n',
+     ['overloads."aten::_copy_from.out"', "'_copy_from'", "aten::op"]),
+    ("no_cpu_reference", 'torch = "2.13.0"\n[overloads]\n"aten::_copy_from.out" = 1\n',
+     ['overloads."aten::_copy_from.out" = 1']),
+    ("no_cpu_reference", 'torch = "2.13.0"\nversion = 1\n[overloads]\n', ["version = 1", "torch"]),
 ])
 def test_bad_data_file_is_one_clear_error(tmp_path, loader, text, names):
     path = tmp_path / "bad.toml"
@@ -55,3 +68,45 @@ def test_binary_and_missing_files_are_named(tmp_path):
         datafiles.canaries(path)
     with pytest.raises(DataFileError, match="cannot read"):
         datafiles.canaries(tmp_path / "absent.toml")
+
+
+@pytest.fixture
+def fresh_catalog(monkeypatch):
+    """The catalog re-read under a CONFORMANCE_NO_CPU_REFERENCE the test sets, and again after."""
+    from conformance.catalog import overloads as catalog
+
+    def clear():
+        catalog.no_cpu_reference.cache_clear()
+        catalog._overloads_cached.cache_clear()
+
+    clear()
+    yield catalog
+    monkeypatch.undo()
+    clear()
+
+
+def test_an_overload_the_dispatcher_does_not_know_is_named(tmp_path, monkeypatch, fresh_catalog):
+    import torch
+
+    path = tmp_path / "ncr.toml"
+    release = torch.__version__.split("+")[0]
+    path.write_text(f'torch = "{release}"\n[overloads]\n"aten::no_such_op.out" = "aten::no_such_op"\n')
+    monkeypatch.setenv(fresh_catalog.NO_CPU_REFERENCE_ENV, str(path))
+    with pytest.raises(DataFileError) as exc:
+        fresh_catalog.overloads()
+    msg = str(exc.value)
+    assert msg.startswith(f"{path}:") and 'overloads."aten::no_such_op.out"' in msg and "dispatcher knows" in msg
+
+
+def test_a_file_for_another_torch_is_ignored_with_a_warning(tmp_path, monkeypatch, fresh_catalog):
+    path = tmp_path / "ncr.toml"
+    path.write_text('torch = "1.0.0"\n[overloads]\n"aten::cudnn_grid_sampler.out" = "aten::cudnn_grid_sampler"\n')
+    monkeypatch.setenv(fresh_catalog.NO_CPU_REFERENCE_ENV, str(path))
+    with pytest.warns(fresh_catalog.StaleDataFile, match=r"torch = '1\.0\.0'.*ignored"):
+        ops = {o.name: o for o in fresh_catalog.overloads()}
+    assert not ops["aten::cudnn_grid_sampler.out"].has("no_cpu_kernel")
+    # this torch's file: the same overload is one the CPU cannot compute
+    fresh_catalog.no_cpu_reference.cache_clear()
+    fresh_catalog._overloads_cached.cache_clear()
+    monkeypatch.delenv(fresh_catalog.NO_CPU_REFERENCE_ENV)
+    assert {o.name: o for o in fresh_catalog.overloads()}["aten::cudnn_grid_sampler.out"].has("no_cpu_kernel")

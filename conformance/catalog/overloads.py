@@ -1,7 +1,10 @@
 """Enumerate: every ATen overload the dispatcher knows, classified from the registry itself.
 
 Nothing here is a hand list: classes come from schemas (alias annotations), tags and the
-dispatch keys that have kernels. The map from overloads to the OpInfos that reach them is
+dispatch keys that have kernels, and ``no_cpu_kernel`` also from what the CPU itself showed for
+this torch release (:func:`no_cpu_reference`: a composite whose CPU path calls an op with no CPU
+kernel), so which overloads a backend can be compared on is one fact of the torch build, the same
+for every run, whatever it searched. The map from overloads to the OpInfos that reach them is
 measured by running each OpInfo's first float32 sample under a dispatch mode, and cached per
 torch version.
 
@@ -18,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import warnings
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -26,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from conformance import datafiles
 
 # Class vocabulary (an overload may carry several).
 KINDS = ("functional", "inplace", "out", "view", "view_copy")
@@ -139,6 +145,8 @@ def classify(qualified: str) -> Overload:
     has_cpu = _has_kernel(qualified, "CPU")
     if not has_cpu and "composite_implicit" not in flags and "composite_explicit" not in flags:
         flags.append("no_cpu_kernel")
+    elif "composite_implicit" not in flags and name in no_cpu_reference():
+        flags.append("no_cpu_kernel")  # its CPU path calls an op that has no CPU kernel
     lowered = base.lower()
     for layout, keys in _LAYOUT_KEYS.items():
         by_kernel = any(_has_kernel(qualified, k) for k in keys) and not has_cpu
@@ -147,6 +155,42 @@ def classify(qualified: str) -> Overload:
             flags.append(layout)
     return Overload(name=name, op=op, overload=overload, schema=str(sch), tags=tags,
                     classes=tuple(kinds + flags))
+
+
+#: A no_cpu_reference.toml to read instead of the shipped one, or "none" for none (its generator
+#: sets "none": an overload the file lists would not be searched, so it could not be learned again).
+NO_CPU_REFERENCE_ENV = "CONFORMANCE_NO_CPU_REFERENCE"
+
+
+class StaleDataFile(UserWarning):
+    """A data file made for another torch release, ignored."""
+
+
+@cache
+def no_cpu_reference() -> dict[str, str]:
+    """Overload -> the op with no CPU kernel that its CPU path calls, for this torch release
+    (``conformance/data/no_cpu_reference.toml``, made by ``tools/no_cpu_reference.py``). The
+    registry gives such an overload a CPU-side kernel (a composite), yet the CPU cannot compute
+    it, so no target's result on it can be compared: it is ``no_cpu_kernel`` in every run. A file
+    made for another release is ignored with a warning (such overloads then count as reachable)."""
+    choice = os.environ.get(NO_CPU_REFERENCE_ENV, "")
+    if choice == "none":
+        return {}
+    path = Path(choice) if choice else datafiles.NO_CPU_REFERENCE
+    data = datafiles.no_cpu_reference(path)
+    release = torch.__version__.split("+", 1)[0]
+    if data.torch != release:
+        warnings.warn(StaleDataFile(
+            f"{path}: torch = {data.torch!r}, but this is torch {torch.__version__}: ignored, so overloads whose "
+            f"CPU path calls an op with no CPU kernel count as backend-reachable (python tools/no_cpu_reference.py "
+            f"makes it for this torch)"), stacklevel=2)
+        return {}
+    known = set(aten_names())
+    for name, inner in data.overloads.items():
+        if name not in known:
+            raise datafiles.bad_value(path, f'overloads."{name}"', inner,
+                                      f"an overload that torch {torch.__version__}'s dispatcher knows")
+    return dict(data.overloads)
 
 
 def aten_names() -> list[str]:
