@@ -162,3 +162,71 @@ def test_a_schema_item_that_ran_counts_its_own_overload(store):
     assert rows["aten::detach_.default"]["state"] == "exercised"
     ez = rows["aten::_efficientzerotensor.default"]
     assert ez["state"] == "exercised" and ez["failing_samples"] == 1
+
+
+def _denominator(store, run):
+    from opdb.queries_counts import coverage_share
+
+    compute(store, run)
+    return coverage_share(store, run)["reachable"]
+
+
+def test_the_denominator_does_not_depend_on_what_a_run_searched(store):
+    """One selection, run with the schema search and without it: the backend-reachable overloads
+    are the same. The search's CPU error for cudnn_grid_sampler.out (its out= wrapper calls an op
+    with no CPU kernel) made it no_cpu_kernel only in the run that searched it, and the device's
+    own _copy_from, reached by some samples, counted as reachable only where a sample reached it:
+    a plain run and the nightly of 2.33.0 had denominators 43 overloads apart."""
+    from conformance.sweep.schema import run_schema_group
+    from conformance.work import Group
+
+    name = "aten::cudnn_grid_sampler.out"
+    searched = next(run_schema_group(get_target("cpu"), Group(name, "any", "schema"), SweepConfig()))
+    assert searched["status"] == "skip" and "Could not run 'aten::cudnn_grid_sampler'" in searched["error"]
+    sample = {"item_key": "cumsum|function|float32|0", "op": "cumsum", "variant": "function", "dtype": "float32",
+              "status": "pass", "native_ops": ["aten::cumsum.default"], "fallback_ops": [],
+              "reached_ops": ["aten::cumsum.default"]}
+    copying = {**sample, "item_key": "cumsum|function|float32|1",
+               "reached_ops": ["aten::cumsum.default", "aten::_copy_from.default"]}
+    runs = {}
+    for label, results in (("plain", [sample]), ("searched", [sample, searched]), ("copied", [sample, copying])):
+        runs[label] = store.start_run(target="t", build="b", torch_version=torch.__version__, config={})
+        store.insert("op_results", [{**r, "run_id": runs[label]} for r in results])
+    plain = _denominator(store, runs["plain"])
+    assert _denominator(store, runs["searched"]) == plain
+    assert _denominator(store, runs["copied"]) == plain
+    rows = {(r["run_id"], r["name"]): r for r in store.db.query("select * from coverage")}
+    for run in runs.values():
+        assert rows[run, name]["state"] == "no_cpu_kernel"
+        assert rows[run, "aten::_copy_from.default"]["state"] == "no_cpu_kernel"
+    copied = rows[runs["copied"], "aten::_copy_from.default"]
+    assert copied["samples"] == 1 and "outside the denominator" in copied["detail"]  # still counted in its row
+
+
+def test_a_cpu_error_the_catalog_does_not_know_leaves_the_overload_reachable(monkeypatch):
+    """Where the shipped CPU-reference file says nothing (another torch), the search's CPU error
+    is shown, not turned into no_cpu_kernel for this run alone."""
+    o = _o("aten::cudnn_grid_sampler.out")
+    bare = catalog.Overload(**{**o.__dict__, "classes": tuple(c for c in o.classes if c != "no_cpu_kernel")})
+    detail = ("no valid input: 120 generated calls rejected by the CPU (120x CPU reference failed: NotImplementedError: "
+              "Could not run 'aten::cudnn_grid_sampler' with arguments from the 'CPU' backend.)")
+    state, why = classify_unreached(bare, {o.name: detail}, {})
+    assert state == "no_valid_input" and "no_cpu_reference.toml" in why and "aten::cudnn_grid_sampler" in why
+
+
+def test_stored_coverage_of_another_classification_is_recomputed(store):
+    from conformance.catalog.coverage import stored_rows
+
+    run = store.start_run(target="t", build="b", torch_version=torch.__version__, config={})
+    compute(store, run)
+    store.db.execute("update coverage set state = 'no_valid_input' where run_id = ? and name = ?",
+                     [run, "aten::cudnn_grid_sampler.out"])
+    _, rows = stored_rows(store, run)
+    assert {r["name"]: r for r in rows}["aten::cudnn_grid_sampler.out"]["state"] == "no_cpu_kernel"
+
+
+def test_the_store_and_the_catalog_name_the_same_unreachable_states():
+    from conformance.catalog import coverage
+    from opdb import queries_counts
+
+    assert coverage.UNREACHABLE == queries_counts.UNREACHABLE

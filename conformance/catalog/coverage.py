@@ -2,8 +2,14 @@
 
 ``exercised`` (with counts of samples that reached it, natively or through fallback, their
 statuses and dtypes), or not exercised with a reason from a fixed vocabulary. Computed from the
-run's stored results (what the target actually dispatched) and the registry's classes — never
+run's stored results (what the target actually dispatched) and the catalog's classes — never
 from a build manifest.
+
+The denominator, the backend-reachable overloads (every state but :data:`UNREACHABLE`), is a
+fact of the torch build alone: ``composite_implicit`` and ``no_cpu_kernel`` come from the
+catalog's classes (the registry, and the CPU-reference facts shipped per torch release), before
+anything a run reached or searched, so a run with the schema search, one without it and the
+nightly count the same overloads and differ only in how many of them they exercised.
 
 Example (shell): ``conformance ops --coverage RUN_ID --db results/opdb.sqlite``
 """
@@ -27,12 +33,14 @@ from . import overloads as catalog
 STATES = {
     "exercised": "reached by at least one sample on the target",
     "composite_implicit": "never reaches a backend: it decomposes first (its decomposition's ops are covered instead)",
-    "no_cpu_kernel": "no CPU (or composite) kernel, so there is no reference to compare with",
+    "no_cpu_kernel": "no CPU kernel (or a composite whose CPU path calls an op without one), so no reference",
     "layout": "needs a layout the target lacks (sparse, quantized, nested, mkldnn), as probed on the target",
     "random": "random op with no distribution check reaching it yet",
     "ledger": "excluded by the ledger",
     "no_valid_input": "no valid input found",
 }
+#: the states a backend cannot be asked for, decided by the catalog alone (opdb.queries_counts.UNREACHABLE)
+UNREACHABLE = ("composite_implicit", "no_cpu_kernel")
 LAYOUTS = ("sparse", "quantized", "nested", "mkldnn")
 # what a CPU rejection of strided inputs says when the overload needs another layout
 _NEEDS = (
@@ -85,6 +93,7 @@ def _accumulate(rows: Iterable[dict]) -> tuple[dict[str, _Acc], dict[str, str]]:
     return acc, tried
 
 
+NO_CPU_FILE = "conformance/data/no_cpu_reference.toml"
 _NO_CPU = re.compile(r"Could not run '(aten::[\w.]+)' with arguments from the 'CPU' backend")
 
 
@@ -101,14 +110,20 @@ def needed_layout(o: catalog.Overload, detail: str) -> str | None:
     return layouts[0] if layouts else None
 
 
+def unreachable(o: catalog.Overload) -> str | None:
+    """``composite_implicit`` or ``no_cpu_kernel`` when the catalog says a backend cannot be asked
+    for the overload (or compared on it), whatever a run reached: such an overload is outside
+    every run's denominator, even where a sample happened to dispatch it on the target."""
+    return next((state for state in UNREACHABLE if o.has(state)), None)
+
+
 def classify_unreached(o: catalog.Overload, tried: dict[str, str], excluded: dict[str, str],
                        layouts: dict[str, str | None] | None = None) -> tuple[str, str]:
     """The reason an overload no sample reached, from the fixed vocabulary. ``layouts`` is the
     run's probe of the target (layout -> None when the target holds it, else its error)."""
-    if o.has("composite_implicit"):
-        return "composite_implicit", ""
-    if o.has("no_cpu_kernel"):
-        return "no_cpu_kernel", ""
+    state = unreachable(o)
+    if state is not None:
+        return state, ""
     if o.name in excluded:
         return "ledger", excluded[o.name]
     if o.has("random"):
@@ -118,10 +133,14 @@ def classify_unreached(o: catalog.Overload, tried: dict[str, str], excluded: dic
     inner = _NO_CPU.search(detail)
     if inner:
         # the op it calls has no strided CPU kernel: it needs another layout if the CPU has a
-        # kernel for one (a sparse-only op behind an out= wrapper), else there is no reference
+        # kernel for one (a sparse-only op behind an out= wrapper), else there is no reference.
+        # That is learned once per torch release into the catalog (no_cpu_kernel above), never
+        # from this run's search: a run that did not search the overload would count it otherwise.
         need = catalog.cpu_layout_kernel(inner.group(1))
         if need is None:
-            return "no_cpu_kernel", detail
+            return "no_valid_input", (f"{detail} (the CPU has no kernel for {inner.group(1)}, and "
+                                      f"{NO_CPU_FILE} does not list it for this torch: "
+                                      "tools/no_cpu_reference.py makes it)")
     need = need or needed_layout(o, detail)
     if need is not None:
         if layouts is None:
@@ -146,10 +165,12 @@ def compute(store: Store, run_id: str, excluded: dict[str, str] | None = None) -
     counts: collections.Counter[str] = collections.Counter()
     for o in catalog.overloads():
         a = acc.get(o.name)
-        if a is not None:
+        if a is not None and unreachable(o) is None:
             state, detail = "exercised", ""
         else:
             state, detail = classify_unreached(o, tried, excluded or {}, layouts)
+            if a is not None:  # e.g. the device's own _copy_from: its samples stay counted in the row
+                detail = f"reached by {a.samples} samples, but outside the denominator: {STATES[state]}"
         counts[state] += 1
         a = a or _Acc()
         out.append({"run_id": run_id, "name": o.name, "state": state, "detail": detail, "samples": a.samples,
@@ -162,7 +183,7 @@ def compute(store: Store, run_id: str, excluded: dict[str, str] | None = None) -
 def reachable_share(counts: dict[str, int]) -> str:
     """'exercised/backend-reachable (pct)' from a run's state counts (reachable: every state but
     composite_implicit and no_cpu_kernel)."""
-    reach = sum(counts.values()) - counts.get("composite_implicit", 0) - counts.get("no_cpu_kernel", 0)
+    reach = sum(counts.values()) - sum(counts.get(s, 0) for s in UNREACHABLE)
     ex = counts.get("exercised", 0)
     return f"{ex}/{reach} ({100 * ex / max(1, reach):.1f}%)"
 
@@ -173,10 +194,17 @@ def stored_rows(store: Store, run_id: str) -> tuple[dict[str, Any], list[dict[st
     if run is None:
         raise ValueError(f"{store.path}: no run with id {run_id!r}")
     rows = coverage_rows(store, run_id)
-    if not rows:
+    if not rows or _stale(rows):
         compute(store, run_id)
         rows = coverage_rows(store, run_id)
     return run, rows
+
+
+def _stale(rows: list[dict[str, Any]]) -> bool:
+    """Whether stored coverage rows were classified with another catalog (an older harness or
+    CPU-reference file): their unreachable overloads, the denominator's complement, differ."""
+    now = {o.name for o in catalog.overloads() if unreachable(o)}
+    return {r["name"] for r in rows if r["state"] in UNREACHABLE} != now
 
 
 def json_lines(store: Store, run_id: str) -> Iterator[str]:
@@ -201,7 +229,7 @@ def table_lines(store: Store, run_id: str) -> list[str]:
     lines.append(f"{'state':<22}{'overloads':>10}  meaning")
     for state, meaning in STATES.items():
         lines.append(f"{state:<22}{state_counts.get(state, 0):>10}  {meaning}")
-    reach = [r for r in rows if r["state"] not in ("composite_implicit", "no_cpu_kernel")]
+    reach = [r for r in rows if r["state"] not in UNREACHABLE]
     no_layout = [r for r in reach if not any(by_name[r["name"]].has(c) for c in LAYOUTS)]
     ex2 = sum(r["state"] == "exercised" for r in no_layout)
     lines.append(f"backend-reachable overloads exercised: {reachable_share(dict(state_counts))}; "
