@@ -5,7 +5,8 @@ the op page and marked in the matrix.
 The defects are real: nn.functional.max_pool1d runs int64 on any PrivateUse1 device (its composite
 takes max_pool1d_with_indices off the CPU) while the CPU's own kernel refuses it on some samples,
 which PyTorch's TestCommon.test_dtypes fails on 2.33.0; a backward-only refusal is a seeded
-emulator defect (tanh's backward kernel raises in float32, its forward runs).
+emulator defect (tanh's backward kernel raises in float32, its forward runs); 2.33.0 holds no
+sparse tensor, so to_sparse raises in every dtype there.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def probe_run(tmp_path_factory):
     d = tmp_path_factory.mktemp("dtype_probe")
     (d / "b.toml").write_text(textwrap.dedent(MANIFEST))
     db = d / "r.sqlite"
-    spec = RunSpec(target="neuron-emu", build=str(d / "b.toml"), ops=("nn.functional.max_pool1d", "tanh", "abs"),
+    spec = RunSpec(target="neuron-emu", build=str(d / "b.toml"), ops=("nn.functional.max_pool1d", "tanh", "abs", "to_sparse"),
                    dtypes=("float32", "int64", "bool"), workers=1, variants=("function", DTYPE_PROBE),
                    max_samples=1)
     summary = execute_run(spec, db)
@@ -108,6 +109,15 @@ def test_a_backward_only_refusal_is_caught(probe_run):
     p = _probe(row)
     assert p["cpu"] == {"forward": "ok", "backward": "ok"}
     assert p["device"] == {"forward": "ok", "backward": "raises"}
+
+
+def test_a_device_that_refuses_a_layout_in_every_dtype_is_unsupported_layout(probe_run):
+    # 2.33.0 holds no sparse tensor: to_sparse raises in every dtype, and that is no dtype finding
+    _, _, rows = probe_run
+    row = rows["to_sparse|dtypes|float32|0"]
+    assert row["status"] == "unsupported_layout"
+    assert "the target rejects float32 forward where the CPU runs it" in row["error"]
+    assert "supports only strided tensors" in row["error"]
 
 
 def test_a_dtype_both_sides_reject_passes_and_is_recorded_unclaimed(probe_run):

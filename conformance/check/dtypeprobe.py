@@ -11,8 +11,11 @@ a call raised: values are the function and backward items' job.
 :func:`judge` reads the samples probed: the first on which the two sides differ decides. The
 target running a direction the CPU raises on is ``contract`` (it accepts a dtype the CPU rejects,
 what upstream calls "worked but not listed"); the CPU running one the target raises on is
-``unsupported_dtype``. What the OpInfo claims is recorded beside it, and where the CPU itself
-contradicts the claim that is noted, never failed: it is PyTorch's matter, not the device's.
+``unsupported_dtype`` (``unsupported_layout`` where the target's error refuses a layout, as a
+device without sparse tensors does for every dtype of a sparse op:
+:func:`~conformance.check.verdict.decide_dtypes`). What the OpInfo claims is recorded beside it,
+and where the CPU itself contradicts the claim that is noted, never failed: it is PyTorch's
+matter, not the device's.
 
 Example::
 
@@ -157,7 +160,7 @@ def judge(probes: Sequence[SampleProbe], *, claimed: tuple[bool, bool], dtype: s
     """The verdict over the samples probed (the first that differs decides; see the module doc)."""
     cpu = tuple(summary([p.cpu[i] for p in probes]) for i in range(2))
     dev = tuple(summary([p.target[i] for p in probes]) for i in range(2))
-    how, detail = None, None
+    how, detail, error = None, None, ""
     for p in probes:
         d = differs(p)
         if d is None:
@@ -171,5 +174,5 @@ def judge(probes: Sequence[SampleProbe], *, claimed: tuple[bool, bool], dtype: s
              for d, c, s in zip(DIRECTIONS, claimed, cpu, strict=True) if c and s == "raises"]
     notes += [f"the CPU runs {dtype} {d} on every sample probed but the OpInfo does not claim it"
               for d, c, s in zip(DIRECTIONS, claimed, cpu, strict=True) if not c and s == OK]
-    return Probe(decide_dtypes(how, expected_failure=expected_failure), detail, claimed, cpu, dev,
+    return Probe(decide_dtypes(how, error=error, expected_failure=expected_failure), detail, claimed, cpu, dev,
                  "; ".join(notes) or None, tuple(probes))

@@ -145,16 +145,22 @@ def decide_opcheck(failed: Sequence[str], *, has_reference: bool,
     return apply_expected(status, expected_failure) if status is not Status.STRUCTURAL else status
 
 
-def decide_dtypes(how: Literal["accepts", "rejects"] | None, *,
+def decide_dtypes(how: Literal["accepts", "rejects"] | None, *, error: str = "",
                   expected_failure: Sequence[str] | None = None) -> Status:
     """The verdict of a dtype probe (:mod:`conformance.check.dtypeprobe`): the target ``accepts`` a
-    dtype in a direction the CPU rejects (``contract``: PyTorch's dtype contract is the CPU's),
-    ``rejects`` one the CPU runs (``unsupported_dtype``, whatever its error says), or neither.
+    dtype in a direction the CPU rejects (``contract``: PyTorch's dtype contract is the CPU's), or
+    ``rejects`` one the CPU runs, ``error`` saying how: ``unsupported_dtype`` whatever its words,
+    unless they refuse an input's layout (``unsupported_layout``: a device without sparse tensors
+    rejects every dtype of a sparse op) or the item before running it (``unsupported``); or neither.
 
         >>> decide_dtypes("accepts").value, decide_dtypes("rejects").value, decide_dtypes(None).value
         ('contract', 'unsupported_dtype', 'pass')
+        >>> decide_dtypes("rejects", error="RuntimeError: channels_last inputs are not supported").value
+        'unsupported_layout'
     """
-    status = Status.PASS if how is None else Status.CONTRACT if how == "accepts" else Status.UNSUPPORTED_DTYPE
+    status = (Status.PASS if how is None else Status.CONTRACT if how == "accepts" else
+              Status.UNSUPPORTED if is_refused(error) else
+              Status.UNSUPPORTED_LAYOUT if is_unsupported_layout(error) else Status.UNSUPPORTED_DTYPE)
     return apply_expected(status, expected_failure)
 
 
