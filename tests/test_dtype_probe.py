@@ -17,6 +17,8 @@ import textwrap
 
 import pytest
 
+from conformance.gate.core import run_gate, selection
+from conformance.gate.render import summary_lines
 from conformance.run.runner import RunSpec, execute_run
 from conformance.select import DTYPE_PROBE
 from conformance.sweep.opinfo import OPINFO, SweepConfig, run_group
@@ -147,3 +149,30 @@ def test_the_op_page_shows_the_dtype_table_and_the_matrix_marks_the_cell(probe_r
     # the claimed float32 cell of tanh: its sample's count with the mark
     assert re.search(rf'\["unsupported_dtype","float32: {TEXT}dtype probe unsupported_dtype{TEXT}",1,\["dtypes"\],'
                      r'"ops/tanh\.html#dtypes","1 \\u2260"\]', matrix)
+
+
+def test_the_gate_compares_a_run_stored_before_the_probe_with_one_after():
+    """A run stored before the dtype probe existed lists its variants without it: the gate neither
+    refuses the pair nor calls the newer run's probe items new; it counts them apart and says so."""
+    st = Store.memory()
+
+    def stored(rid: str, variants: list[str], items: dict[str, str]) -> None:
+        st.start_run(target="neuron-emu", build=rid, torch_version="2.13", run_id=rid,
+                     config={"ops": ["exp"], "dtypes": ["float32", "int64"], "seed": 0, "variants": variants})
+        st.insert("op_results", [{"run_id": rid, "item_key": k, "op": "exp", "variant": k.split("|")[1],
+                                  "dtype": k.split("|")[2], "sample": 0, "status": v, "duration_s": 0.01,
+                                  "max_rel_err": 0.0} for k, v in items.items()])
+        st.finish_run(rid)
+
+    stored("old", ["function"], {"exp|function|float32|0": "pass"})
+    stored("new", ["function", DTYPE_PROBE], {"exp|function|float32|0": "pass", "exp|dtypes|float32|0": "pass",
+                                              "exp|dtypes|int64|0": "contract"})
+    assert selection(st.get_run("old")) == selection(st.get_run("new"))
+    result = run_gate(st, "old", "new", attempts=0)
+    assert not result.findings and result.unprobed == 2 and result.as_json()["dtypes_unprobed"] == 2
+    assert any("2 probe items held by one run only" in line for line in summary_lines(result))
+    # between two runs that both probe, a probe item that appears or goes is said, as any item
+    stored("newer", ["function", DTYPE_PROBE], {"exp|function|float32|0": "pass", "exp|dtypes|float32|0": "pass"})
+    result = run_gate(st, "new", "newer", attempts=0)
+    assert {(f.category, f.item_key) for f in result.findings} == {("removed", "exp|dtypes|int64|0")}
+    assert result.unprobed == 0

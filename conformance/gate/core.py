@@ -27,7 +27,10 @@ compare only the items both hold (``common_only``). The reference inputs
 (:mod:`conformance.sweep.reference`) are no part of the selection: their slice rotates from night
 to night, so a ``reference`` item is compared where both runs hold it, and one held by a run whose
 op the other run's slice leaves out is neither new nor removed but counted apart
-(``GateResult.outside_slice``, "not in both runs' slices"). Each failing finding's evidence names its first
+(``GateResult.outside_slice``, "not in both runs' slices"). The dtype probe's items
+(:mod:`conformance.sweep.dtypes`) are no part of it either: against a run that probed no dtypes
+(stored before the probe, or ``--variants`` without it) they are counted apart too
+(``GateResult.unprobed``). Each failing finding's evidence names its first
 bad build, from the stored runs of older builds (:mod:`conformance.gate.first_bad`). Decisions are
 stored in ``gate_items`` so the report's build diff shows exactly what the gate decided.
 
@@ -46,7 +49,7 @@ from typing import Any
 
 from conformance.check.fingerprint import sign_test_p
 from conformance.inputs.opinfo import REFERENCE
-from conformance.select import VARIANTS, in_reference_slice
+from conformance.select import DTYPE_PROBE, VARIANTS, in_reference_slice
 from conformance.work import ItemKey
 from opdb import Store
 from opdb.queries import gate_pairs, latest_run, results_by_key
@@ -114,6 +117,9 @@ class GateResult:
     # reference items held by one run only because the other's slice leaves their op out (the slice
     # rotates nightly): not compared, and neither new nor removed
     outside_slice: int = 0
+    # dtype-probe items held by one run only because the other run probed no dtypes (stored before
+    # the probe existed, or --variants without it): not compared, and neither new nor removed
+    unprobed: int = 0
     # error causes (conformance/triage/causes.py): "new" (the candidate's causes the baseline does
     # not have, widest first: key, text, items, ops, dtypes, models, explanation), "gone" (keys)
     causes: dict[str, Any] | None = None
@@ -146,6 +152,8 @@ class GateResult:
             out["common_only"] = self.common
         if self.outside_slice:
             out["reference_outside_slice"] = self.outside_slice
+        if self.unprobed:
+            out["dtypes_unprobed"] = self.unprobed
         if self.causes is not None:
             out["causes"] = self.causes
         return out
@@ -190,8 +198,8 @@ def selection(run: dict[str, Any]) -> dict[str, Any]:
         v = config.get(key, _SELECTION_DEFAULTS.get(key))
         if key in ("dtypes", "contracts") and v:
             v = [p.strip() for x in v for p in str(x).split(",")]
-        if key == "variants" and v:  # the reference items rotate: compared per item (compare_runs)
-            v = [x for x in v if x != REFERENCE]
+        if key == "variants" and v:  # the reference items rotate, a run stored before the dtype probe
+            v = [x for x in v if x not in (REFERENCE, DTYPE_PROBE)]  # has none: compared per item (compare_runs)
         if isinstance(v, list):
             v = sorted({str(x) for x in v if str(x)}) or None
         out[key] = v
@@ -252,7 +260,7 @@ def compare_runs(store: Store, baseline: dict[str, Any], candidate: dict[str, An
     other run's slice of reference inputs leaves out (never new or removed)."""
     findings: list[Finding] = []
     tally = counts if counts is not None else {}
-    for k in ("compared", "only_baseline", "only_candidate", "outside_slice"):
+    for k in ("compared", "only_baseline", "only_candidate", "outside_slice", "unprobed"):
         tally.setdefault(k, 0)
     for table, kind in (("op_results", "op"), ("model_results", "model")):
         base, cand = _rows(store, baseline["id"], table), _rows(store, candidate["id"], table)
@@ -265,6 +273,10 @@ def compare_runs(store: Store, baseline: dict[str, Any], candidate: dict[str, An
             if variant == REFERENCE and (b is None or c is None) and not _sweeps_reference(
                     candidate if c is None else baseline, name):
                 tally["outside_slice"] += 1  # not in the other run's slice: nothing to compare it with
+                continue
+            if variant == DTYPE_PROBE and (b is None or c is None) and not _probes_dtypes(
+                    candidate if c is None else baseline):
+                tally["unprobed"] += 1  # the other run probed no dtype at all
                 continue
             if variant != "canary":  # canaries are compared too, but they are no part of the selection
                 tally["compared" if b and c else ("only_baseline" if b else "only_candidate")] += 1
@@ -313,6 +325,16 @@ def _sweeps_reference(run: dict[str, Any], op: str) -> bool:
         return REFERENCE in variants and in_reference_slice(op, config.get("reference_inputs"))
     except ValueError:  # a slice this version cannot read: no reference item of it is compared
         return False
+
+
+def _probes_dtypes(run: dict[str, Any]) -> bool:
+    """Whether ``run`` probed dtypes: the probe among its variants (a run stored before the probe
+    existed lists its variants without it)."""
+    try:
+        config = json.loads(run.get("config") or "{}")
+    except ValueError:
+        return False
+    return DTYPE_PROBE in (config.get("variants") or VARIANTS)
 
 
 Rerun = Callable[[dict[str, Any], list[str], int], dict[str, list[str]]]
@@ -466,8 +488,9 @@ def run_gate(store: Store, baseline_ref: str, candidate_ref: str, *, attempts: i
         raise GateError(f"baseline run {baseline['id']} and candidate run {candidate['id']} hold no item in common "
                         f"({counts['only_baseline']} only in the baseline, {counts['only_candidate']} only in the "
                         f"candidate); nothing to compare")
-    outside = counts.pop("outside_slice")
-    result = GateResult(baseline, candidate, findings, common=counts if common_only else None, outside_slice=outside)
+    outside, unprobed = counts.pop("outside_slice"), counts.pop("unprobed")
+    result = GateResult(baseline, candidate, findings, common=counts if common_only else None, outside_slice=outside,
+                        unprobed=unprobed)
     if rerun is None:
         def rerun(c: dict[str, Any], keys: list[str], n: int) -> dict[str, list[str]]:
             return _rerun(c, keys, n, store)
@@ -503,7 +526,8 @@ def _store(store: Store, result: GateResult) -> None:
                   "counts": {cat: len(result.of(cat)) for cat in (*FAILS_GATE, "flaky", "unreproducible", "improvement")},
                   "confirmation": result.confirmation.as_json() if result.confirmation else None,
                   **({"common_only": result.common} if result.common is not None else {}),
-                  **({"reference_outside_slice": result.outside_slice} if result.outside_slice else {})},
+                  **({"reference_outside_slice": result.outside_slice} if result.outside_slice else {}),
+                  **({"dtypes_unprobed": result.unprobed} if result.unprobed else {})},
               "decided_at": decided}
     store.replace_gate_decisions(b, c, [marker] + [
         {"baseline_run": b, "candidate_run": c, "category": f.category, "kind": f.kind, "item_key": f.item_key,

@@ -133,6 +133,9 @@ def summary_lines(result: GateResult, links: Links | None = None, top: int = CON
     if result.outside_slice:
         lines.append(f"  reference: {_n(result.outside_slice, 'item')} not in both runs' slices of reference inputs "
                      "(the slice rotates nightly): not compared")
+    if result.unprobed:
+        lines.append(f"  dtypes: {_n(result.unprobed, 'probe item')} held by one run only, the other probed no dtypes "
+                     "(stored before the dtype probe, or --variants without it): not compared")
     if result.confirmation is not None:
         lines.append(result.confirmation.line())
         lines.append(_explained(result, grouped))
