@@ -327,3 +327,28 @@ def test_a_custom_op_item_that_is_no_item_is_refused_in_one_line(tmp_path, op, v
     assert r.exit_code == 2, r.output
     assert r.output.count("\n") == 1 and f"result {rid}: " in r.output and needle in r.output, r.output
     assert not (tmp_path / "repro").exists()
+
+
+def test_an_emulated_device_item_is_reproduced_without_the_devices_silent_recovery(tmp_path):
+    """The sweep surfaces a failed device execution (neuron_emu's switch, as the real device's
+    TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS); a script that let the device recover on the
+    CPU unseen would pass where the item failed. cat's sample 8 in int64 is channels_last, which
+    build 2.33.0 refuses."""
+    import os
+
+    from conformance.targets.neuron_emu import SURFACE_ERRORS
+
+    db = tmp_path / "e.sqlite"
+    r = CliRunner().invoke(main, ["run", "--build", "2.33.0", "--ops", "cat", "--dtypes", "int64", "--variants",
+                                  "function", "--no-schema", "--sizes", "samples", "--contracts", "none", "--quiet",
+                                  "--exit-zero", "--db", str(db), "-n", "1"])
+    assert r.exit_code == 0, r.output
+    with Store.open(db) as st:
+        row = next(iter(st.db.query("select id, status from op_results where item_key = 'cat|function|int64|8'")))
+    assert row["status"] == "unsupported_layout"
+    assert _repro(db, row["id"], tmp_path / "repro").exit_code == 0
+    env = {k: v for k, v in os.environ.items() if k != SURFACE_ERRORS}  # a user's shell: recovery is the default
+    out = subprocess.run([sys.executable, str(tmp_path / "repro" / f"repro_{row['id']}.py")], capture_output=True,
+                         text=True, timeout=600, env=env)
+    assert out.returncode == 1 and "target raised: RuntimeError" in out.stdout and "channels_last" in out.stdout, \
+        out.stdout[-2000:] + out.stderr[-2000:]

@@ -121,7 +121,11 @@ class NeuronEmuTarget(Target):
         spec = self.build_spec or self.build
         if spec.endswith(".toml"):
             spec = str(Path(spec).resolve())
-        return f"import neuron_emu\nneuron_emu.use_build({spec!r})", "{fn}"
+        # the sweep surfaces a failed device execution instead of letting the device recover on the
+        # CPU unseen (setup); so does the script, or it would pass where the item failed
+        surface = (f"import os\nos.environ.setdefault({SURFACE_ERRORS!r}, '1')  # as the sweep ran: no silent "
+                   "CPU recovery\n" if _surfacing() else "")
+        return f"{surface}import neuron_emu\nneuron_emu.use_build({spec!r})", "{fn}"
 
     def compile_backend(self) -> str:
         return "neuron"
