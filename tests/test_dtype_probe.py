@@ -113,6 +113,29 @@ def test_a_backward_only_refusal_is_caught(probe_run):
     assert p["device"] == {"forward": "ok", "backward": "raises"}
 
 
+@pytest.mark.parametrize(("key", "said"), [
+    ("nn.functional.max_pool1d|dtypes|int64|0", "MISMATCH: the target runs int64 function where the CPU raises"),
+    ("tanh|dtypes|float32|0", "target raised: "),
+])
+def test_a_failing_probe_is_reproduced_by_a_standalone_script(probe_run, tmp_path, key, said):
+    """``conformance repro`` of a probe item: the sample the sides first differed on, in that
+    direction (max_pool1d's sample 1 forward, tanh's sample 0 backward); the script fails as the
+    probe did (exit 1, in the words tools/findings_repro.py reads)."""
+    import subprocess
+    import sys
+
+    from click.testing import CliRunner
+
+    from conformance.cli import main
+
+    db, _, rows = probe_run
+    r = CliRunner().invoke(main, ["repro", str(rows[key]["id"]), "--db", str(db), "--out", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    out = subprocess.run([sys.executable, str(tmp_path / f"repro_{rows[key]['id']}.py")], capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 1 and said in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
+
+
 def test_a_device_that_refuses_a_layout_in_every_dtype_is_unsupported_layout(probe_run):
     # 2.33.0 holds no sparse tensor: to_sparse raises in every dtype, and that is no dtype finding
     _, _, rows = probe_run

@@ -22,6 +22,7 @@ Example (shell): ``conformance repro 1234 --db results/opdb.sqlite --out repro/`
 from __future__ import annotations
 
 import inspect
+import json
 import shlex
 import sys
 from functools import cache
@@ -30,8 +31,10 @@ from typing import Any
 
 from conformance.check.comparators import comparator_for
 from conformance.check.contracts import CONTRACTS
+from conformance.check.dtypeprobe import SampleProbe, differentiable, differs
 from conformance.customops import VARIANTS as CUSTOM_VARIANTS
 from conformance.inputs.opinfo import DEFAULT_SEED, REFERENCE, SPARSE_VARIANTS, by_name, samples
+from conformance.select import DTYPE_PROBE
 from conformance.sweep import ladder
 from conformance.targets import get_target
 from opdb import Store
@@ -56,7 +59,7 @@ from .repro_fields import (
 # Which attribute of the OpInfo a variant calls (schema results call the overload itself).
 _VARIANT_ATTR = {"function": "op", "canary": "op", "backward": "op", "out": "op", "inplace": "inplace_variant",
                  **dict.fromkeys(SPARSE_VARIANTS, "op"), REFERENCE: "op", "schema": None, "traced": None,
-                 "ladder": "op"}
+                 "ladder": "op", DTYPE_PROBE: "op"}
 
 _TEMPLATE = '''"""{doc}
 """
@@ -202,6 +205,28 @@ _END = '''
 raise SystemExit(1 if failing else 0)
 '''
 
+# A dtype-probe item (conformance.sweep.dtypes): the sample on which the CPU and the target first
+# differed, in the direction they differed; whether each side runs it is the finding, not values.
+_PROBE = _TEMPLATE.split("\nref = None\n")[0] + '''
+
+def attempt(f, device):
+    try:
+        return to_cpu(call(f, device)), None
+    except Exception as exc:  # noqa: BLE001 - which side raises is the finding
+        return None, f"{{type(exc).__name__}} {{exc}}"
+
+
+cpu, cpu_error = attempt(fn, "cpu")
+dev, dev_error = attempt({wrapped}, DEVICE)
+print("CPU:", cpu_error or "runs")
+print("target:", dev_error or "runs")
+failing = (cpu_error is None) != (dev_error is None)
+if failing and dev_error:
+    print("target raised:", dev_error)
+elif failing:
+    print(f"MISMATCH: the target runs {{RECORD['dtype']}} {{VARIANT}} where the CPU raises {{cpu_error}}")
+'''
+
 
 def write_repro(store: Store, result_id: int, out_dir: str | Path) -> Path:
     """Write ``repro_<id>.py`` and ``repro_<id>_inputs.pt`` into ``out_dir``; returns the script.
@@ -222,6 +247,7 @@ def write_repro(store: Store, result_id: int, out_dir: str | Path) -> Path:
     out = Path(out_dir)
     inputs = f"repro_{int(result_id)}_inputs.pt"
     op = str_field(row, "op", where)
+    direction = "forward"  # a dtype-probe item's, below
     if variant in ("schema", "traced"):  # the overload itself, on the stored input
         if not row.get("inputs"):
             raise ValueError(f"{where}: a passing {variant} result keeps no input; only failing ones store "
@@ -244,6 +270,10 @@ def write_repro(store: Store, result_id: int, out_dir: str | Path) -> Path:
                 sample = ladder.rung_sample(info, op, str(row["dtype"]), int_field(row.get("sample"), where, "sample"), seed)
             except ValueError as exc:
                 raise ValueError(f"{where}: {exc}") from None
+        elif variant == DTYPE_PROBE:  # the sample the sides first differed on, in that direction
+            index, direction = _probed(row, where)
+            sample = _nth(samples(info, dtype, seed=seed, requires_grad=differentiable(dtype, info)), index)
+            row = {**row, "sample": index}
         else:
             thorough = bool(config.get("thorough")) or variant == REFERENCE  # its index: within reference_inputs
             sample = _nth(samples(info, dtype, thorough=thorough, seed=seed,
@@ -269,11 +299,14 @@ def write_repro(store: Store, result_id: int, out_dir: str | Path) -> Path:
     script = out / f"repro_{int(result_id)}.py"
     # A compiler target gets out= tensors of the result's shapes, on both sides, as in the sweep
     # (execute.run_item).
-    record = {"result": int(result_id), "op": op, "variant": variant, "device": str(target.device),
+    probe = variant == DTYPE_PROBE
+    record = {"result": int(result_id), "op": op,
+              "variant": ("backward" if direction == "backward" else "function") if probe else variant,
+              "device": str(target.device),
               "sized_out": bool(target.compiler),
               "inputs": inputs, "atol": tol_field(row.get("atol"), where, "atol"), "rtol": tol_field(row.get("rtol"), where, "rtol")}
     failed = _contracts(row.get("contract_failed"), where)
-    if failed and variant not in ("schema", "traced"):
+    if failed and variant not in ("schema", "traced", DTYPE_PROBE):
         # what the script needs to evaluate the item as the sweep did: the same target (the values
         # get_target accepted above), the same sample (dtype, index, seed) and those contracts
         record.update(contracts=failed, target=str_field(run, "target", f"{where}: its run"),
@@ -289,12 +322,34 @@ def write_repro(store: Store, result_id: int, out_dir: str | Path) -> Path:
         f"  {shlex.join([sys.executable, str(script.resolve())])}")
     text = _TEMPLATE.format(doc=doc, setup=setup, record=literal(record), decoder=inspect.getsource(decode_inputs),
                             resolve=resolve, wrapped=wrapped.replace("{fn}", "fn"))
+    if probe:
+        record["dtype"] = str(row["dtype"])
+        text = _PROBE.format(doc=doc, setup=setup, record=literal(record), decoder=inspect.getsource(decode_inputs),
+                             resolve=resolve, wrapped=wrapped.replace("{fn}", "fn"))
     text += (_CONTRACTS_PART if "contracts" in record else "") + _END
     check_script(text, record)
     out.mkdir(parents=True, exist_ok=True)
     (out / inputs).write_bytes(blob)
     script.write_text(text, encoding="utf-8")
     return script
+
+
+def _probed(row: dict[str, Any], where: str) -> tuple[int, str]:
+    """A dtype-probe item's first sample on which the CPU and the target differ, and the direction
+    (``forward`` | ``backward``), from its ``proof.dtypes``."""
+    try:
+        probed = json.loads(row.get("proof") or "{}")["dtypes"]["samples"]
+    except (ValueError, KeyError, TypeError):
+        raise ValueError(f"{where}: field proof holds no dtype probe (proof.dtypes.samples)") from None
+    for s in probed if isinstance(probed, list) else ():
+        try:
+            first = differs(SampleProbe(int(s["index"]), tuple(s["cpu"]), tuple(s["target"])))
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"{where}: field proof.dtypes.samples holds {str(s)[:80]!r}, not a probed sample") from None
+        if first is not None:
+            return int(s["index"]), first[0]
+    raise ValueError(f"{where}: its dtype probe found no sample on which the CPU and the target differ "
+                     "(a passing probe has nothing to reproduce)")
 
 
 def _contracts(value: Any, where: str) -> list[str]:
