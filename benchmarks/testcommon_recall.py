@@ -273,6 +273,9 @@ def main() -> None:
     ap.add_argument("--repro-limit", type=int, default=-1,
                     help="reproduce a seeded sample of at most this many harness-only findings per build (-1: all)")
     ap.add_argument("--seed", type=int, default=0, help="the seed of --repro-limit's sample")
+    ap.add_argument("--redo", default="", metavar="OUTCOMES",
+                    help="reproduce again the kept findings with these outcomes (comma-separated, e.g. "
+                         "'not reproduced,no script' after a fix to the harness or to the repro scripts)")
     ap.add_argument("--testcommon-only", action="store_true", help="run TestCommon for the builds, nothing else")
     ap.add_argument("harness_args", nargs="*", help="after --: passed to conformance run")
     a = ap.parse_args()
@@ -282,6 +285,8 @@ def main() -> None:
     db = a.work / "harness.sqlite"
     cache_path = a.work / "repro.json"
     cache = json.loads(cache_path.read_text()) if cache_path.exists() else {}
+    redo = {o.strip() for o in a.redo.split(",") if o.strip()}
+    cache = {k: v for k, v in cache.items() if v[0] not in redo}
     results = {}
     for build in [b.strip() for b in a.builds.split(",") if b.strip()]:
         _say(f"== {build}")
