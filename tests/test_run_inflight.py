@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import re
 import select
 import signal
 import time
@@ -102,6 +103,8 @@ def _dead_worker(tmp_path, steps, *, hang: bool = False):
                 inflight.start(arg, print)
             elif what == "phase":
                 inflight.phase(arg)
+            elif what == "sleep":
+                time.sleep(arg)
             else:
                 child.send(("row", _row(arg)))
         if hang:
@@ -175,6 +178,42 @@ def test_a_silent_worker_is_killed_and_its_item_times_out(tmp_path):
         sup._step()
     assert [(r["item_key"], r["status"]) for r in rows] == [(K0, "pass"), (K1, "timeout")]
     assert "no result after 1 s; worker killed" in rows[1]["error"]
+
+
+def test_a_timeout_mostly_spent_on_the_cpu_reference_is_no_verdict_about_the_target(tmp_path):
+    """The limit covers the item: killed in the target's phase after the CPU reference took most
+    of it (0.8 of 1 s), the target is not shown to be slow (multilabel_margin_loss's large ladder
+    rungs: the CPU 33 s, the target 15 s, against 60 s)."""
+    sup, rows, restarted = _dead_worker(tmp_path, [("start", K0), ("row", K0), ("start", K1), ("phase", "cpu"),
+                                         ("sleep", 2.0), ("phase", "target")], hang=True)
+    deadline = time.monotonic() + 30
+    slot = sup.slots[0].inflight
+    while slot.read() is None or slot.read()[2] != "target":  # not looked at while the CPU runs
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    while not restarted and time.monotonic() < deadline:
+        sup._step()
+        time.sleep(0.01)
+    assert [(r["item_key"], r["status"]) for r in rows] == [(K0, "pass"), (K1, "skip")]
+    assert re.search(r"the CPU reference took [2-9] s of it", rows[1]["error"]), rows[1]["error"]
+    assert "no verdict about the target" in rows[1]["error"]
+
+
+def test_the_slot_counts_the_items_cpu_seconds():
+    slot = _inflight()
+    slot.start("abs|function|float32|0", print)
+    t0 = time.monotonic()
+    slot.phase("cpu")
+    time.sleep(0.05)
+    slot.phase("target")
+    time.sleep(0.05)
+    cpu = slot.cpu_seconds()
+    assert 0.05 <= cpu <= time.monotonic() - t0 - 0.05  # the target's phase is not counted
+    slot.phase("cpu")
+    time.sleep(0.02)
+    assert slot.cpu_seconds() >= cpu + 0.02  # the current CPU phase counts too
+    slot.start("abs|function|float32|1", print)
+    assert slot.cpu_seconds() == 0.0  # a new item starts at zero
 
 
 def test_a_dead_worker_in_a_batch_blames_no_item(tmp_path):

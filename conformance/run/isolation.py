@@ -222,7 +222,10 @@ class _Shared(ctypes.Structure):
     # seq: odd while the worker writes (a seqlock for a live reader). length: 0 no item in flight,
     # -1 the key went by message (count says which), else the key's length (written last)
     _fields_ = [("seq", ctypes.c_uint64), ("count", ctypes.c_int64), ("since", ctypes.c_double),
-                ("phase", ctypes.c_int32), ("length", ctypes.c_int32), ("key", ctypes.c_char * KEY_MAX)]
+                ("phase", ctypes.c_int32), ("length", ctypes.c_int32), ("key", ctypes.c_char * KEY_MAX),
+                # the item's seconds in the CPU phase so far (since its clock started), and when its
+                # current phase began
+                ("cpu_s", ctypes.c_double), ("phase_at", ctypes.c_double)]
 
 
 class Inflight:
@@ -242,6 +245,7 @@ class Inflight:
         self.shared = ctx.RawValue(_Shared)
         self.phases, self.timed = phases, phases.index(timed)
         self._codes = {p: i for i, p in enumerate(phases)}
+        self._cpu = self._codes.get("cpu", -1)
 
     def reset(self) -> None:
         ctypes.memset(ctypes.addressof(self.shared), 0, ctypes.sizeof(_Shared))
@@ -257,15 +261,20 @@ class Inflight:
         if len(data) <= KEY_MAX:
             s.key = data
         s.count, s.phase, s.since = count, 0, time.monotonic()
+        s.cpu_s, s.phase_at = 0.0, s.since
         s.length = len(data) if len(data) <= KEY_MAX else -1
         s.seq += 1
 
     def phase(self, name: str) -> None:
         s, code = self.shared, self._codes.get(name, len(self.phases))
+        now = time.monotonic()
         s.seq += 1
         old, s.phase = s.phase, code
+        if old == self._cpu:
+            s.cpu_s += now - s.phase_at
+        s.phase_at = now
         if code == self.timed or old == self.timed:
-            s.since = time.monotonic()
+            s.since, s.cpu_s = now, 0.0
         s.seq += 1
 
     def clear(self) -> None:
@@ -275,6 +284,12 @@ class Inflight:
         s.seq += 1
 
     # supervisor side
+    def cpu_seconds(self) -> float:
+        """Seconds the item in flight has spent in the ``cpu`` phase (its CPU reference) since its
+        clock started, the current phase included (a timeout's share that is not the target's)."""
+        s = self.shared
+        return s.cpu_s + (time.monotonic() - s.phase_at if s.phase == self._cpu and s.length else 0.0)
+
     def read(self, *, settled: bool = False) -> tuple[int, str | None, str, float] | None:
         """The slot as last written; None when a live worker kept writing it (try later).
         ``settled``: the worker is dead, the slot final (no retry)."""
