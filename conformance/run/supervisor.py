@@ -502,6 +502,8 @@ class Supervisor:
             self._synthetic(slot.group, item.key, decide_unrun("cpu" if cpu_side else "target", timed_out=True),
                             f"{'CPU reference: ' if item.phase == 'cpu' else ''}{why}",
                             elapsed, read_output(slot.output))
+            if cpu_side:  # no verdict, but a size ladder's walk must not climb past it (Skip.failed)
+                self.failed.setdefault(slot.group.key, set()).add(item.key)
             slot.seen.add(item.key)
             self.slots[i] = self._restart(slot)
 
