@@ -352,3 +352,22 @@ def test_an_emulated_device_item_is_reproduced_without_the_devices_silent_recove
                          text=True, timeout=600, env=env)
     assert out.returncode == 1 and "target raised: RuntimeError" in out.stdout and "channels_last" in out.stdout, \
         out.stdout[-2000:] + out.stderr[-2000:]
+
+
+def test_a_factory_items_script_creates_the_targets_tensors_on_the_target(tmp_path):
+    """A factory sample names the device it was generated for (``device='cpu'``); the sweep makes
+    the target's call create its tensors on the target, and so must the script, or it compares the
+    CPU with itself (signal.windows.hann's cosines on build 2.31.0 read 'not reproduced')."""
+    db = tmp_path / "f.sqlite"
+    r = CliRunner().invoke(main, ["run", "--build", "2.31.0", "--ops", "signal.windows.hann", "--dtypes", "float32",
+                                  "--variants", "function", "--no-schema", "--sizes", "samples", "--contracts", "none",
+                                  "--quiet", "--exit-zero", "--db", str(db), "-n", "1"])
+    assert r.exit_code == 0, r.output
+    with Store.open(db) as st:
+        row = next(iter(st.db.query("select id, status from op_results where item_key = "
+                                    "'signal.windows.hann|function|float32|7'")))
+    assert row["status"] == "mismatch"
+    assert _repro(db, row["id"], tmp_path / "repro").exit_code == 0
+    out = subprocess.run([sys.executable, str(tmp_path / "repro" / f"repro_{row['id']}.py")], capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 1 and "MISMATCH:" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]

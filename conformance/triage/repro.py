@@ -29,6 +29,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from conformance.check.comparators import comparator_for
 from conformance.check.contracts import CONTRACTS
 from conformance.check.dtypeprobe import SampleProbe, differentiable, differs
@@ -279,7 +281,12 @@ def write_repro(store: Store, result_id: int, out_dir: str | Path) -> Path:
             sample = _nth(samples(info, dtype, thorough=thorough, seed=seed,
                                   requires_grad=variant == "backward", layout=variant if variant in SPARSE_VARIANTS else None),
                           int_field(row.get("sample"), where, "sample"))
-        data = {"input": sample.input, "args": sample.args, "kwargs": sample.kwargs}
+        kwargs = dict(sample.kwargs)
+        if kwargs.get("device") in ("cpu", torch.device("cpu")):
+            # a factory sample names the device it was generated for: the sweep creates the
+            # target's tensors on the target (placement.clone_sample), and so must the script
+            kwargs["device"] = "<device>"
+        data = {"input": sample.input, "args": sample.args, "kwargs": kwargs}
         resolve = ("from torch.testing._internal.common_methods_invocations import op_db\n"
                    f"info = next(o for o in op_db if o.name == {info.name!r} and "
                    f"o.variant_test_name == {info.variant_test_name!r})\n"
