@@ -174,24 +174,21 @@ def test_each_contract_fails_where_it_is_broken(target, op, dtype, contract):
     assert not [r for r in rows if r["status"] == "mismatch"], [(r["item_key"], r["error"]) for r in rows]
 
 
-class _GradPlusOneWhenStrided(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):  # noqa: ANN001, ANN205
-        return x.clone()
+def _grad_changed(change: Callable[[torch.Tensor], torch.Tensor]) -> type[torch.autograd.Function]:
+    """An identity whose backward passes the incoming gradient through ``change``."""
+    class Changed(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):  # noqa: ANN001, ANN205
+            return x.clone()
 
-    @staticmethod
-    def backward(ctx, g):  # noqa: ANN001, ANN205
-        return g + 1 if not g.is_contiguous() else g
+        @staticmethod
+        def backward(ctx, g):  # noqa: ANN001, ANN205
+            return change(g)
+    return Changed
 
 
-class _GradTwice(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):  # noqa: ANN001, ANN205
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, g):  # noqa: ANN001, ANN205
-        return g * 2
+_GradPlusOneWhenStrided = _grad_changed(lambda g: g + 1 if not g.is_contiguous() else g)
+_GradTwice = _grad_changed(lambda g: g * 2)
 
 
 class NoncontiguousGradWrong(_Breaking):
