@@ -252,9 +252,8 @@ def test_a_cpu_kernel_that_reads_past_the_strides_is_no_reference_for_non_contig
     op = torch.ops.aten._weight_norm_interface.default
     g = torch.Generator().manual_seed(0)
     v, w = torch.randn(32, 16, 16, generator=g), torch.rand(1, 1, 16, generator=g) + 0.5
-    nan_gaps = op(noncontiguous_copy(v, "cpu"), noncontiguous_copy(w, "cpu"), 2)[1]
-    zero_gaps = op(noncontiguous_copy(v, "cpu", gap=0), noncontiguous_copy(w, "cpu", gap=0), 2)[1]
-    assert not torch.equal(nan_gaps, zero_gaps)  # the CPU kernel reads the gaps
+    # the CPU kernel reads the gaps (or past the view) on most runs; whether it does on this one
+    # depends on the heap (a fresh CI clone once read equal results), so it is no precondition here
     row = evaluate(get_target("neuron-emu", "ideal"), OverloadInfo("aten::_weight_norm_interface.default"),
                    "aten::_weight_norm_interface.default", "function",
                    "float32", 0, SampleInput(v, args=(w, 2)), SweepConfig(contracts=("noncontiguous",)))
