@@ -244,12 +244,10 @@ def test_a_cpu_kernel_that_reads_past_the_strides_is_no_reference_for_non_contig
     cases above)."""
     from torch.testing._internal.opinfo.core import SampleInput
 
-    from conformance.check.contracts.layout import noncontiguous_copy
     from conformance.sweep.opinfo import evaluate
     from conformance.sweep.schema import OverloadInfo
     from conformance.targets import get_target
 
-    op = torch.ops.aten._weight_norm_interface.default
     g = torch.Generator().manual_seed(0)
     v, w = torch.randn(32, 16, 16, generator=g), torch.rand(1, 1, 16, generator=g) + 0.5
     # the CPU kernel reads the gaps (or past the view) on most runs; whether it does on this one
