@@ -1,0 +1,80 @@
+"""The model zoo's common ground: what every library's architecture spec shares.
+
+The zoo enumerates architectures from the libraries themselves (``transformers`` through its auto
+mappings, ``timm.list_models()``, ``torchvision.models.list_models()``); each one becomes a spec
+with the ``GraphSpec`` interface (``model_id``, ``family``, ``params``, ``supports_bf16``,
+``build()``, ``example_inputs(v)``, ``shape_variants()``, ``loss(out)``, ``trace()``). Model ids:
+``hf.<model_type>``, ``timm.<name>``, ``tv.<name>``; ``family`` is the library (``hf``, ``timm``,
+``tv``) and ``params["arch_family"]`` the architecture family inside it (timm's module,
+torchvision's task and module, the transformers model type's modality).
+
+An architecture the library cannot give us (over the budget, fails to build, its inputs cannot be
+built, it fails on the CPU itself) is no finding about a target: the spec raises :class:`ZooSkip`
+with the library's own reason, and the model lane stores a ``skip`` row that says so. Nothing is
+dropped silently.
+
+The budget is decided before anything is allocated: :func:`count_params` builds the module on the
+``meta`` device and counts its parameters.
+
+Example::
+
+    >>> from torch import nn
+    >>> count_params(lambda: nn.Linear(1000, 1000))
+    1001000
+    >>> try:
+    ...     check_budget("timm.big", lambda: nn.Linear(10_000, 10_000), max_params=1_000_000)
+    ... except ZooSkip as s:
+    ...     print(s)
+    over budget: 100,010,000 parameters > 1,000,000 (CONFORMANCE_ZOO_MAX_PARAMS)
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+__all__ = ["LIBRARIES", "ZooSkip", "check_budget", "count_params", "max_params"]
+
+LIBRARIES = ("hf", "timm", "tv")  # model id prefixes of the zoo's libraries
+
+DEFAULT_MAX_PARAMS = 60_000_000  # a float32 copy is 240 MB; training keeps four (weights, grads, two Adam moments)
+
+
+class ZooSkip(Exception):
+    """The library cannot give this architecture here; ``str()`` is the reason, stored in ``error``."""
+
+
+def max_params() -> int:
+    """The parameter budget of one architecture (``CONFORMANCE_ZOO_MAX_PARAMS``, a positive integer)."""
+    raw = os.environ.get("CONFORMANCE_ZOO_MAX_PARAMS")
+    if raw is None:
+        return DEFAULT_MAX_PARAMS
+    try:
+        value = int(raw.replace("_", ""))
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise ValueError(f"CONFORMANCE_ZOO_MAX_PARAMS={raw!r}: expected a positive integer (parameters per model)")
+    return value
+
+
+def count_params(build: Callable[[], nn.Module]) -> int:
+    """Parameters of the module ``build()`` makes, built on the ``meta`` device (nothing allocated)."""
+    with torch.device("meta"):
+        module = build()
+    return sum(p.numel() for p in module.parameters())
+
+
+def check_budget(model_id: str, build: Callable[[], nn.Module], max_params: int | None = None) -> int:
+    """The parameter count, or :class:`ZooSkip` when it is over the budget or cannot be counted."""
+    limit = max_params if max_params is not None else globals()["max_params"]()
+    try:
+        n = count_params(build)
+    except Exception as exc:  # noqa: BLE001 - the library's own reason
+        raise ZooSkip(f"cannot be built on the meta device: {type(exc).__name__}: {exc}"[:2000]) from exc
+    if n > limit:
+        raise ZooSkip(f"over budget: {n:,} parameters > {limit:,} (CONFORMANCE_ZOO_MAX_PARAMS)")
+    return n
