@@ -290,6 +290,33 @@ class ModelsPage(Page):
 
 
 @dataclass
+class SupportRow:
+    """One library on the model-support page: its models, distinct graphs and support counts."""
+
+    library: str
+    models: int
+    graphs: int  # distinct structural hashes among the models that ran
+    counts: list[tuple[str, int]]  # (support class, models), best first; a model's worst dtype
+
+
+@dataclass
+class SupportPage(Page):
+    """``<build>/support.html``: the support class of every model x dtype, by library and
+    architecture family, and the models whose support changed since the previous build."""
+
+    info: BuildInfo
+    summary: list[SupportRow]
+    n_models: int
+    baseline: Link | None  # the previous build's support page, when rendered
+    n_broke: int  # models x dtypes whose support got worse since the previous build
+    n_fixed: int
+    diff_note: str  # why there is no diff ('' when there is one)
+    matrix_json: Markup  # library x architecture family x support class
+    models_json: Markup  # every model x dtype
+    diff_json: Markup  # the models whose support changed
+
+
+@dataclass
 class FamilyPage(Page):
     """``<build>/models/<family>.html``: a card per graph (one part of them, if many)."""
 

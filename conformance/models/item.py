@@ -28,6 +28,7 @@ from .evidence import forward_evidence, grad_evidence, loss_close, model_toleran
 from .selection import resolve_spec
 from .timing import TIMED_ITERS, WARMUP, CountingBackend, inference, percentile, shape_sweep, time_forward
 from .training import TRAIN_STEPS, SideResult, cast, detach_cpu, train_side
+from .zoo import LIBRARIES, ZooSkip
 
 
 def error_text(exc: BaseException) -> str:
@@ -42,6 +43,7 @@ class Prepared:
     inputs: tuple  # float32 canonical inputs
     graph_hash: str | None = None
     aten_ops: dict[str, int] | None = None
+    trace_error: str | None = None  # a zoo architecture make_fx could not trace (no hash, no histogram)
 
 
 def prepare(model_id: str) -> Prepared:
@@ -55,11 +57,17 @@ def prepare(model_id: str) -> Prepared:
     try:
         model = spec.build()
         inputs = spec.example_inputs()
+    except ZooSkip:
+        raise  # the library cannot give this architecture here: the lane stores a skip with its reason
     except Exception as exc:  # noqa: BLE001
         raise RuntimeError(f"model construction failed: {error_text(exc)}") from exc
     try:
         gm = trace(copy.deepcopy(model), inputs)
     except Exception as exc:  # noqa: BLE001
+        if spec.family in LIBRARIES:
+            # a library's architecture that make_fx cannot trace still runs the protocol (parity,
+            # gradients, training, compile); only its structural hash and ATen histogram are missing
+            return Prepared(spec, model, inputs, None, None, trace_error=f"make_fx trace failed: {error_text(exc)}")
         raise RuntimeError(f"export (make_fx trace) failed: {error_text(exc)}") from exc
     return Prepared(spec, model, inputs, hash_graph(gm), histogram(gm))
 

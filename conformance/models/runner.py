@@ -58,9 +58,10 @@ from .evidence import (
     run_to_run_noise,
 )
 from .item import Prepared, error_text, prepare, run_item
-from .selection import model_groups, model_key
+from .selection import model_groups, model_key, resolve_spec
 from .timing import TIMED_ITERS, WARMUP, CountingBackend, percentile
 from .training import LR, TRAIN_STEPS, SideResult, cast, train_side
+from .zoo import ZooSkip
 
 __all__ = [
     "LR", "MODEL", "MODES", "TIMED_ITERS", "TRAIN_STEPS", "WARMUP", "CountingBackend", "ModelRunner",
@@ -101,14 +102,22 @@ def run_model_group(target: Any, group: Group, config: Any, *, skip: Container[s
     try:
         prep = prepare(group.op)
     except Exception as exc:  # noqa: BLE001 - the graph's own error, never the sweep's
-        msg = str(exc) if isinstance(exc, RuntimeError) else error_text(exc)
+        if isinstance(exc, ZooSkip):  # the library cannot give it here: no finding about the target
+            status, msg = decide_unrun("cpu").value, f"skipped by the zoo: {exc}"[:2000]
+            base["params"] = _params_of(group.op)
+        else:
+            status = decide_unrun("harness").value
+            msg = str(exc) if isinstance(exc, RuntimeError) else error_text(exc)
         for i, (mode, key) in enumerate(todo):
             if i and on_start:
                 on_start(key)
-            yield {**base, "item_key": key, "mode": mode, "status": decide_unrun("harness").value,
+            yield {**base, "item_key": key, "mode": mode, "status": status,
                    "error": msg, "duration_s": time.perf_counter() - start if i == 0 else 0.0}
         return
-    base.update(params=dict(prep.spec.params), graph_hash=prep.graph_hash, aten_ops=prep.aten_ops)
+    params = dict(prep.spec.params)
+    if prep.trace_error:
+        params["trace_error"] = prep.trace_error[:500]
+    base.update(params=params, graph_hash=prep.graph_hash, aten_ops=prep.aten_ops)
     for i, (mode, key) in enumerate(todo):
         if i and on_start:
             on_start(key)
@@ -121,6 +130,14 @@ def run_model_group(target: Any, group: Group, config: Any, *, skip: Container[s
                    "error": f"harness error: {error_text(exc)}\n{traceback.format_exc(limit=-3)}"[:2000]}
         dur = time.perf_counter() - (start if i == 0 else t0)  # the first item carries build and trace
         yield {**base, **row, "item_key": key, "mode": mode, "duration_s": dur}
+
+
+def _params_of(model_id: str) -> dict[str, Any] | None:
+    """A spec's params (library and architecture family of a zoo model), None when it cannot be looked up."""
+    try:
+        return dict(resolve_spec(model_id).params)
+    except Exception:  # noqa: BLE001 - the row says why it was skipped; the params are a courtesy
+        return None
 
 
 class ModelRunner:

@@ -1,11 +1,15 @@
-"""Which model graphs a run selects: family names, ``all``, ``hf`` (Hugging Face
-architectures) or exact model ids, each graph in float32 and, where its family supports it,
-bfloat16. Item keys of a graph: :func:`model_key`.
+"""Which model graphs a run selects: family names, ``all``, the zoo's libraries (``hf``: every
+transformers model type, ``timm``, ``tv``: torchvision; ``zoo``: all three), a library's slice
+(``timm@3/30``: the architectures whose id hashes to 3 modulo 30, see :func:`in_zoo_slice`) or
+exact model ids; a name may hold several, comma-separated (``hf,timm,tv``). Each graph runs in
+float32 and, where its family supports it, bfloat16. Item keys of a graph: :func:`model_key`.
 
 Example::
 
     >>> [g.key for g in model_groups(["mlp"], ["float32"], limit=1)]
     ['mlp.d1w16.relu.none.bias|float32']
+    >>> split_names(["hf,timm", " tv "]), parse_zoo_name("timm@3/30")
+    (['hf', 'timm', 'tv'], ('timm', '3/30'))
 """
 
 from __future__ import annotations
@@ -13,16 +17,73 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from conformance.select import SelectionError, parse_dtypes
+from conformance.select import SelectionError, parse_dtypes, reference_hash
 from conformance.work import Group, ItemKey
 
+from .zoo import LIBRARIES
+
 MODEL_DTYPES = ("float32", "bfloat16")
+ZOO = "zoo"  # every library of the zoo
 
 
 def _known() -> list[str]:
     from .registry import FAMILIES
 
-    return ["all", *sorted(FAMILIES), "hf"]
+    return ["all", *sorted(FAMILIES), *LIBRARIES, ZOO, "LIB@K/N"]
+
+
+def split_names(models: Sequence[str]) -> list[str]:
+    """``--models`` values, each possibly comma-separated, as one list of names (order kept)."""
+    return [n.strip() for m in models for n in str(m).split(",") if n.strip()]
+
+
+def parse_zoo_name(name: str) -> tuple[str, str] | None:
+    """``LIB`` or ``LIB@K/N`` (LIB a zoo library or ``zoo``) as (library, slice ``all`` or ``K/N``);
+    None for any other name. Raises :class:`SelectionError` on a malformed slice."""
+    lib, _, part = name.partition("@")
+    if lib not in (*LIBRARIES, ZOO) or (not part and "@" in name):
+        if lib in (*LIBRARIES, ZOO):
+            raise SelectionError(f"model selection {name!r}: expected {lib}@K/N with 0 <= K < N")
+        return None
+    if not part:
+        return lib, "all"
+    try:
+        k, n = (int(x) for x in part.split("/"))
+    except ValueError:
+        raise SelectionError(f"model selection {name!r}: expected {lib}@K/N with 0 <= K < N "
+                             "(e.g. timm@3/30: the timm architectures whose id hashes to 3 modulo 30)") from None
+    if n < 1 or not 0 <= k < n:
+        raise SelectionError(f"model selection {name!r}: K/N needs N >= 1 and 0 <= K < N")
+    return lib, f"{k}/{n}"
+
+
+def in_zoo_slice(model_id: str, part: str) -> bool:
+    """Whether ``model_id`` is in the slice ``part`` (``all`` or ``K/N``: its stable hash modulo N is K)."""
+    if part == "all":
+        return True
+    k, n = (int(x) for x in part.split("/"))
+    return reference_hash(model_id) % n == k
+
+
+def _library(lib: str) -> Any:
+    """The module that enumerates ``lib``'s architectures; SelectionError when it is not installed."""
+    if lib == "hf":
+        from . import hf
+
+        if not hf.available():
+            raise SelectionError(f"model selection {lib!r} needs Hugging Face transformers: {hf.unavailable_reason()}")
+        return hf
+    from . import vision
+
+    if not vision.available(lib):
+        raise SelectionError(f"model selection {lib!r} needs {vision.unavailable_reason(lib)}")
+    return vision
+
+
+def zoo_specs(lib: str, limit: int | None = None) -> list[Any]:
+    """Every architecture ``lib`` (a zoo library) lists, in the library's order."""
+    mod = _library(lib)
+    return mod.enumerate_specs(limit=limit) if lib == "hf" else mod.enumerate_specs(lib, limit=limit)
 
 
 def _specs_for(name: str, limit: int | None) -> list[Any]:
@@ -32,19 +93,26 @@ def _specs_for(name: str, limit: int | None) -> list[Any]:
         return [s for fam in FAMILIES for s in enumerate_graphs([fam], limit=limit)]
     if name in FAMILIES:
         return list(enumerate_graphs([name], limit=limit))
-    if name == "hf" or name.startswith("hf."):
-        from . import hf
-
-        if not hf.available():
-            raise SelectionError(f"model selection {name!r} needs Hugging Face transformers: {hf.unavailable_reason()}")
-        specs = hf.enumerate_specs(limit=limit)
-        if name == "hf":
-            return specs
+    zoo = parse_zoo_name(name)
+    if zoo is not None:
+        lib, part = zoo
+        libs = LIBRARIES if lib == ZOO else (lib,)
+        if lib == ZOO:  # the whole zoo: only the libraries installed here
+            libs = tuple(x for x in libs if _installed(x))
+            if not libs:
+                raise SelectionError(f"model selection {name!r}: no zoo library is installed "
+                                     "(pip install '.[zoo]' for timm and torchvision, '.[hf]' for transformers)")
+        return [s for x in libs for s in zoo_specs(x, limit) if in_zoo_slice(s.model_id, part)]
+    lib = name.split(".", 1)[0]
+    if lib in LIBRARIES:
+        specs = zoo_specs(lib)
         hit = [s for s in specs if s.model_id == name]
         if not hit:
-            raise SelectionError(f"unknown hf model {name!r}; known: {', '.join(s.model_id for s in specs)}")
+            near = [s.model_id for s in specs if name.split(".", 1)[1] in s.model_id][:20]
+            raise SelectionError(f"unknown {lib} model {name!r}; {len(specs)} known"
+                                 + (f", such as {', '.join(near)}" if near else ""))
         return hit
-    if "." in name:  # an exact model id
+    if "." in name:  # an exact model id of a registry family
         try:
             return [resolve_spec(name)]
         except (KeyError, ValueError):
@@ -53,11 +121,19 @@ def _specs_for(name: str, limit: int | None) -> list[Any]:
                          "(or an exact model id such as mlp.d1w16.relu.none.bias)")
 
 
+def _installed(lib: str) -> bool:
+    try:
+        _library(lib)
+    except SelectionError:
+        return False
+    return True
+
+
 def model_groups(models: Sequence[str], dtypes: Sequence[str] | None = None,
                  limit: int | None = None) -> list[Group]:
     """One group per graph x dtype: float32 always, bfloat16 where the family supports it.
 
-    ``models``: ``all``, family names, ``hf`` (Hugging Face architectures) or exact model ids.
+    ``models``: ``all``, family names, zoo libraries and slices, or exact model ids (module doc).
     ``dtypes`` restricts the dtypes (names as in ``--dtypes``; others are ignored).
     ``limit``: at most this many graphs per family (deterministic grid order).
     """
@@ -66,7 +142,7 @@ def model_groups(models: Sequence[str], dtypes: Sequence[str] | None = None,
     wanted = [d for d in parse_dtypes(dtypes) if d in MODEL_DTYPES] if dtypes else list(MODEL_DTYPES)
     groups: list[Group] = []
     seen: set[str] = set()
-    for name in models:
+    for name in split_names(models):
         for spec in _specs_for(name, limit):
             if spec.model_id in seen:
                 continue
@@ -79,12 +155,17 @@ def model_groups(models: Sequence[str], dtypes: Sequence[str] | None = None,
 
 
 def resolve_spec(model_id: str) -> Any:
-    """The spec of a model id (registry families and ``hf.*``); KeyError when unknown."""
+    """The spec of a model id (registry families and the zoo's ``hf.*``, ``timm.*``, ``tv.*``);
+    KeyError when unknown."""
     family = model_id.split(".", 1)[0]
     if family == "hf":
         from . import hf
 
         return hf.spec_by_id(model_id)
+    if family in LIBRARIES:
+        from . import vision
+
+        return vision.spec_by_id(model_id)
     from .registry import FAMILIES, spec_by_id
 
     if family not in FAMILIES:

@@ -1,0 +1,138 @@
+"""The model-support page and the zoo's selection and skips, without the zoo's libraries: the
+harness's own families stand in (the page is the same for every library), and a fake zoo spec
+stands in for an architecture its library cannot give."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+import neuron_emu  # noqa: F401 - register the device before autograd first runs
+from conformance.cli import main
+from conformance.models import item as model_item
+from conformance.models import runner as model_runner
+from conformance.models.runner import run_model_group
+from conformance.models.selection import in_zoo_slice, parse_zoo_name, split_names
+from conformance.models.zoo import ZooSkip
+from conformance.select import SelectionError
+from conformance.sweep.opinfo import SweepConfig
+from conformance.targets import get_target
+from conformance.work import Group
+from opdb import Store
+from reports import render_site
+from reports.pages.support import changes, models, summary, support_of
+
+pytestmark = pytest.mark.filterwarnings("ignore:neuron. operator", "ignore::UserWarning")
+
+GELU_BUILD = """
+[build]
+name = "2.33.0-gelu"
+inherits = "2.33.0"
+[ops]
+native = ["aten::gelu.default"]
+[[defects]]
+op = "aten::gelu.default"
+kind = "wrong_result"
+magnitude = 0.05
+"""
+
+
+def test_support_classes_rank_the_worst_item():
+    assert support_of(["pass", "pass"]) == "ready"
+    assert support_of(["pass", "pass_fallback"]) == "fallbacks"
+    assert support_of(["pass_fallback", "mismatch"]) == "mismatch"
+    assert support_of(["mismatch", "error"]) == "blocked"
+    assert support_of(["crash"]) == support_of(["unsupported_dtype"]) == support_of(["timeout"]) == "blocked"
+    assert support_of(["xfail", "pass"]) == "expected"
+    assert support_of(["skip", "skip"]) == "skipped"
+    assert support_of(["skip", "pass"]) == "ready"  # a skipped mode says nothing; the other ran
+
+
+def test_zoo_names_and_slices():
+    assert split_names(["hf,timm", "tv", " mlp , gpt "]) == ["hf", "timm", "tv", "mlp", "gpt"]
+    assert parse_zoo_name("timm") == ("timm", "all") and parse_zoo_name("zoo@0/1") == ("zoo", "0/1")
+    assert parse_zoo_name("mlp") is None and parse_zoo_name("timm.resnet18") is None
+    for bad in ("timm@", "timm@3", "timm@3/3", "tv@-1/4", "hf@a/b"):
+        with pytest.raises(SelectionError, match=re.escape(bad)):
+            parse_zoo_name(bad)
+    ids = [f"timm.m{i}" for i in range(200)]
+    slices = [[m for m in ids if in_zoo_slice(m, f"{k}/7")] for k in range(7)]
+    assert sorted(m for s in slices for m in s) == sorted(ids)  # N nights cover every model once
+    assert all(10 < len(s) < 50 for s in slices)
+
+
+@dataclass(frozen=True)
+class _ZooSpec:
+    """An architecture its library cannot give here (e.g. over the parameter budget)."""
+
+    model_id: str = "timm.too_big"
+    family: str = "timm"
+    params: dict[str, Any] = field(default_factory=lambda: {"library": "timm", "arch_family": "vit"})
+    supports_bf16: bool = True
+
+    def build(self):
+        raise ZooSkip("over budget: 632,000,000 parameters > 60,000,000 (CONFORMANCE_ZOO_MAX_PARAMS)")
+
+    def example_inputs(self, v=0):
+        raise AssertionError("never reached")
+
+
+def test_an_architecture_the_library_cannot_give_is_a_skip_with_its_reason(monkeypatch):
+    spec = _ZooSpec()
+    monkeypatch.setattr(model_item, "resolve_spec", lambda mid: spec)
+    monkeypatch.setattr(model_runner, "resolve_spec", lambda mid: spec)
+    rows = list(run_model_group(get_target("cpu"), Group(spec.model_id, "float32", "model"), SweepConfig()))
+    assert [r["mode"] for r in rows] == ["eager", "compile"]
+    for r in rows:
+        assert r["status"] == "skip", r
+        assert r["error"].startswith("skipped by the zoo: over budget: 632,000,000 parameters")
+        assert r["params"] == {"library": "timm", "arch_family": "vit"}
+    recs = models([{**r, "id": i, "params": json.dumps(r["params"]), "graph_hash": None, "fallback_ops": None,
+                    "first_divergent_op": None} for i, r in enumerate(rows)])
+    (rec,) = recs.values()
+    assert rec["support"] == "skipped" and rec["library"] == "timm" and rec["arch_family"] == "vit"
+    assert "over budget" in rec["reason"]
+    (row,) = summary(recs.values())
+    assert (row.library, row.models, row.graphs, row.counts) == ("timm", 1, 0, [("skipped", 1)])
+
+
+MLPS = ["mlp.d1w16.relu.none.bias", "mlp.d1w16.relu.ln.bias", "mlp.d1w16.gelu.none.bias", "mlp.d1w16.gelu.ln.bias"]
+
+
+def _run(db, build, *extra):
+    res = CliRunner().invoke(main, ["run", "--target", "neuron-emu", "--build", build, "--models", ",".join(MLPS),
+                                    "--dtypes", "float32", "--model-modes", "eager",
+                                    "-n", "1", "--db", str(db), "--quiet", *extra])
+    assert res.exit_code in (0, 1), res.output
+
+
+def test_a_seeded_defect_moves_the_models_that_call_it_from_ready_to_mismatch(tmp_path):
+    db = tmp_path / "opdb.sqlite"
+    manifest = tmp_path / "gelu.toml"
+    manifest.write_text(GELU_BUILD)
+    _run(db, "2.33.0")
+    _run(db, str(manifest))
+    with Store.open(db, create=False) as st:
+        runs = list(st.db.query("select id, build from runs order by started_at"))
+        before, after = (models(st.db.query("select * from model_results where run_id = ?", [run["id"]]))
+                         for run in runs)
+        gelu = {m for (m, _), r in after.items() if ".gelu." in m}
+        assert gelu and all(before[(m, "float32")]["support"] in ("ready", "fallbacks") for m in gelu)
+        moved = changes(before, after)
+        assert {(c, a["model_id"]) for c, _, a in moved} == {("broke", m) for m in gelu}
+        assert all(a["support"] == "mismatch" and a["first_divergent_op"] == "aten::gelu.default" for _, _, a in moved)
+        render_site(st, tmp_path / "site", db_label=str(db))
+    html = (tmp_path / "site" / "2.33.0-gelu" / "support.html").read_text()
+    assert f"<b>{len(gelu)}</b> models broke in this build" in html or f"<b>{len(gelu)}</b> model broke" in html
+    spec = json.loads(re.search(r'id="support-diff-data">(.*?)</script>', html, re.S).group(1))
+    assert {r[1][1] for r in spec["rows"]} == gelu and {r[0] for r in spec["rows"]} == {"broke"}
+    assert all(r[4] in ("ready", "fallbacks") and r[5] == "mismatch" and r[6] == "aten::gelu.default"
+               for r in spec["rows"])
+    models_spec = json.loads(re.search(r'id="support-models-data">(.*?)</script>', html, re.S).group(1))
+    assert {r[1] for r in models_spec["rows"]} == {"harness"} and len(models_spec["rows"]) == 4
+    assert "support.html\">Model support</a>" in (tmp_path / "site" / "2.33.0-gelu" / "index.html").read_text()
