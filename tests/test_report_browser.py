@@ -239,6 +239,27 @@ def test_models_and_family_pages(site, page, shot):
     shot(page, "family-mlp")
 
 
+def test_model_support_page_filters_searches_and_names_what_broke(site, page, shot):
+    out, _ = site
+    page.goto(url(out, "2.33.0/support.html"))
+    lib = page.locator('#libraries tr[data-library="harness"]')
+    assert lib.locator("td.n").first.inner_text() == "5"
+    assert "mismatch 2" in lib.inner_text() and "blocked 1" in lib.inner_text()
+    # 2.31.0 -> 2.33.0: mlp-1 was ready and now mismatches at gelu; mlp-0 still ready
+    assert "1 model broke in this build" in page.locator("#changes .support-changes").inner_text()
+    row = page.locator("#changes tbody tr")
+    assert row.count() == 1 and "mlp-1" in row.inner_text() and "aten::gelu.default" in row.inner_text()
+    assert shown(page, "#models") == 5
+    page.select_option('#models select[data-filter="support"]', "mismatch")
+    assert shown(page, "#models") == 2
+    page.select_option('#models select[data-filter="support"]', "")
+    page.locator("#models input.dt-filter").fill("attention")
+    assert shown(page, "#models") == 2
+    shot(page, "support")
+    page.get_by_role("link", name="attention-4", exact=True).click()
+    assert re.search(r"models/attention\.html#g\d+$", page.url)
+
+
 def test_diff_pages(site, page, shot):
     out, _ = site
     page.goto(url(out, "2.33.0/diff.html"))
