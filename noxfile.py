@@ -1,6 +1,6 @@
 """Sessions: ``tests`` (the suite), ``conformance`` (the nightly job), ``bench`` (every benchmark,
 one table), ``lint`` (ruff), ``browser``
-(Debian's chromium for the browser tests, as root), ``hf``, ``browse`` (Datasette).
+(Debian's chromium for the browser tests, as root), ``hf``, ``zoo`` (the model zoo), ``browse`` (Datasette).
 
 Everything installed here goes through ``constraints.txt`` (torch==2.13.0): a newer torch
 would pull a multi-GB CUDA build.
@@ -106,6 +106,25 @@ def hf(session: nox.Session) -> None:
     Path(db).parent.mkdir(parents=True, exist_ok=True)
     session.run("conformance", "run", "--models", "hf", "--db", db, "--exit-zero", *session.posargs,
                 env={"HF_HUB_OFFLINE": "1"})
+
+
+@nox.session(python="3.11")
+def zoo(session: nox.Session) -> None:
+    """The model zoo: every architecture transformers, timm and torchvision list, through the per-graph
+    protocol, per build (hours on 2 cores: README, "The model zoo"). Arguments after ``--`` go to
+    ``conformance run`` (default: the newest shipped build, float32); ``-- --models timm@0/10`` runs a
+    tenth of timm, ``-- --resume RUN_ID`` continues an interrupted one."""
+    _install(session, "zoo", "hf")
+    db = os.environ.get("CONFORMANCE_DB", "results/opdb.sqlite")
+    Path(db).parent.mkdir(parents=True, exist_ok=True)
+    args = list(session.posargs)
+    if not any(a == "--resume" or a.startswith("--resume=") for a in args):
+        if not any(a == "--models" or a.startswith("--models=") for a in args):
+            args += ["--models", "zoo@0/1"]
+        if not any(a == "--dtypes" or a.startswith("--dtypes=") for a in args):
+            args += ["--dtypes", "float32"]
+    session.run("conformance", "run", "--db", db, "--exit-zero", *args, env={"HF_HUB_OFFLINE": "1"})
+    _where(session)
 
 
 @nox.session(python="3.11")

@@ -136,3 +136,51 @@ def test_a_seeded_defect_moves_the_models_that_call_it_from_ready_to_mismatch(tm
     models_spec = json.loads(re.search(r'id="support-models-data">(.*?)</script>', html, re.S).group(1))
     assert {r[1] for r in models_spec["rows"]} == {"harness"} and len(models_spec["rows"]) == 4
     assert "support.html\">Model support</a>" in (tmp_path / "site" / "2.33.0-gelu" / "index.html").read_text()
+
+
+# -- the nightly's zoo slice -------------------------------------------------------------------
+def _nightly(zoo, **run):
+    from conformance.gate.nightly import NightlySpec
+    from conformance.run.spec import RunSpec
+
+    return NightlySpec(run=RunSpec(**{"models": ("all",), **run}), builds=("2.33.0",), run_id_prefix="n1", zoo=zoo)
+
+
+def test_the_nightly_runs_the_nights_zoo_slice_or_says_why_not(monkeypatch, tmp_path):
+    import conformance.gate.nightly as nightly
+    from conformance.models.selection import ZOO_NIGHTS
+    from conformance.run.spec import RunSpec
+    from conformance.select import night_slice
+
+    lines: list[str] = []
+    with Store.open(tmp_path / "n.sqlite") as st:
+        monkeypatch.setattr(nightly, "installed_libraries", lambda: [])
+        assert nightly.with_zoo_slice(_nightly("auto"), st, False, lines.append).run.models == ("all",)
+        assert "no zoo library is installed" in lines[-1] and "runs without the zoo" in lines[-1]
+        with pytest.raises(SelectionError, match=r"--zoo 3/7: no zoo library is installed .*\[zoo\]"):
+            nightly.with_zoo_slice(_nightly("3/7"), st, False, lines.append)
+        assert nightly.with_zoo_slice(_nightly("none"), st, False, lines.append).run.models == ("all",)
+
+        monkeypatch.setattr(nightly, "installed_libraries", lambda: ["timm", "tv"])
+        today = night_slice(nights=ZOO_NIGHTS)
+        assert nightly.with_zoo_slice(_nightly("auto"), st, False, lines.append).run.models == ("all", f"zoo@{today}")
+        assert f"slice {today} of timm, tv (every architecture within {ZOO_NIGHTS} nights)" in lines[-1]
+        assert nightly.with_zoo_slice(_nightly("all"), st, False, lines.append).run.models == ("all", "zoo@0/1")
+        assert nightly.with_zoo_slice(_nightly("2/5"), st, False, lines.append).run.models == ("all", "zoo@2/5")
+        assert nightly.with_zoo_slice(_nightly("auto", models=()), st, False, lines.append).run.models == ()
+        with pytest.raises(SelectionError, match="zoo@9/5"):
+            _nightly("9/5")
+        # resumed after midnight: the slice the nightly's stored run started with, not tonight's
+        spec = _nightly("auto")
+        stored = RunSpec(models=("all", "zoo@17/30"), build="2.33.0")
+        st.insert("runs", [{"id": spec.run_for(spec.builds[0]).run_id, "target": "cpu", "build": "2.33.0",
+                            "torch_version": "x", "status": "interrupted", "kind": "ops",
+                            "started_at": "2026-12-06T00:00:00", "config": json.dumps(stored.to_config())}])
+        assert nightly.with_zoo_slice(spec, st, True, lines.append).run.models == ("all", "zoo@17/30")
+
+
+def test_the_nightly_help_states_the_zoo_nights():
+    from conformance.models.selection import ZOO_NIGHTS
+
+    res = CliRunner().invoke(main, ["nightly", "--help"])
+    assert f"N = {ZOO_NIGHTS}" in " ".join(res.output.split()) and f"within {ZOO_NIGHTS} nights" in res.output

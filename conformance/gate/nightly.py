@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from conformance.dist.lane import DistSpec
+from conformance.models.selection import ZOO, ZOO_INSTALL, ZOO_NIGHTS, installed_libraries, parse_zoo_name
 from conformance.perf.lane import PerfSpec
 from conformance.run.runner import Summary, check, config_difference, run_into, run_together, stored_summary
 from conformance.run.spec import RunSpec
@@ -50,11 +51,19 @@ class NightlySpec:
     # OpInfo within REFERENCE_NIGHTS nights; a resumed nightly keeps the slice its runs stored);
     # or none, all, K/N. `conformance nightly` asks for "auto"
     reference_inputs: str | None = None
+    # which zoo architectures (conformance.models.selection: hf, timm, tv) every build runs besides
+    # the run spec's models: None or "none", none; "auto", the night's slice of every zoo library
+    # installed here (ZOO_NIGHTS nights cover the zoo; none installed: the nightly says so and runs
+    # without it; a resumed nightly keeps the slice it started with); "all" or K/N, that slice, refused
+    # when no zoo library is installed
+    zoo: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "builds", tuple(BuildRef.parse(b) for b in self.builds))
         if self.reference_inputs not in (None, "auto"):
             object.__setattr__(self, "reference_inputs", parse_reference_slice(self.reference_inputs))
+        if self.zoo not in (None, "auto", "none", "all"):
+            parse_zoo_name(f"{ZOO}@{self.zoo}")  # K/N, or the error that names it
 
     def run_for(self, build: BuildRef) -> RunSpec:
         run_id = f"{self.run_id_prefix}-{build}".replace("/", "_") if self.run_id_prefix else None
@@ -119,6 +128,7 @@ def run_nightly(spec: NightlySpec, db_path: str | os.PathLike[str], progress: Ca
         raise SelectionError(f"{db_path}: no such database, so no nightly {resume!r} to resume")
     with Store.open(db_path) as store:
         spec = with_reference_slice(spec, store, bool(resume))
+        spec = with_zoo_slice(spec, store, bool(resume), echo)
         if resume:
             _check_resumable(store, spec)
         # named first: after a kill -9 this line is what --resume takes
@@ -179,6 +189,37 @@ def with_reference_slice(spec: NightlySpec, store: Store, resume: bool) -> Night
     if chosen is None:
         return spec
     return dataclasses.replace(spec, run=spec.run.replace(reference_inputs=chosen))
+
+
+def with_zoo_slice(spec: NightlySpec, store: Store, resume: bool, echo: Echo = print) -> NightlySpec:
+    """The spec with the night's zoo slice (``zoo@K/N``; ``zoo@0/1`` for all of it) added to the models
+    every build runs (so each build's run stores it, and the builds of one night run the same
+    architectures). ``auto``: the slice of today's night (:func:`night_slice` over ZOO_NIGHTS), or,
+    resumed, the one the nightly's first stored run has; with no zoo library installed the nightly
+    says so and runs without the zoo."""
+    chosen = spec.zoo
+    if chosen in (None, "none") or not spec.run.models:
+        return spec
+    if chosen == "auto" and resume:
+        builds = spec.builds or default_builds(spec.run.target)
+        run = next((r for b in builds if (r := store.get_run(spec.run_for(b).run_id or "")) is not None), None)
+        stored = [m for m in (RunSpec.from_run(run, workers=spec.run.workers).models if run else ())
+                  if (z := parse_zoo_name(m)) is not None and z[0] == ZOO]
+        if run is not None:
+            return dataclasses.replace(spec, run=spec.run.replace(models=(*spec.run.models, *stored))) if stored else spec
+    # the whole zoo is the slice 0/1: no --model-limit caps a slice
+    part = "0/1" if chosen == "all" else night_slice(nights=ZOO_NIGHTS) if chosen == "auto" else chosen
+    name = f"{ZOO}@{part}"
+    installed = installed_libraries()
+    if not installed:
+        if chosen == "auto":
+            echo(f"== zoo: no zoo library is installed ({ZOO_INSTALL}); the nightly runs without the zoo ==")
+            return spec
+        raise SelectionError(f"--zoo {chosen}: no zoo library is installed ({ZOO_INSTALL})")
+    nights = int(part.split("/")[1])
+    echo(f"== zoo: slice {part} of {', '.join(installed)} (every architecture within {nights} "
+         f"{'night' if nights == 1 else 'nights'}) ==")
+    return dataclasses.replace(spec, run=spec.run.replace(models=(*spec.run.models, name)))
 
 
 def _check_resumable(store: Store, spec: NightlySpec) -> None:

@@ -24,6 +24,8 @@ from .zoo import LIBRARIES
 
 MODEL_DTYPES = ("float32", "bfloat16")
 ZOO = "zoo"  # every library of the zoo
+ZOO_NIGHTS = 30  # the nightly's zoo slice: every architecture within this many nights (README, Model zoo)
+ZOO_INSTALL = "pip install '.[zoo]' for timm and torchvision, '.[hf]' for transformers"
 
 
 def _known() -> list[str]:
@@ -100,9 +102,10 @@ def _specs_for(name: str, limit: int | None) -> list[Any]:
         if lib == ZOO:  # the whole zoo: only the libraries installed here
             libs = tuple(x for x in libs if _installed(x))
             if not libs:
-                raise SelectionError(f"model selection {name!r}: no zoo library is installed "
-                                     "(pip install '.[zoo]' for timm and torchvision, '.[hf]' for transformers)")
-        return [s for x in libs for s in zoo_specs(x, limit) if in_zoo_slice(s.model_id, part)]
+                raise SelectionError(f"model selection {name!r}: no zoo library is installed ({ZOO_INSTALL})")
+        # --model-limit caps a family or a whole library, never a slice (the slice is the selection)
+        return [s for x in libs for s in zoo_specs(x, limit if part == "all" else None)
+                if in_zoo_slice(s.model_id, part)]
     lib = name.split(".", 1)[0]
     if lib in LIBRARIES:
         specs = zoo_specs(lib)
@@ -127,6 +130,11 @@ def _installed(lib: str) -> bool:
     except SelectionError:
         return False
     return True
+
+
+def installed_libraries() -> list[str]:
+    """The zoo libraries installed here (``hf``, ``timm``, ``tv``, in that order)."""
+    return [lib for lib in LIBRARIES if _installed(lib)]
 
 
 def model_groups(models: Sequence[str], dtypes: Sequence[str] | None = None,
