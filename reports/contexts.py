@@ -296,6 +296,7 @@ class SupportRow:
     library: str
     models: int
     graphs: int  # distinct structural hashes among the models that ran
+    topologies: int  # distinct hashes with sizes blanked (width variants are one architecture)
     counts: list[tuple[str, int]]  # (support class, models), best first; a model's worst dtype
 
 

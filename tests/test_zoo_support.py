@@ -98,7 +98,7 @@ def test_an_architecture_the_library_cannot_give_is_a_skip_with_its_reason(monke
     assert rec["support"] == "skipped" and rec["library"] == "timm" and rec["arch_family"] == "vit"
     assert "over budget" in rec["reason"]
     (row,) = summary(recs.values())
-    assert (row.library, row.models, row.graphs, row.counts) == ("timm", 1, 0, [("skipped", 1)])
+    assert (row.library, row.models, row.graphs, row.topologies, row.counts) == ("timm", 1, 0, 0, [("skipped", 1)])
 
 
 MLPS = ["mlp.d1w16.relu.none.bias", "mlp.d1w16.relu.ln.bias", "mlp.d1w16.gelu.none.bias", "mlp.d1w16.gelu.ln.bias"]

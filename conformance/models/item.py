@@ -44,11 +44,12 @@ class Prepared:
     graph_hash: str | None = None
     aten_ops: dict[str, int] | None = None
     trace_error: str | None = None  # a zoo architecture make_fx could not trace (no hash, no histogram)
+    topology: str | None = None  # a zoo architecture's graph hash with its sizes blanked (tracing.topology_hash)
 
 
 def prepare(model_id: str) -> Prepared:
     """Look up, build and trace a spec; raises with a message naming the failing stage."""
-    from .tracing import hash_graph, histogram, trace
+    from .tracing import hash_graph, histogram, topology_hash, trace
 
     try:
         spec = resolve_spec(model_id)
@@ -69,7 +70,9 @@ def prepare(model_id: str) -> Prepared:
             # gradients, training, compile); only its structural hash and ATen histogram are missing
             return Prepared(spec, model, inputs, None, None, trace_error=f"make_fx trace failed: {error_text(exc)}")
         raise RuntimeError(f"export (make_fx trace) failed: {error_text(exc)}") from exc
-    return Prepared(spec, model, inputs, hash_graph(gm), histogram(gm))
+    # a zoo architecture also gets its size-blind hash: width variants count as one distinct graph
+    topology = topology_hash(gm) if spec.family in LIBRARIES else None
+    return Prepared(spec, model, inputs, hash_graph(gm), histogram(gm), topology=topology)
 
 
 def _localized(row: dict[str, Any], find: Callable[[], Any], none_found: str) -> None:

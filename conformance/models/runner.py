@@ -117,6 +117,8 @@ def run_model_group(target: Any, group: Group, config: Any, *, skip: Container[s
     params = dict(prep.spec.params)
     if prep.trace_error:
         params["trace_error"] = prep.trace_error[:500]
+    if prep.topology:
+        params["graph_topology"] = prep.topology
     base.update(params=params, graph_hash=prep.graph_hash, aten_ops=prep.aten_ops)
     for i, (mode, key) in enumerate(todo):
         if i and on_start:

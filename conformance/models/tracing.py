@@ -18,6 +18,10 @@ Example:
     True
     >>> aten_histogram(m, (x,))["aten::addmm.default"]
     1
+    >>> from conformance.models.tracing import topology_hash, trace
+    >>> wide = trace(torch.nn.Linear(8, 5), (torch.zeros(3, 8),))
+    >>> topology_hash(trace(m, (x,))) == topology_hash(wide), graph_hash(m, (x,)) == hash_graph(wide)
+    (True, False)
 """
 
 from __future__ import annotations
@@ -110,6 +114,25 @@ def graph_records(gm: fx.GraphModule) -> list[tuple]:
 def hash_graph(gm: fx.GraphModule) -> str:
     """SHA-256 (first 20 hex chars) of the graph's node records."""
     text = "\n".join(repr(r) for r in graph_records(gm))
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def _sizeless(rec: Any) -> Any:
+    """A record with its sizes blanked: tensor shapes become their rank, numbers ``#``."""
+    if isinstance(rec, tuple):
+        if len(rec) == 2 and isinstance(rec[0], tuple) and isinstance(rec[1], str) and rec[1].startswith("torch."):
+            return (len(rec[0]), rec[1])  # a tensor's (shape, dtype) meta
+        return tuple(_sizeless(r) for r in rec)
+    if isinstance(rec, str) and rec.lstrip("-").replace(".", "", 1).isdigit():
+        return "#"  # an int or float constant (a size, a width, an epsilon)
+    return rec
+
+
+def topology_hash(gm: fx.GraphModule) -> str:
+    """SHA-256 (first 20 hex chars) of the graph with its sizes blanked: models that differ only
+    in width, image size or other numbers (timm's ``_small``/``_base`` variants) share it, while
+    another depth, layer kind or wiring changes it."""
+    text = "\n".join(repr(_sizeless(r)) for r in graph_records(gm))
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 

@@ -16,9 +16,9 @@ A model's support class comes from its items (eager and compile), the worst firs
 
 The library is the model id's prefix for the zoo (``hf``, ``timm``, ``tv``) and ``harness`` for the
 families the harness writes itself; the architecture family is the zoo spec's ``arch_family`` (the
-harness family's name otherwise). Distinct graphs count the distinct structural hashes (many zoo
-variants differ only in width, which the hash sees as shapes; a model make_fx could not trace counts
-as its own graph).
+harness family's name otherwise). Distinct graphs count the distinct structural hashes of the ATen
+graph; distinct architectures count them with sizes blanked (``tracing.topology_hash``: variants
+that differ only in width or image size are one); a model make_fx could not trace counts as its own.
 
 Example::
 
@@ -106,6 +106,7 @@ def models(rows: Iterable[dict[str, Any]]) -> dict[tuple[str, str], dict[str, An
             "modes": {r["mode"]: r["status"] for r in items}, "fallback_ops": fallback,
             "first_divergent_op": divergent, "reason": reasons[0][:300] if reasons else None,
             "graph_hash": next((r["graph_hash"] for r in items if r.get("graph_hash")), None),
+            "topology": params.get("graph_topology"),
             "row_id": items[0]["id"]}
     return out
 
@@ -119,13 +120,15 @@ def summary(records: Iterable[dict[str, Any]]) -> list[SupportRow]:
     for lib in sorted(by, key=lambda x: (x == HARNESS, x)):
         recs = by[lib]
         ids = {r["model_id"] for r in recs}
-        hashes = {r["graph_hash"] or f"unhashed:{r['model_id']}" for r in recs if r["support"] != "skipped"}
+        ran = [r for r in recs if r["support"] != "skipped"]
+        hashes = {r["graph_hash"] or f"unhashed:{r['model_id']}" for r in ran}
+        shapes = {r["topology"] or r["graph_hash"] or f"unhashed:{r['model_id']}" for r in ran}
         per_model: dict[str, str] = {}
         for r in recs:  # a model's class over its dtypes: the worst
             cur = per_model.get(r["model_id"])
             per_model[r["model_id"]] = r["support"] if cur is None else _worst(cur, r["support"])
         counts = Counter(per_model.values())
-        rows.append(SupportRow(library=lib, models=len(ids), graphs=len(hashes),
+        rows.append(SupportRow(library=lib, models=len(ids), graphs=len(hashes), topologies=len(shapes),
                                counts=[(c, counts[c]) for c in SUPPORT if counts[c]]))
     return rows
 
