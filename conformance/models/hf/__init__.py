@@ -1,0 +1,410 @@
+"""Hugging Face ``transformers`` architectures as model graphs (optional extra).
+
+The architectures are the library's own: every model type of
+``transformers.models.auto.modeling_auto.MODEL_MAPPING_NAMES`` (the base models), in the library's
+order; model ids are ``hf.<model_type>``. Nothing is written by hand per architecture:
+
+* the config is the config class's defaults (``CONFIG_MAPPING[model_type]()``), shrunk by rules
+  over attribute names (:mod:`~conformance.models.hf.rules`: widths, layers, heads, feed-forward sizes, vocabulary,
+  positions, image size, experts, per-stage lists elementwise, layer-indexed lists cut to the new
+  depth), nested sub-configs (``text_config``, ``vision_config``, ``encoder``...) recursively;
+  special token ids are renumbered into the top of the shrunk vocabulary; dropout off,
+  ``use_cache`` off. Where the rules are not enough, ``conformance/data/hf_overrides.toml`` holds
+  per-model-type overrides, each with its reason (:func:`~conformance.models.hf.rules.overrides`);
+* the inputs come from the model's own declarations: ``main_input_name``, the required parameters
+  of ``forward``, the config's image size, channels, mel bins and vocabulary; an encoder-decoder
+  gets ``decoder_input_ids``;
+* an architecture the library cannot give here (no base model, fails to build from the shrunk
+  config, over the parameter budget, inputs that cannot be built) raises
+  :class:`~conformance.models.zoo.ZooSkip` with the stage and the library's own text.
+
+Weights are random and seeded; nothing is downloaded (``HF_HUB_OFFLINE=1``). The module wraps the
+model so that it takes positional tensors and returns a tuple of float tensors.
+
+Requires ``transformers`` (``pip install transformers``); without it :func:`available` is False
+and selecting ``hf`` raises a ``SelectionError`` that says so.
+
+Example::
+
+    >>> from conformance.models import hf
+    >>> if hf.available():
+    ...     spec = hf.spec_by_id("hf.bert")
+    ...     out = spec.build()(*spec.example_inputs())
+    ...     type(out).__name__, len(spec.shape_variants())
+    ... else:
+    ...     ("tuple", 3)
+    ('tuple', 3)
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import inspect
+import os
+import re
+import warnings
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..family import N_SHAPE_VARIANTS, float_leaves, pick, sumsq_loss
+from ..zoo import ZooSkip, check_budget
+from .rules import FRAMES, IMAGE, SAMPLES, SPECIAL, VOCAB, apply_overrides, overrides, shrink
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+INSTALL_HINT = "install the hf extra: pip install transformers"
+
+
+# -- the library ------------------------------------------------------------------------------
+def available() -> bool:
+    """Is ``transformers`` importable?"""
+    return importlib.util.find_spec("transformers") is not None
+
+
+def unavailable_reason() -> str:
+    return f"Hugging Face transformers is not installed; {INSTALL_HINT}"
+
+
+def _seed(*parts: Any) -> int:
+    return zlib.crc32("|".join(map(str, parts)).encode())
+
+
+def base_models() -> dict[str, str]:
+    """model type -> base model class name, in the library's order."""
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+
+    return {t: (c if isinstance(c, str) else c[0]) for t, c in MODEL_MAPPING_NAMES.items()}
+
+
+def __getattr__(name: str) -> Any:
+    # ``ARCHS``: the model types the harness knows (the library's when it is installed), for callers
+    # that name models without building them (the ledger's name check).
+    if name == "ARCHS":
+        return tuple(base_models()) if available() else tuple(overrides())
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class HFWrapper(nn.Module):
+    """Positional tensors in (named ``names``), a tuple of the float output tensors out."""
+
+    def __init__(self, model: nn.Module, names: tuple[str, ...]):
+        super().__init__()
+        self.model, self.names = model, names
+
+    def forward(self, *args: Tensor) -> tuple[Tensor, ...]:
+        out = self.model(**dict(zip(self.names, args, strict=True)), return_dict=True)
+        first = out.get("last_hidden_state", None) if hasattr(out, "get") else None
+        leaves = [first] if isinstance(first, Tensor) else float_leaves(out.to_tuple())[:1]
+        return tuple(leaves)
+
+
+def _no_dropout(config: Any) -> None:
+    for key, value in list(vars(config).items()):
+        if isinstance(value, float) and ("dropout" in key or key.endswith("_pdrop") or "drop_prob" in key
+                                         or key == "layerdrop" or key.endswith("_layerdrop")):
+            setattr(config, key, 0.0)
+        elif hasattr(value, "to_dict") and hasattr(value, "model_type"):
+            _no_dropout(value)
+
+
+def _stage(stage: str, exc: BaseException) -> ZooSkip:
+    return ZooSkip(f"{stage}: {type(exc).__name__}: {exc}"[:2000])
+
+
+@functools.cache
+def _model_class(model_type: str) -> Any:
+    """The base model class (imports its modeling module; builds nothing)."""
+    from transformers import CONFIG_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING
+
+    return MODEL_MAPPING[CONFIG_MAPPING[model_type]]
+
+
+def _sub(config: Any, *names: str) -> Any:
+    for name in names:
+        sub = getattr(config, name, None)
+        if sub is not None and hasattr(sub, "to_dict"):
+            return sub
+    return None
+
+
+def _get(config: Any, key: str, default: Any = None) -> Any:
+    """``key`` of the config, else of its vision/audio/encoder sub-config."""
+    for c in (config, _sub(config, "vision_config", "encoder_config", "encoder", "backbone_config"),
+              _sub(config, "audio_config", "speech_config")):
+        if c is not None and getattr(c, key, None) is not None:
+            return getattr(c, key)
+    return default
+
+
+def _size(value: Any) -> tuple[int, int]:
+    if isinstance(value, list | tuple):
+        return int(value[0]), int(value[-1])
+    if isinstance(value, dict):
+        h = value.get("height", value.get("shortest_edge", IMAGE))
+        return int(h), int(value.get("width", h))
+    return int(value), int(value)
+
+
+@dataclass(frozen=True)
+class HFSpec:
+    """A Hugging Face architecture with the ``GraphSpec`` interface."""
+
+    model_id: str
+    model_type: str
+    kind: str = "base"
+    overrides: dict[str, Any] = field(hash=False, default_factory=dict)
+    seed: int = 0
+    supports_bf16: bool = True
+    family: str = "hf"
+
+    @property
+    def params(self) -> dict[str, Any]:
+        names = self._names_or_none()
+        return {"library": "hf", "arch_family": self.arch_family(), "model_type": self.model_type,
+                "inputs": ",".join(names) if names else None}
+
+    # -- config --------------------------------------------------------------------------------
+    def config(self) -> Any:
+        """The tiny config: the class defaults shrunk by the rules, then the overrides."""
+        from transformers import CONFIG_MAPPING
+
+        try:
+            cls = CONFIG_MAPPING[self.model_type]
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                d = shrink(cls().to_dict())
+                apply_overrides(d, self.overrides)
+                config = cls.from_dict(d)
+        except Exception as exc:  # noqa: BLE001 - the library's own reason
+            raise _stage("config", exc) from exc
+        _no_dropout(config)
+        if hasattr(config, "use_cache"):
+            config.use_cache = False
+        # mixture-of-experts layers: the dense batched form (grouped_mm's fake kernel wants bf16,
+        # eager's loop over the routed experts is data-dependent under make_fx)
+        config._experts_implementation = "batched_mm"
+        return config
+
+    def arch_family(self) -> str:
+        """The modality of the model type, from its main input and config (no build)."""
+        try:
+            main = getattr(_model_class(self.model_type), "main_input_name", "input_ids")
+            from transformers import CONFIG_MAPPING
+            from transformers.models.auto.modeling_auto import (
+                MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+                MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+            )
+
+            cfg = CONFIG_MAPPING[self.model_type]
+        except Exception:  # noqa: BLE001 - no base model class: the family is unknown
+            return "unknown"
+        if main == "pixel_values":
+            return "vision"
+        if main in ("input_values", "input_features", "audio_values"):
+            return "audio"
+        if main in ("past_values", "inputs"):
+            return "time-series"
+        if main != "input_ids":
+            return "other"
+        fields = set(getattr(cfg, "sub_configs", {}) or {})
+        if fields & {"vision_config", "audio_config", "speech_config", "vq_config", "image_config"}:
+            return "multimodal"
+        if getattr(cfg, "is_encoder_decoder", False) or fields & {"encoder", "decoder", "encoder_config"}:
+            return "encoder-decoder"
+        if self.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and self.model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES:
+            return "text-decoder"
+        return "text-encoder"
+
+    # -- inputs --------------------------------------------------------------------------------
+    def _names_or_none(self) -> tuple[str, ...] | None:
+        try:
+            return self.names()
+        except Exception:  # noqa: BLE001
+            return None
+
+    def names(self) -> tuple[str, ...]:
+        """The forward arguments the spec builds: the main input, the required ones, and
+        ``decoder_input_ids`` for an encoder-decoder; ZooSkip when one cannot be built."""
+        try:
+            cls = _model_class(self.model_type)
+        except Exception as exc:  # noqa: BLE001
+            raise _stage("model class", exc) from exc
+        main = getattr(cls, "main_input_name", "input_ids")
+        sig = inspect.signature(cls.forward).parameters
+        names = [main] if main in sig else []
+        for name, p in sig.items():
+            if name == "self" or p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL) or name in names:
+                continue
+            if p.default is inspect.Parameter.empty:
+                names.append(name)
+        if "decoder_input_ids" in sig and "decoder_input_ids" not in names and self._encoder_decoder():
+            names.append("decoder_input_ids")
+        if main == "pixel_values" and "input_ids" in sig and "input_ids" not in names and self._has_text():
+            names.append("input_ids")  # an image-to-text model: its text too
+        if main == "input_ids" and "pixel_values" in sig and "pixel_values" not in names and not self._image_tokens():
+            names.append("pixel_values")  # a dual encoder (no image tokens in its text): both towers
+        unknown = [n for n in names if n not in _BUILDERS]
+        if unknown or not names:
+            raise ZooSkip(f"inputs: forward needs {', '.join(unknown) or 'no declared input'}; "
+                          f"no builder for it (main input {main!r})")
+        return tuple(names)
+
+    def _has_text(self) -> bool:
+        from transformers import CONFIG_MAPPING
+
+        return "text_config" in (getattr(CONFIG_MAPPING[self.model_type], "sub_configs", {}) or {})
+
+    def _image_tokens(self) -> bool:
+        from transformers import CONFIG_MAPPING
+
+        cfg = CONFIG_MAPPING[self.model_type]
+        return any(re.search(r"image_token|image_seq_length|mm_tokens", k) for k in (
+            *getattr(cfg, "__dataclass_fields__", {}), *vars(cfg)))
+
+    def _encoder_decoder(self) -> bool:
+        from transformers import CONFIG_MAPPING
+
+        cfg = CONFIG_MAPPING[self.model_type]
+        return bool(getattr(cfg, "is_encoder_decoder", False)) or self.model_type in ("encoder-decoder",)
+
+    def example_inputs(self, batch_shape_variant: int = 0) -> tuple:
+        v = batch_shape_variant
+        names = self.names()
+        config = self.config()
+        gen = torch.Generator().manual_seed(_seed(self.model_id, self.seed, "inputs", v))
+        b = pick(v, (2, 3, 4))  # train-mode BatchNorm needs a batch > 1
+        try:
+            return tuple(_BUILDERS[n](config, b, v, gen) for n in names)
+        except ZooSkip:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            raise _stage("inputs", exc) from exc
+
+    def shape_variants(self) -> list[tuple]:
+        return [self.example_inputs(v) for v in range(N_SHAPE_VARIANTS)]
+
+    # -- model ---------------------------------------------------------------------------------
+    def build(self) -> nn.Module:
+        from transformers import AutoModel
+
+        names = self.names()
+        config = self.config()
+
+        def make() -> nn.Module:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                return AutoModel.from_config(config)
+
+        check_budget(self.model_id, make)
+        gen = torch.default_generator
+        saved = gen.get_state()
+        gen.manual_seed(_seed(self.model_id, self.seed, "weights"))
+        try:
+            model = make()
+        except Exception as exc:  # noqa: BLE001 - the library's own reason
+            raise _stage("build", exc) from exc
+        finally:
+            gen.set_state(saved)
+        return HFWrapper(model, names).float().train()
+
+    def loss(self, output: Any) -> Tensor:
+        gen = torch.Generator().manual_seed(_seed(self.model_id, self.seed, "targets"))
+        return sumsq_loss(output, self.params, gen)
+
+    def trace(self, method: str = "make_fx", batch_shape_variant: int = 0) -> Any:
+        from ..tracing import trace
+
+        return trace(self.build(), self.example_inputs(batch_shape_variant), method=method)
+
+    def graph_hash(self, method: str = "make_fx") -> str:
+        from ..tracing import hash_graph
+
+        return hash_graph(self.trace(method))
+
+    def aten_histogram(self, method: str = "make_fx") -> dict[str, int]:
+        from ..tracing import histogram
+
+        return histogram(self.trace(method))
+
+
+# -- input builders: forward argument name -> (config, batch, variant, generator) -> tensor --------
+def _vocab(config: Any) -> int:
+    text = _sub(config, "text_config", "decoder", "text_encoder") or config
+    vocab = getattr(text, "vocab_size", None) or getattr(config, "vocab_size", None) or VOCAB
+    return int(vocab)
+
+
+def _tokens(config: Any, b: int, v: int, gen: torch.Generator, lengths: tuple[int, ...] = (8, 12, 16)) -> Tensor:
+    vocab = _vocab(config)
+    high = vocab - SPECIAL if vocab > 2 * SPECIAL else vocab
+    return torch.randint(3 if high > 3 else 0, high, (b, pick(v, lengths)), generator=gen)
+
+
+def _pixels(config: Any, b: int, v: int, gen: torch.Generator) -> Tensor:
+    h, w = _size(_get(config, "image_size", IMAGE))
+    c = int(_get(config, "num_channels", 3))
+    return torch.randn(b, c, h, w, generator=gen)
+
+
+def _audio(config: Any, b: int, v: int, gen: torch.Generator) -> Tensor:
+    mel = _get(config, "num_mel_bins")
+    if mel is not None:  # a spectrogram (audio-spectrogram-transformer): frames x mel bins
+        return torch.randn(b, int(_get(config, "max_length", FRAMES)), int(mel), generator=gen)
+    channels = _get(config, "audio_channels")
+    if channels is not None:  # an audio codec: channels x samples
+        return torch.randn(b, int(channels), pick(v, (SAMPLES, SAMPLES + 320, SAMPLES + 640)), generator=gen)
+    return torch.randn(b, pick(v, (SAMPLES, SAMPLES + 320, SAMPLES + 640)), generator=gen)
+
+
+def _features(config: Any, b: int, v: int, gen: torch.Generator) -> Tensor:
+    mel = _get(config, "num_mel_bins")
+    src = _get(config, "max_source_positions")
+    if mel is not None and src is not None and _get(config, "model_type") in ("whisper",):
+        return torch.randn(b, int(mel), 2 * int(src), generator=gen)  # whisper wants exactly 2 x positions
+    frames = pick(v, (FRAMES, FRAMES + 8, FRAMES + 16))
+    feat = _get(config, "input_feat_per_channel")
+    if feat is not None:
+        return torch.randn(b, frames, int(feat) * int(_get(config, "input_channels", 1)), generator=gen)
+    if mel is not None:
+        return torch.randn(b, int(mel), frames, generator=gen) if src is not None else \
+            torch.randn(b, frames, int(mel), generator=gen)
+    size = _get(config, "feature_size") or _get(config, "input_feat_size") or _get(config, "num_mel_bins", 80)
+    return torch.randn(b, frames, int(size), generator=gen)
+
+
+_BUILDERS: dict[str, Any] = {
+    "input_ids": _tokens,
+    "decoder_input_ids": lambda c, b, v, g: _tokens(c, b, v, g, (6, 4, 8)),
+    "pixel_values": _pixels,
+    "input_values": _audio,
+    "audio_values": _audio,
+    "input_features": _features,
+}
+
+
+def enumerate_specs(limit: int | None = None) -> list[HFSpec]:
+    """One spec per base model type this ``transformers`` version registers, in its order
+    (builds nothing; a type that cannot be built here says why when it is built)."""
+    if not available():
+        raise RuntimeError(unavailable_reason())
+    table = overrides()
+    specs = [HFSpec(f"hf.{t}", t, "base", dict(table[t].config) if t in table else {}) for t in base_models()]
+    return specs[:limit] if limit is not None else specs
+
+
+def spec_by_id(model_id: str) -> HFSpec:
+    if not available():
+        raise KeyError(f"{model_id}: {unavailable_reason()}")
+    model_type = model_id.removeprefix("hf.")
+    if model_id.startswith("hf.") and model_type in base_models():
+        table = overrides()
+        return HFSpec(model_id, model_type, "base", dict(table[model_type].config) if model_type in table else {})
+    raise KeyError(model_id)
