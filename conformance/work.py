@@ -159,6 +159,9 @@ class WorkKind(Protocol):
     # the kind can re-run a group crash-safe (each input pre-flighted in a forked child) after
     # such a death, with this many times the item timeout per item (Skip.crash_safe)
     crash_safe_factor: int
+    # an item's time limit is this many times the run's item timeout (a model item builds, traces and
+    # trains a whole graph on both sides; 1 for the op kinds, whose item is one call)
+    timeout_factor: int
 
     def groups(self, selection: Selection) -> list[Group]:
         """The groups this kind contributes to a run, in a stable order (empty: none)."""

@@ -184,3 +184,18 @@ def test_the_nightly_help_states_the_zoo_nights():
 
     res = CliRunner().invoke(main, ["nightly", "--help"])
     assert f"N = {ZOO_NIGHTS}" in " ".join(res.output.split()) and f"within {ZOO_NIGHTS} nights" in res.output
+
+
+def test_a_model_item_tells_the_supervisor_its_sides(monkeypatch):
+    """Building, tracing and the CPU's training steps are the CPU's phase (a real architecture that
+    times out there is no verdict about the target); the target's steps are the target's."""
+    from conformance.check.execute import set_phase_hook
+
+    seen: list[str] = []
+    set_phase_hook(seen.append)
+    try:
+        (row,) = run_model_group(get_target("cpu"), Group(MLPS[0], "float32", "model"), SweepConfig(),
+                                 modes=("eager",))
+    finally:
+        set_phase_hook(None)
+    assert row["status"] == "pass" and seen == ["cpu", "cpu", "target"], seen

@@ -55,6 +55,7 @@ class CustomOpLane:
     table = "op_results"
     variants = VARIANTS
     crash_safe_factor = 0  # a death is the item's crash (or its reference's, on the CPU)
+    timeout_factor = 1
 
     def groups(self, selection: Selection) -> list[Group]:
         globs = selection.custom_globs

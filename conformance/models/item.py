@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from conformance.check.execute import phase
 from conformance.check.fingerprint import fingerprint
 from conformance.check.verdict import NOT_COMPILED, Status, decide
 from conformance.targets.base import TargetError
@@ -104,7 +105,9 @@ def run_item(target: Any, prep: Prepared, dtype_name: str, mode: str, config: An
     row: dict[str, Any] = {}
 
     inputs = cast(prep.inputs, dtype)
+    phase("cpu")  # a worker killed meanwhile (a hang, a timeout) says nothing about the target
     cpu = _cpu_side(prep, dtype, inputs, train_steps, seed, getattr(config, "refcache", None))
+    phase("target")
     # Target.
     counter: CountingBackend | None = None
     tgt = SideResult()
@@ -242,6 +245,7 @@ def _exported_item(target: Any, prep: Prepared, dtype: torch.dtype, tol: Any, xf
     onnxruntime, inference only): the forward in eval mode, without gradients, against the CPU's;
     nothing is trained. An export the target refuses is ``unsupported`` with its reason."""
     inputs = cast(prep.inputs, dtype)
+    phase("cpu")
     cpu_out = tgt_out = None
     cpu_error = tgt_error = None
     try:
@@ -251,6 +255,7 @@ def _exported_item(target: Any, prep: Prepared, dtype: torch.dtype, tol: Any, xf
     except Exception as exc:  # noqa: BLE001
         cpu_error = error_text(exc)
     record = None
+    phase("target")
     if cpu_error is None:
         try:
             tgt_model = copy.deepcopy(prep.model).to(dtype)

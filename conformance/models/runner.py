@@ -46,6 +46,7 @@ import traceback
 from collections.abc import Callable, Container, Iterator, Sequence
 from typing import Any
 
+from conformance.check.execute import phase
 from conformance.check.verdict import decide_unrun
 from conformance.work import NOTHING, Group, ItemKey, Selection
 
@@ -99,6 +100,7 @@ def run_model_group(target: Any, group: Group, config: Any, *, skip: Container[s
     start = time.perf_counter()
     if on_start:
         on_start(todo[0][1])
+    phase("cpu")  # building and tracing the graph is the CPU's side: a timeout there is no verdict
     try:
         prep = prepare(group.op)
     except Exception as exc:  # noqa: BLE001 - the graph's own error, never the sweep's
@@ -150,6 +152,9 @@ class ModelRunner:
     table = "model_results"
     variants = MODES
     crash_safe_factor = 0  # no crash-safe mode: a death is the item's crash or the reference's
+    # build, trace, CPU training steps, target training steps, compile and shape sweep: a real
+    # architecture on 2 cores takes minutes where a family's small graph takes seconds
+    timeout_factor = 5
 
     def groups(self, selection: Selection) -> list[Group]:
         if not selection.models:

@@ -474,8 +474,9 @@ class Supervisor:
             return
         elapsed = time.monotonic() - item.since
         # a crash-safe search forks twice per input: it gets a multiple of the item's time
-        limit = self.spec.timeout_s * (kind_of(slot.group).crash_safe_factor
-                                       if slot.group is not None and slot.group.key in self.crash_safe else 1)
+        kind = kind_of(slot.group) if slot.group is not None else None
+        limit = self.spec.timeout_s * (kind.crash_safe_factor if kind is not None and slot.group.key in self.crash_safe
+                                       else 1) * (getattr(kind, "timeout_factor", 1) if kind is not None else 1)
         batch = item.phase == BATCH_PHASE
         if elapsed <= (self.spec.timeout_s * BATCH_TIMEOUT_FACTOR if batch else limit):
             return

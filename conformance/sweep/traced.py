@@ -381,6 +381,7 @@ class TracedReplay:
     table = "op_results"
     variants = (VARIANT,)
     crash_safe_factor = 0
+    timeout_factor = 1
 
     def groups(self, selection: Selection) -> list[Group]:
         return []  # from the store: conformance.run.runner._traced

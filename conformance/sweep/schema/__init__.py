@@ -70,6 +70,7 @@ class SchemaSearch:
     table = "op_results"
     variants = ("schema",)
     crash_safe_factor = 3  # a crash-safe search forks twice per input
+    timeout_factor = 1
 
     def groups(self, selection: Selection) -> list[Group]:
         if not (selection.schema or selection.aten_globs):
