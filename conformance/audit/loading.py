@@ -59,6 +59,9 @@ def load_callable(ref: str, what: str = "MODULE:CALLABLE") -> Any:
     mod_name, _, attr = ref.partition(":")
     if "" not in sys.path and "." not in sys.path:
         sys.path.insert(0, "")  # the current directory, as `python -m` has it
+    from conformance.models import tvshim
+
+    tvshim.ensure()  # a user's model may import torchvision, timm or transformers (they import torchvision)
     try:
         mod = importlib.import_module(mod_name)
     except Exception as exc:  # noqa: BLE001 - a user module: any import error is bad input

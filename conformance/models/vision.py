@@ -246,10 +246,16 @@ class VisionSpec:
 # ---------------------------------------------------------------- timm
 
 
-def _timm_params(timm: Any, name: str) -> dict[str, Any]:
-    from timm.models import _registry
+@functools.cache
+def _timm_modules() -> dict[str, str]:
+    """timm model name -> the module that defines it (its architecture family), from timm's public listing."""
+    import timm
 
-    cfg = _registry.get_pretrained_cfg(name)
+    return {n: mod for mod in timm.list_modules() for n in timm.list_models(module=mod)}
+
+
+def _timm_params(timm: Any, name: str) -> dict[str, Any]:
+    cfg = timm.models.get_pretrained_cfg(name)
     declared = list(cfg.input_size) if cfg is not None and cfg.input_size else [3, 224, 224]
     fixed = bool(cfg is not None and cfg.fixed_input_size)
     minimum = cfg.min_input_size[1] if cfg is not None and cfg.min_input_size else 0
@@ -259,7 +265,7 @@ def _timm_params(timm: Any, name: str) -> dict[str, Any]:
         kw["img_size"] = side
     else:
         side = max(MIN_SIDE, minimum)
-    return {"library": "timm", "arch_family": _registry._model_to_module.get(name, "unknown"),
+    return {"library": "timm", "arch_family": _timm_modules().get(name, "unknown"),
             "input_size": [declared[0], side, side], "declared_input_size": declared, "variable_size": not fixed,
             "build_kwargs": kw}
 

@@ -58,6 +58,12 @@ from .rules import FRAMES, IMAGE, SAMPLES, SPECIAL, VOCAB, apply_overrides, over
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+if importlib.util.find_spec("transformers") is not None:
+    from .. import tvshim
+
+    # transformers imports torchvision where it is installed (the zoo extra): the registry's build
+    # cannot load its operators beside the CPU torch, so their schemas must exist first
+    tvshim.ensure()
 
 INSTALL_HINT = "install the hf extra: pip install transformers"
 
