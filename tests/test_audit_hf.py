@@ -29,9 +29,11 @@ def test_gpt2_kv_cache_is_no_blocker(tmp_path):
 
 
 def test_gpt2_defect_is_localized_through_the_cache(tmp_path):
+    # a tanh wrong by 100%: with transformers 5.25 a 20% error in GPT-2's gelu_new tanh moved the
+    # logits by 0.9%, inside the tolerance, so parity passed and no op was localized
     manifest = tmp_path / "defect.toml"
     manifest.write_text('[build]\nname = "hf-defect"\ninherits = "2.33.0"\n[ops]\nnative = ["aten::tanh.default"]\n'
-                        '[[defects]]\nop = "aten::tanh.default"\nkind = "wrong_result"\nmagnitude = 0.2\n')
+                        '[[defects]]\nop = "aten::tanh.default"\nkind = "wrong_result"\nmagnitude = 1.0\n')
     r, data = audit("audit_hf_models:gpt2", "--build", str(manifest), "--train", tmp_path=tmp_path)
     assert r.exit_code == 1, r.output
     assert data["first_divergent_op"] == "aten::tanh.default", data["first_divergent_detail"]
