@@ -13,8 +13,11 @@ with three environments:
 The first node (graph order) whose local error exceeds the tolerance is the culprit; when no
 node's local error does, the first node whose propagated error does is reported with a note that
 the error accumulated. Errors are normwise, as in the model comparison: ``||t - c|| / ||c|| <= tol`` per output
-tensor (:func:`rel_l2`). Random ops
-(``nondeterministic_seeded``) are not compared; the device continues from the CPU's values.
+tensor (:func:`rel_l2`). Random ops (``nondeterministic_seeded``) and ops whose values are
+undefined (``empty_like`` and the other ``meta`` comparators: uninitialised memory) are not
+compared; the device continues from the CPU's values. An op that returns values and indices
+(``max_pool2d_with_indices``, ``sort``, ``topk``: indices may legally differ on ties) is judged by
+its values.
 
 Example::
 
@@ -39,6 +42,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
+from conformance.check.comparators import comparator_for
 from conformance.check.compare import leaves
 from conformance.structure import flatten, map_tensors, named_leaves, tensor_leaves, unflatten
 
@@ -57,6 +61,18 @@ class Divergence:
 
 def _float_like(x: Any) -> bool:
     return isinstance(x, torch.Tensor) and x.is_floating_point()
+
+
+def _float_leaves(value: Any) -> list[torch.Tensor]:
+    """The floating-point tensors of an output (an op's values without its indices)."""
+    return [x for _, x in named_leaves(value) if isinstance(x, torch.Tensor) and (x.is_floating_point() or x.is_complex())]
+
+
+def _values_and_indices(value: Any) -> bool:
+    """Whether an output holds float values beside integer tensors (``max_pool2d_with_indices``,
+    ``sort``, ``topk``, ``max.dim``...: indices that may legally differ where values tie)."""
+    kinds = {x.is_floating_point() or x.is_complex() for _, x in named_leaves(value) if isinstance(x, torch.Tensor)}
+    return kinds == {True, False}
 
 
 def rel_l2(cpu: Any, dev: Any) -> float:
@@ -179,8 +195,9 @@ def localize(model: nn.Module, inputs: tuple, target: Any, dtype: torch.dtype, *
         args_t, kwargs_t = to_dev_devices((args_t, kwargs_t), dev)
         op = node_target(node)
         random = isinstance(node.target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in node.target.tags
+        semantic = comparator_for(op) if isinstance(node.target, torch._ops.OpOverload) else "allclose"
         env_c[node] = out_c
-        if random:
+        if random or semantic == "meta":  # random or uninitialised values: nothing to compare
             env_t[node] = to_dev(out_c)
             continue
         try:
@@ -195,6 +212,8 @@ def localize(model: nn.Module, inputs: tuple, target: Any, dtype: torch.dtype, *
         out_local = node.target(*local_args, **local_kwargs)
         local_cpu = tree_map(lambda x: x.detach().to("cpu") if isinstance(x, torch.Tensor) else x, out_local)
         prop_cpu = tree_map(lambda x: x.detach().to("cpu") if isinstance(x, torch.Tensor) else x, out_t)
+        if _values_and_indices(out_c):  # indices may legally differ on ties: the values are compared
+            out_c, local_cpu, prop_cpu = (_float_leaves(x) for x in (out_c, local_cpu, prop_cpu))
         le, pe = rel_l2(out_c, local_cpu), rel_l2(out_c, prop_cpu)
         if le <= tol and pe <= tol:
             continue
