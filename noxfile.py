@@ -48,6 +48,22 @@ def tests(session: nox.Session) -> None:
     # the 15 slowest tests are printed: the suite has a time budget (README, "Tests")
     args = session.posargs or ["-n", "2", "--dist", "loadgroup", "--durations=15"]
     session.run("pytest", *args, env={"PYTHONHASHSEED": "0"})
+    if not session.posargs:
+        session.notify("zoo_tests")  # the model zoo's libraries live in their own environment
+
+
+# The tests that need the model zoo's libraries (transformers, timm, torchvision); the rest of the
+# suite runs without them, as the default install does.
+ZOO_TESTS = ["tests/test_zoo_vision.py", "tests/test_hf_zoo.py", "tests/test_models_runner_hf.py",
+             "tests/test_audit_hf.py", "tests/test_zoo_support.py", "tests/test_zoo_lane.py"]
+
+
+@nox.session(python="3.11")
+def zoo_tests(session: nox.Session) -> None:
+    """The model zoo's tests with its libraries installed (`nox -s tests` runs this after the suite)."""
+    _install(session, "test", "zoo", "hf")
+    session.run("pytest", "-n", "2", "--durations=10", *ZOO_TESTS, *session.posargs,
+                env={"PYTHONHASHSEED": "0", "HF_HUB_OFFLINE": "1"})
     _where(session)
 
 
