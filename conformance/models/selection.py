@@ -24,7 +24,7 @@ from .zoo import LIBRARIES
 
 MODEL_DTYPES = ("float32", "bfloat16")
 ZOO = "zoo"  # every library of the zoo
-ZOO_NIGHTS = 30  # the nightly's zoo slice: every architecture within this many nights (README, Model zoo)
+ZOO_NIGHTS = 100  # the nightly's zoo slice: every architecture within this many nights (README, The model zoo)
 ZOO_INSTALL = "pip install '.[zoo]' for timm and torchvision, '.[hf]' for transformers"
 
 
