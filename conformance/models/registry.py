@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch import Tensor, fx, nn
+from torch import Tensor, nn
 
 from .families import ALL_FAMILIES
 from .family import N_SHAPE_VARIANTS, Family
-from .tracing import aten_histogram, graph_hash, hash_graph, histogram, trace
+from .tracing import Traceable, aten_histogram, graph_hash
 
 __all__ = [
     "FAMILIES",
@@ -45,7 +45,7 @@ def _seed(*parts: Any) -> int:
 
 
 @dataclass(frozen=True)
-class GraphSpec:
+class GraphSpec(Traceable):
     """One point of a family's grid: a buildable, seeded, traceable model graph.
 
     ``seed`` only changes values (weights, inputs, targets), never the graph structure.
@@ -89,17 +89,6 @@ class GraphSpec:
         gen = torch.Generator().manual_seed(_seed(self.model_id, self.seed, "targets"))
         return self.family_def.loss(output, dict(self.params), gen)
 
-    def trace(self, method: str = "make_fx", batch_shape_variant: int = 0) -> fx.GraphModule:
-        """ATen graph of the forward pass (see ``conformance.models.tracing``)."""
-        return trace(self.build(), self.example_inputs(batch_shape_variant), method=method)
-
-    def graph_hash(self, method: str = "make_fx") -> str:
-        """Structural hash of this spec's ATen graph."""
-        return hash_graph(self.trace(method))
-
-    def aten_histogram(self, method: str = "make_fx") -> dict[str, int]:
-        """ATen op histogram of this spec's forward graph."""
-        return histogram(self.trace(method))
 
 
 def _check_families(families: Sequence[str] | None) -> list[str]:

@@ -152,3 +152,20 @@ def graph_hash(module: nn.Module, inputs: tuple, *, method: str = "make_fx") -> 
 def aten_histogram(module: nn.Module, inputs: tuple, *, method: str = "make_fx") -> dict[str, int]:
     """ATen op histogram of ``module(*inputs)`` from the same trace as ``graph_hash``."""
     return histogram(trace(module, inputs, method=method))
+
+
+class Traceable:
+    """``trace()``, ``graph_hash()`` and ``aten_histogram()`` for a model spec that has ``build()``
+    and ``example_inputs(batch_shape_variant)`` (the registry's, the zoo's)."""
+
+    def trace(self, method: str = "make_fx", batch_shape_variant: int = 0) -> fx.GraphModule:
+        """ATen graph of the forward pass of a fresh build on shape variant ``batch_shape_variant``."""
+        return trace(self.build(), self.example_inputs(batch_shape_variant), method=method)  # type: ignore[attr-defined]
+
+    def graph_hash(self, method: str = "make_fx") -> str:
+        """Structural hash of this spec's ATen graph."""
+        return hash_graph(self.trace(method))
+
+    def aten_histogram(self, method: str = "make_fx") -> dict[str, int]:
+        """ATen op histogram of this spec's forward graph."""
+        return histogram(self.trace(method))

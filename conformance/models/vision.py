@@ -54,6 +54,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .family import N_SHAPE_VARIANTS, float_leaves, pick, sumsq_loss
+from .tracing import Traceable
 from .zoo import ZooSkip, check_budget
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -145,7 +146,7 @@ class Outputs(nn.Module):
 
 
 @dataclass(frozen=True)
-class VisionSpec:
+class VisionSpec(Traceable):
     """A timm or torchvision architecture with the ``GraphSpec`` interface."""
 
     model_id: str
@@ -227,20 +228,6 @@ class VisionSpec:
                 return F.cross_entropy(logits, target)
         return sumsq_loss(output, self.params, gen)
 
-    def trace(self, method: str = "make_fx", batch_shape_variant: int = 0) -> Any:
-        from .tracing import trace
-
-        return trace(self.build(), self.example_inputs(batch_shape_variant), method=method)
-
-    def graph_hash(self, method: str = "make_fx") -> str:
-        from .tracing import hash_graph
-
-        return hash_graph(self.trace(method))
-
-    def aten_histogram(self, method: str = "make_fx") -> dict[str, int]:
-        from .tracing import histogram
-
-        return histogram(self.trace(method))
 
 
 # ---------------------------------------------------------------- timm

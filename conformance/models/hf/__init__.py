@@ -52,6 +52,7 @@ import torch
 from torch import Tensor, nn
 
 from ..family import N_SHAPE_VARIANTS, float_leaves, pick, sumsq_loss
+from ..tracing import Traceable
 from ..zoo import ZooSkip, check_budget
 from .rules import FRAMES, IMAGE, SAMPLES, SPECIAL, VOCAB, apply_overrides, overrides, shrink
 
@@ -160,7 +161,7 @@ def _size(value: Any) -> tuple[int, int]:
 
 
 @dataclass(frozen=True)
-class HFSpec:
+class HFSpec(Traceable):
     """A Hugging Face architecture with the ``GraphSpec`` interface."""
 
     model_id: str
@@ -325,20 +326,6 @@ class HFSpec:
         gen = torch.Generator().manual_seed(_seed(self.model_id, self.seed, "targets"))
         return sumsq_loss(output, self.params, gen)
 
-    def trace(self, method: str = "make_fx", batch_shape_variant: int = 0) -> Any:
-        from ..tracing import trace
-
-        return trace(self.build(), self.example_inputs(batch_shape_variant), method=method)
-
-    def graph_hash(self, method: str = "make_fx") -> str:
-        from ..tracing import hash_graph
-
-        return hash_graph(self.trace(method))
-
-    def aten_histogram(self, method: str = "make_fx") -> dict[str, int]:
-        from ..tracing import histogram
-
-        return histogram(self.trace(method))
 
 
 # -- input builders: forward argument name -> (config, batch, variant, generator) -> tensor --------
