@@ -114,13 +114,18 @@ def parse_reference_slice(spec: str | None) -> str:
     text = "none" if spec is None else str(spec).strip().lower()
     if text in ("none", "all"):
         return text
+    return parse_k_of_n(text, f"--reference-inputs {spec!r}", "none, all or ",
+                        "3/7: the OpInfos whose name hashes to 3 modulo 7")
+
+
+def parse_k_of_n(text: str, what: str, alternatives: str = "", example: str = "3/7") -> str:
+    """A slice ``K/N`` (0 <= K < N) normalised, or :class:`SelectionError` naming ``what``."""
     try:
         k, n = (int(x) for x in text.split("/"))
     except ValueError:
-        raise SelectionError(f"--reference-inputs {spec!r}: expected none, all or K/N with 0 <= K < N "
-                             "(e.g. 3/7: the OpInfos whose name hashes to 3 modulo 7)") from None
+        raise SelectionError(f"{what}: expected {alternatives}K/N with 0 <= K < N (e.g. {example})") from None
     if n < 1 or not 0 <= k < n:
-        raise SelectionError(f"--reference-inputs {spec!r}: K/N needs N >= 1 and 0 <= K < N (e.g. 0/7 .. 6/7)")
+        raise SelectionError(f"{what}: K/N needs N >= 1 and 0 <= K < N (e.g. 0/7 .. 6/7)")
     return f"{k}/{n}"
 
 

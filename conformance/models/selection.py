@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from conformance.select import SelectionError, parse_dtypes, reference_hash
+from conformance.select import SelectionError, parse_dtypes, parse_k_of_n, reference_hash
 from conformance.work import Group, ItemKey
 
 from .zoo import LIBRARIES
@@ -49,14 +49,8 @@ def parse_zoo_name(name: str) -> tuple[str, str] | None:
         return None
     if not part:
         return lib, "all"
-    try:
-        k, n = (int(x) for x in part.split("/"))
-    except ValueError:
-        raise SelectionError(f"model selection {name!r}: expected {lib}@K/N with 0 <= K < N "
-                             "(e.g. timm@3/30: the timm architectures whose id hashes to 3 modulo 30)") from None
-    if n < 1 or not 0 <= k < n:
-        raise SelectionError(f"model selection {name!r}: K/N needs N >= 1 and 0 <= K < N")
-    return lib, f"{k}/{n}"
+    return lib, parse_k_of_n(part, f"model selection {name!r}", f"{lib}@",
+                             "timm@3/30: the timm architectures whose id hashes to 3 modulo 30")
 
 
 def in_zoo_slice(model_id: str, part: str) -> bool:
