@@ -14,6 +14,8 @@ Example::
 
 from __future__ import annotations
 
+import difflib
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -42,12 +44,10 @@ def split_names(models: Sequence[str]) -> list[str]:
 def parse_zoo_name(name: str) -> tuple[str, str] | None:
     """``LIB`` or ``LIB@K/N`` (LIB a zoo library or ``zoo``) as (library, slice ``all`` or ``K/N``);
     None for any other name. Raises :class:`SelectionError` on a malformed slice."""
-    lib, _, part = name.partition("@")
-    if lib not in (*LIBRARIES, ZOO) or (not part and "@" in name):
-        if lib in (*LIBRARIES, ZOO):
-            raise SelectionError(f"model selection {name!r}: expected {lib}@K/N with 0 <= K < N")
+    lib, at, part = name.partition("@")
+    if lib not in (*LIBRARIES, ZOO):
         return None
-    if not part:
+    if not at:
         return lib, "all"
     return lib, parse_k_of_n(part, f"model selection {name!r}", f"{lib}@",
                              "timm@3/30: the timm architectures whose id hashes to 3 modulo 30")
@@ -77,9 +77,14 @@ def _library(lib: str) -> Any:
 
 
 def zoo_specs(lib: str, limit: int | None = None) -> list[Any]:
-    """Every architecture ``lib`` (a zoo library) lists, in the library's order."""
-    mod = _library(lib)
-    return mod.enumerate_specs(limit=limit) if lib == "hf" else mod.enumerate_specs(lib, limit=limit)
+    """Every architecture ``lib`` (a zoo library) lists, in the library's order (the first ``limit``)."""
+    return list(_all_zoo_specs(lib)[:limit])
+
+
+@functools.cache
+def _all_zoo_specs(lib: str) -> tuple[Any, ...]:
+    mod = _library(lib)  # not cached when it raises: a library installed later is seen
+    return tuple(mod.enumerate_specs() if lib == "hf" else mod.enumerate_specs(lib))
 
 
 def _specs_for(name: str, limit: int | None) -> list[Any]:
@@ -105,7 +110,7 @@ def _specs_for(name: str, limit: int | None) -> list[Any]:
         specs = zoo_specs(lib)
         hit = [s for s in specs if s.model_id == name]
         if not hit:
-            near = [s.model_id for s in specs if name.split(".", 1)[1] in s.model_id][:20]
+            near = difflib.get_close_matches(name, [s.model_id for s in specs], n=5, cutoff=0.6)
             raise SelectionError(f"unknown {lib} model {name!r}; {len(specs)} known"
                                  + (f", such as {', '.join(near)}" if near else ""))
         return hit
