@@ -32,6 +32,7 @@ Example::
 from __future__ import annotations
 
 import copy
+import operator
 from dataclasses import dataclass
 from typing import Any
 
@@ -207,8 +208,8 @@ def localize(model: nn.Module, inputs: tuple, target: Any, dtype: torch.dtype, *
                               f"{op} (node {node.name}, output {_shapes(out_c)}) raises on the target: "
                               f"{type(exc).__name__}: {exc}"[:2000])
         env_t[node] = out_t
-        if not any(isinstance(x, torch.Tensor) for x in leaves(out_c)):
-            continue
+        if node.target is operator.getitem or not any(isinstance(x, torch.Tensor) for x in leaves(out_c)):
+            continue  # a getitem only selects: the op that made the tuple was judged (its indices by its values)
         out_local = node.target(*local_args, **local_kwargs)
         local_cpu = tree_map(lambda x: x.detach().to("cpu") if isinstance(x, torch.Tensor) else x, out_local)
         prop_cpu = tree_map(lambda x: x.detach().to("cpu") if isinstance(x, torch.Tensor) else x, out_t)
