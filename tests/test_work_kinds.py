@@ -85,7 +85,7 @@ def test_run_spec_config_round_trips_through_a_runs_row():
                    opinfo=False, schema=True, models=("mlp",), model_limit=4, model_modes=("eager",), workers=5,
                    imports=("json",), env=("X_SWITCH=1",), contracts=("out", "errors"), corpus=False, compile_batch=4,
                    refcache="refs.sqlite", contract_budget=3, executor="ray", ray_address="auto",
-                   task_resources=("neuron_cores=1",), sizes="ladder", reference_inputs="1/3")
+                   task_resources=("neuron_cores=1",), sizes="ladder", reference_inputs="1/3", zoo_modes=("eager",))
     # every field away from its default (a new field must join this test), the run id aside
     assert [f.name for f in dataclasses.fields(RunSpec) if getattr(spec, f.name) == f.default] == ["run_id"]
     config = spec.to_config()

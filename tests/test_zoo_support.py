@@ -88,6 +88,10 @@ def test_an_architecture_the_library_cannot_give_is_a_skip_with_its_reason(monke
     monkeypatch.setattr(model_runner, "resolve_spec", lambda mid: spec)
     rows = list(run_model_group(get_target("cpu"), Group(spec.model_id, "float32", "model"), SweepConfig()))
     assert [r["mode"] for r in rows] == ["eager", "compile"]
+    # the nightly's slice: a zoo architecture's items are zoo_modes, a family's stay model_modes
+    eager = SweepConfig(zoo_modes=("eager",))
+    assert [r["mode"] for r in run_model_group(get_target("cpu"), Group(spec.model_id, "float32", "model"), eager)] \
+        == ["eager"]
     for r in rows:
         assert r["status"] == "skip", r
         assert r["error"].startswith("skipped by the zoo: over budget: 632,000,000 parameters")
@@ -163,7 +167,8 @@ def test_the_nightly_runs_the_nights_zoo_slice_or_says_why_not(monkeypatch, tmp_
 
         monkeypatch.setattr(nightly, "installed_libraries", lambda: ["timm", "tv"])
         today = night_slice(nights=ZOO_NIGHTS)
-        assert nightly.with_zoo_slice(_nightly("auto"), st, False, lines.append).run.models == ("all", f"zoo@{today}")
+        auto = nightly.with_zoo_slice(_nightly("auto"), st, False, lines.append).run
+        assert auto.models == ("all", f"zoo@{today}") and auto.zoo_modes == ("eager",)
         assert f"slice {today} of timm, tv (every architecture within {ZOO_NIGHTS} nights)" in lines[-1]
         assert nightly.with_zoo_slice(_nightly("all"), st, False, lines.append).run.models == ("all", "zoo@0/1")
         assert nightly.with_zoo_slice(_nightly("2/5"), st, False, lines.append).run.models == ("all", "zoo@2/5")
@@ -176,7 +181,8 @@ def test_the_nightly_runs_the_nights_zoo_slice_or_says_why_not(monkeypatch, tmp_
         st.insert("runs", [{"id": spec.run_for(spec.builds[0]).run_id, "target": "cpu", "build": "2.33.0",
                             "torch_version": "x", "status": "interrupted", "kind": "ops",
                             "started_at": "2026-12-06T00:00:00", "config": json.dumps(stored.to_config())}])
-        assert nightly.with_zoo_slice(spec, st, True, lines.append).run.models == ("all", "zoo@17/30")
+        resumed = nightly.with_zoo_slice(spec, st, True, lines.append).run
+        assert resumed.models == ("all", "zoo@17/30") and resumed.zoo_modes == ("eager",)
 
 
 def test_the_nightly_help_states_the_zoo_nights():
@@ -199,3 +205,8 @@ def test_a_model_item_tells_the_supervisor_its_sides(monkeypatch):
     finally:
         set_phase_hook(None)
     assert row["status"] == "pass" and seen == ["cpu", "cpu", "target"], seen
+
+
+def test_zoo_modes_leave_the_families_alone():
+    rows = list(run_model_group(get_target("cpu"), Group(MLPS[0], "float32", "model"), SweepConfig(zoo_modes=("eager",))))
+    assert [r["mode"] for r in rows] == ["eager", "compile"] and {r["status"] for r in rows} == {"pass"}

@@ -181,8 +181,8 @@ def ledger_stale(ledger_path: str | None, n_runs: int, target: str | None, db_pa
                    "keeps the slice it started with).")
 @click.option("--zoo", default="auto", show_default=True, metavar="auto|none|all|K/N",
               help="Real architectures (transformers, timm, torchvision; the zoo and hf extras) every build runs beside "
-                   "--models: auto, the night's slice, K = the UTC date's ordinal modulo N = 100, so every "
-                   "architecture within 100 nights (none installed: the nightly says so and runs without them).")
+                   "--models: auto, the night's slice, K = the UTC date's ordinal modulo N = 120, so every "
+                   "architecture within 120 nights, eager items (none installed: the nightly says so and runs without them).")
 @click.option("-n", "--workers", default=2, show_default=True, help="Worker processes per run.")
 @click.option("--shard", default="1/1", show_default=True, metavar="K/N",
               help="Run this shard of every build's work (merge the shard databases, then --finish).")

@@ -69,9 +69,9 @@ _ONCE = (Status.TIMEOUT.value, Status.CRASH.value)  # re-run once: each re-run c
 # The contract checks count too: a run without them has no 'contract' items to lose; so does their
 # budget (a run stored before there was one checked every sample: 0).
 SELECTION = ("ops", "dtypes", "variants", "seed", "max_samples", "thorough", "opinfo", "schema", "models",
-             "model_limit", "model_modes", "contracts", "contract_budget", "sizes")
+             "model_limit", "model_modes", "zoo_modes", "contracts", "contract_budget", "sizes")
 _SELECTION_DEFAULTS = {"opinfo": True, "schema": False, "thorough": False, "contracts": ["default"], "contract_budget": 0,
-                       "sizes": "samples"}
+                       "sizes": "samples", "zoo_modes": []}
 
 
 class GateError(ValueError):

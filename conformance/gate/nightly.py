@@ -17,7 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from conformance.dist.lane import DistSpec
-from conformance.models.selection import ZOO, ZOO_INSTALL, ZOO_NIGHTS, installed_libraries, parse_zoo_name
+from conformance.models.selection import (
+    ZOO,
+    ZOO_INSTALL,
+    ZOO_NIGHTLY_MODES,
+    ZOO_NIGHTS,
+    installed_libraries,
+    parse_zoo_name,
+)
 from conformance.perf.lane import PerfSpec
 from conformance.run.runner import Summary, check, config_difference, run_into, run_together, stored_summary
 from conformance.run.spec import RunSpec
@@ -206,7 +213,10 @@ def with_zoo_slice(spec: NightlySpec, store: Store, resume: bool, echo: Echo = p
         stored = [m for m in (RunSpec.from_run(run, workers=spec.run.workers).models if run else ())
                   if (z := parse_zoo_name(m)) is not None and z[0] == ZOO]
         if run is not None:
-            return dataclasses.replace(spec, run=spec.run.replace(models=(*spec.run.models, *stored))) if stored else spec
+            if not stored:
+                return spec
+            return dataclasses.replace(spec, run=spec.run.replace(models=(*spec.run.models, *stored),
+                                                                  zoo_modes=ZOO_NIGHTLY_MODES))
     # the whole zoo is the slice 0/1: no --model-limit caps a slice
     part = "0/1" if chosen == "all" else night_slice(nights=ZOO_NIGHTS) if chosen == "auto" else chosen
     name = f"{ZOO}@{part}"
@@ -219,7 +229,7 @@ def with_zoo_slice(spec: NightlySpec, store: Store, resume: bool, echo: Echo = p
     nights = int(part.split("/")[1])
     echo(f"== zoo: slice {part} of {', '.join(installed)} (every architecture within {nights} "
          f"{'night' if nights == 1 else 'nights'}) ==")
-    return dataclasses.replace(spec, run=spec.run.replace(models=(*spec.run.models, name)))
+    return dataclasses.replace(spec, run=spec.run.replace(models=(*spec.run.models, name), zoo_modes=ZOO_NIGHTLY_MODES))
 
 
 def _check_resumable(store: Store, spec: NightlySpec) -> None:

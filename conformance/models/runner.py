@@ -62,7 +62,7 @@ from .item import Prepared, error_text, prepare, run_item
 from .selection import model_groups, model_key, resolve_spec
 from .timing import TIMED_ITERS, WARMUP, CountingBackend, percentile
 from .training import LR, TRAIN_STEPS, SideResult, cast, train_side
-from .zoo import ZooSkip
+from .zoo import LIBRARIES, ZooSkip
 
 __all__ = [
     "LR", "MODEL", "MODES", "TIMED_ITERS", "TRAIN_STEPS", "WARMUP", "CountingBackend", "ModelRunner",
@@ -86,7 +86,9 @@ def run_model_group(target: Any, group: Group, config: Any, *, skip: Container[s
     ``train_steps`` (>= 1; the first is the parity run), ``timed_iters`` (0: no latency; the
     compile shape sweep still records recompiles) and ``localize_failures`` trade depth for speed.
     """
-    modes = modes if modes is not None else getattr(config, "model_modes", MODES)
+    if modes is None:
+        zoo = getattr(config, "zoo_modes", ()) if group.op.split(".", 1)[0] in LIBRARIES else ()
+        modes = zoo or getattr(config, "model_modes", MODES)
     if getattr(target, "compiler", False):
         # an eager item would run the model as it is, on the CPU, and compare the CPU with itself:
         # a pass that says nothing about the compiler. A compiler target's items are compiled.

@@ -26,7 +26,11 @@ from .zoo import LIBRARIES
 
 MODEL_DTYPES = ("float32", "bfloat16")
 ZOO = "zoo"  # every library of the zoo
-ZOO_NIGHTS = 100  # the nightly's zoo slice: every architecture within this many nights (README, The model zoo)
+# The nightly's zoo slice: every architecture within this many nights, eager items only (float32 and
+# bfloat16): about 12 s of worker time per architecture and build, where the compile path's shape
+# sweep makes it about 150 (README, The model zoo; benchmarks/zoo_lane.py)
+ZOO_NIGHTS = 120
+ZOO_NIGHTLY_MODES = ("eager",)
 ZOO_INSTALL = "pip install '.[zoo]' for timm and torchvision, '.[hf]' for transformers"
 
 

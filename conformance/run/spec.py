@@ -73,6 +73,9 @@ class RunSpec:
     models: tuple[str, ...] = ()  # model families ("all" for every family)
     model_limit: int | None = None  # at most this many graphs per family
     model_modes: tuple[str, ...] = ("eager", "compile")
+    # the model items of a zoo architecture (hf.*, timm.*, tv.*); empty: model_modes. The nightly's
+    # rotating zoo slice runs eager only (its compile path is the zoo session's: README, The model zoo)
+    zoo_modes: tuple[str, ...] = field(default=(), metadata=_stored(omit_default=True))
     # contract checks (conformance.check.contracts): "default" (every contract on an eager target, the
     # cheap ones on a compiler target), "all", "none", or contract names
     contracts: tuple[str, ...] = field(default=("default",), metadata=_stored(omit_default=True))

@@ -45,6 +45,7 @@ class SweepConfig:
     ledger: Ledger = field(default_factory=Ledger.load)
     max_samples: int | None = None  # per group; None = all
     model_modes: tuple[str, ...] = ("eager", "compile")  # model items per graph
+    zoo_modes: tuple[str, ...] = ()  # a zoo architecture's model items (empty: model_modes)
     contracts: tuple[str, ...] = ("default",)  # see conformance.check.contracts.parse_contracts
     # samples per compiled graph on a compiler target that can batch them (1: each item compiles
     # its own; None: the target's default, Target.default_batch; see conformance.check.batching)
