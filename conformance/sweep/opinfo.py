@@ -528,8 +528,7 @@ class OpInfoSweep:
     name = "opinfo"
     table = "op_results"
     variants = (*VARIANTS, ladder.VARIANT, "canary")
-    crash_safe_factor = 0  # no crash-safe mode: a death is the item's crash or the reference's
-    timeout_factor = 1
+    crash_safe_factor, timeout_factor = 0, 1  # no crash-safe mode (a death is the item's or the reference's); one limit
 
     def groups(self, selection: Selection) -> list[Group]:
         # aten:: and custom-op (neuron::*) globs alone select no OpInfo (not, as no glob would, every one)
