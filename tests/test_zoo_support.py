@@ -210,3 +210,29 @@ def test_a_model_item_tells_the_supervisor_its_sides(monkeypatch):
 def test_zoo_modes_leave_the_families_alone():
     rows = list(run_model_group(get_target("cpu"), Group(MLPS[0], "float32", "model"), SweepConfig(zoo_modes=("eager",))))
     assert [r["mode"] for r in rows] == ["eager", "compile"] and {r["status"] for r in rows} == {"pass"}
+
+
+def test_a_model_the_meta_device_cannot_build_is_built_for_real_and_counted_after(monkeypatch):
+    import torch
+
+    from conformance.models.zoo import build_within_budget
+
+    class Checks(torch.nn.Module):  # reads a value while building: impossible on the meta device
+        def __init__(self, width):
+            super().__init__()
+            self.lin = torch.nn.Linear(width, width)
+            assert float(self.lin.weight.abs().sum()) >= 0
+
+    model = build_within_budget("timm.checks", lambda: Checks(4), seed=7, stage="timm.create_model")
+    assert isinstance(model, Checks)
+    again = build_within_budget("timm.checks", lambda: Checks(4), seed=7, stage="timm.create_model")
+    assert torch.equal(model.lin.weight, again.lin.weight)  # seeded
+    monkeypatch.setenv("CONFORMANCE_ZOO_MAX_PARAMS", "1_000_000")
+    with pytest.raises(ZooSkip, match=r"^over budget: 4,002,000 parameters > 1,000,000"):
+        build_within_budget("timm.big", lambda: Checks(2000), seed=0, stage="timm.create_model")
+
+    def broken():
+        raise ValueError("in_channels must be divisible by groups")
+
+    with pytest.raises(ZooSkip, match=r"^build failed: ValueError: in_channels must be divisible by groups"):
+        build_within_budget("hf.x", broken, seed=0, stage="build")

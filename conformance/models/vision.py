@@ -55,7 +55,7 @@ from torch import Tensor, nn
 
 from .family import N_SHAPE_VARIANTS, float_leaves, pick, sumsq_loss
 from .tracing import Traceable
-from .zoo import ZooSkip, check_budget
+from .zoo import build_within_budget
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -174,24 +174,7 @@ class VisionSpec(Traceable):
 
     def build(self) -> nn.Module:
         stage = "timm.create_model" if self.family == "timm" else "torchvision.models.get_model"
-        try:
-            check_budget(self.model_id, self._make)
-            counted = True
-        except ZooSkip as skip:
-            if not str(skip).startswith("cannot be built on the meta device"):
-                raise
-            counted = False  # the real build below says why, or is counted after it
-        gen = torch.default_generator
-        saved = gen.get_state()
-        gen.manual_seed(_seed(self.model_id, self.seed, "weights"))
-        try:
-            model = self._make()
-        except Exception as exc:  # noqa: BLE001 - the library's own reason
-            raise ZooSkip(f"{stage} failed: {type(exc).__name__}: {exc}"[:2000]) from exc
-        finally:
-            gen.set_state(saved)
-        if not counted:
-            check_budget(self.model_id, lambda: model)
+        model = build_within_budget(self.model_id, self._make, _seed(self.model_id, self.seed, "weights"), stage)
         call = {"detection": "detection", "optical_flow": "flow"}.get(self.task, "plain")
         extra: dict[str, Any] = {}
         if call == "flow":

@@ -36,7 +36,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-__all__ = ["LIBRARIES", "ZooSkip", "check_budget", "count_params", "max_params"]
+__all__ = ["LIBRARIES", "ZooSkip", "build_within_budget", "check_budget", "count_params", "max_params"]
 
 LIBRARIES = ("hf", "timm", "tv")  # model id prefixes of the zoo's libraries
 
@@ -74,7 +74,39 @@ def check_budget(model_id: str, build: Callable[[], nn.Module], max_params: int 
     try:
         n = count_params(build)
     except Exception as exc:  # noqa: BLE001 - the library's own reason
-        raise ZooSkip(f"cannot be built on the meta device: {type(exc).__name__}: {exc}"[:2000]) from exc
+        raise ZooSkip(f"{META}: {type(exc).__name__}: {exc}"[:2000]) from exc
     if n > limit:
         raise ZooSkip(f"over budget: {n:,} parameters > {limit:,} (CONFORMANCE_ZOO_MAX_PARAMS)")
     return n
+
+
+META = "cannot be built on the meta device"
+
+
+def build_within_budget(model_id: str, make: Callable[[], nn.Module], seed: int, stage: str) -> nn.Module:
+    """``make()`` with the default generator seeded by ``seed`` (restored after), within the budget.
+
+    The parameters are counted on the meta device first; a model whose construction fails there
+    (a library that allocates or checks values while building) is built for real and counted
+    after, so that its reason is the real build's. A failing build is :class:`ZooSkip`
+    ``"{stage} failed: ..."`` with the library's message.
+    """
+    try:
+        check_budget(model_id, make)
+        counted = True
+    except ZooSkip as skip:
+        if not str(skip).startswith(META):
+            raise
+        counted = False
+    gen = torch.default_generator
+    saved = gen.get_state()
+    gen.manual_seed(seed)
+    try:
+        model = make()
+    except Exception as exc:  # noqa: BLE001 - the library's own reason
+        raise ZooSkip(f"{stage} failed: {type(exc).__name__}: {exc}"[:2000]) from exc
+    finally:
+        gen.set_state(saved)
+    if not counted:
+        check_budget(model_id, lambda: model)
+    return model

@@ -53,7 +53,7 @@ from torch import Tensor, nn
 
 from ..family import N_SHAPE_VARIANTS, float_leaves, pick, sumsq_loss
 from ..tracing import Traceable
-from ..zoo import ZooSkip, check_budget
+from ..zoo import ZooSkip, build_within_budget
 from .rules import FRAMES, IMAGE, SAMPLES, SPECIAL, VOCAB, apply_overrides, overrides, shrink
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -310,16 +310,7 @@ class HFSpec(Traceable):
                 warnings.simplefilter("ignore")
                 return AutoModel.from_config(config)
 
-        check_budget(self.model_id, make)
-        gen = torch.default_generator
-        saved = gen.get_state()
-        gen.manual_seed(_seed(self.model_id, self.seed, "weights"))
-        try:
-            model = make()
-        except Exception as exc:  # noqa: BLE001 - the library's own reason
-            raise _stage("build", exc) from exc
-        finally:
-            gen.set_state(saved)
+        model = build_within_budget(self.model_id, make, _seed(self.model_id, self.seed, "weights"), "build")
         return HFWrapper(model, names).float().train()
 
     def loss(self, output: Any) -> Tensor:
