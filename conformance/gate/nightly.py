@@ -134,12 +134,12 @@ def run_nightly(spec: NightlySpec, db_path: str | os.PathLike[str], progress: Ca
     if resume and not Path(db_path).exists():
         raise SelectionError(f"{db_path}: no such database, so no nightly {resume!r} to resume")
     with Store.open(db_path) as store:
+        # named first: after a kill -9 this line is what --resume takes
+        echo(f"== nightly {result.prefix}" + (" (resumed) ==" if resume else " =="))
         spec = with_reference_slice(spec, store, bool(resume))
         spec = with_zoo_slice(spec, store, bool(resume), echo)
         if resume:
             _check_resumable(store, spec)
-        # named first: after a kill -9 this line is what --resume takes
-        echo(f"== nightly {result.prefix}" + (" (resumed) ==" if resume else " =="))
         trace_stage(spec, store, progress, echo)
         sweep_stage(spec, store, result, progress, echo, resume=bool(resume))
         if result.interrupted is not None:
