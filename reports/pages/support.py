@@ -56,11 +56,13 @@ HARNESS = "harness"
 
 def support_of(statuses: Iterable[str]) -> str:
     """The support class of one model x dtype from its items' statuses (module doc)."""
-    classes = [_OF_STATUS.get(s, "skipped" if s == "skip" else "blocked") for s in statuses if s]
+    return worst([_OF_STATUS.get(s, "skipped" if s == "skip" else "blocked") for s in statuses if s])
+
+
+def worst(classes: Iterable[str]) -> str:
+    """The worst support class (``skipped`` only when every one is)."""
     ranked = [c for c in classes if c != "skipped"]
-    if not ranked:
-        return "skipped"
-    return max(ranked, key=_RANK.__getitem__)
+    return max(ranked, key=_RANK.__getitem__) if ranked else "skipped"
 
 
 def worse(before: str, after: str) -> bool:
@@ -123,22 +125,13 @@ def summary(records: Iterable[dict[str, Any]]) -> list[SupportRow]:
         ran = [r for r in recs if r["support"] != "skipped"]
         hashes = {r["graph_hash"] or f"unhashed:{r['model_id']}" for r in ran}
         shapes = {r["topology"] or r["graph_hash"] or f"unhashed:{r['model_id']}" for r in ran}
-        per_model: dict[str, str] = {}
+        per_model: dict[str, list[str]] = defaultdict(list)
         for r in recs:  # a model's class over its dtypes: the worst
-            cur = per_model.get(r["model_id"])
-            per_model[r["model_id"]] = r["support"] if cur is None else _worst(cur, r["support"])
-        counts = Counter(per_model.values())
+            per_model[r["model_id"]].append(r["support"])
+        counts = Counter(worst(c) for c in per_model.values())
         rows.append(SupportRow(library=lib, models=len(ids), graphs=len(hashes), topologies=len(shapes),
                                counts=[(c, counts[c]) for c in SUPPORT if counts[c]]))
     return rows
-
-
-def _worst(a: str, b: str) -> str:
-    if a == "skipped":
-        return b
-    if b == "skipped":
-        return a
-    return a if _RANK[a] >= _RANK[b] else b
 
 
 MATRIX_COLUMNS = [{"key": "library", "label": "library", "kind": "text"},
