@@ -90,14 +90,6 @@ def base_models() -> dict[str, str]:
     return {t: (c if isinstance(c, str) else c[0]) for t, c in MODEL_MAPPING_NAMES.items()}
 
 
-def __getattr__(name: str) -> Any:
-    # ``ARCHS``: the model types the harness knows (the library's when it is installed), for callers
-    # that name models without building them (the ledger's name check).
-    if name == "ARCHS":
-        return tuple(base_models()) if available() else tuple(overrides())
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 class HFWrapper(nn.Module):
     """Positional tensors in (named ``names``), a tuple of the float output tensors out."""
 
