@@ -165,6 +165,86 @@ def model_floors(path: Path = MODEL_TOLERANCES) -> tuple[ModelFloor, ...]:
     return tuple(floors)
 
 
+# -- generation.toml ------------------------------------------------------------------------------
+GENERATION = DATA / "generation.toml"
+
+
+@dataclass(frozen=True)
+class Bound:
+    target: str
+    dtype: str
+    value: float  # loglik: nats per token; logits: normwise rtol
+    reason: str
+
+
+@dataclass(frozen=True)
+class Generation:
+    """The generation lane's settings (see the file for what each means)."""
+
+    buckets: tuple[int, ...]
+    new_tokens: int
+    prompts: int
+    continuation: int
+    timing_repeats: int
+    initializer_range: float
+    near_tie_factor: float
+    near_tie_reason: str
+    loglik: tuple[Bound, ...]
+    logits: tuple[Bound, ...]
+
+    @staticmethod
+    def _last(bounds: tuple[Bound, ...], target: str, dtype: str) -> float:
+        from fnmatch import fnmatchcase
+
+        found = [b for b in bounds if fnmatchcase(target, b.target) and fnmatchcase(dtype, b.dtype)]
+        return found[-1].value if found else 0.0
+
+    def max_shift(self, target: str, dtype: str) -> float:
+        """The log-likelihood bound (nats per token) of the last entry matching ``target`` and ``dtype``."""
+        return self._last(self.loglik, target, dtype)
+
+    def logits_rtol(self, target: str, dtype: str) -> float:
+        """The step logits' normwise tolerance of the last entry matching ``target`` and ``dtype``."""
+        return self._last(self.logits, target, dtype)
+
+
+def _count(path: Path, key: str, value: Any, low: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise _bad(path, key, value, f"an integer >= {low}")
+    return value
+
+
+@functools.cache
+def generation(path: Path = GENERATION) -> Generation:
+    ints = {"new_tokens", "prompts", "continuation", "timing_repeats"}
+    raw = _keys(path, "", read_toml(path), {"buckets", "initializer_range", "near_tie", *ints}, {"loglik", "logits"})
+    buckets = raw["buckets"]
+    if (not isinstance(buckets, list) or not buckets
+            or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in buckets)
+            or len(set(buckets)) != len(buckets)):
+        raise _bad(path, "buckets", buckets, "a non-empty list of distinct prompt lengths >= 1")
+    nt = _keys(path, "near_tie", raw["near_tie"], {"factor", "reason"})
+    return Generation(tuple(sorted(buckets)), *(_count(path, k, raw[k], 0 if k == "timing_repeats" else 1)
+                                                for k in ("new_tokens", "prompts", "continuation", "timing_repeats")),
+                      _rtol(path, "initializer_range", raw["initializer_range"]),
+                      _rtol(path, "near_tie.factor", nt["factor"]), _text(path, "near_tie.reason", nt["reason"]),
+                      _bounds(path, raw, "loglik", "max_shift"), _bounds(path, raw, "logits", "rtol"))
+
+
+def _bounds(path: Path, raw: dict[str, Any], table: str, key: str) -> tuple[Bound, ...]:
+    entries = raw.get(table, [])
+    if not isinstance(entries, list):
+        raise _bad(path, table, entries, f"an array of tables ([[{table}]])")
+    out = []
+    for i, b in enumerate(entries):
+        where = f"{table}[{i}]"
+        e = _keys(path, where, b, {key, "reason"}, {"target", "dtype"})
+        out.append(Bound(_text(path, f"{where}.target", e.get("target", "*")),
+                         _text(path, f"{where}.dtype", e.get("dtype", "*")),
+                         _rtol(path, f"{where}.{key}", e[key]), _text(path, f"{where}.reason", e["reason"])))
+    return tuple(out)
+
+
 # -- upstream_inductor.toml, upstream_onnxruntime.toml, upstream_triage.toml ----------------------
 # The upstream projects' own expected failures and skips (PyTorch's for Inductor, ONNX Script's
 # for the ONNX exporter's torch_lib run in ONNX Runtime), and what a standalone check showed about

@@ -126,6 +126,8 @@ class Selection:
     # the OpInfo variants asked for (empty: every one); a kind plans a group only for some (the
     # dtype probe's groups of dtypes an OpInfo does not claim: conformance.sweep.dtypes)
     variants: tuple[str, ...] = ()
+    # causal LMs the generation lane decodes with (conformance.generate.lms.select: hf, hf@K/N, ids)
+    generate: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # custom-op globs alone select no OpInfo (as aten:: globs alone select none)

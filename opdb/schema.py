@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import sqlite_utils
 
-from .schema_lanes import DIST_RESULTS, DIST_RUNS, PERF_RESULTS, PERF_RUNS
+from .schema_lanes import DIST_RESULTS, DIST_RUNS, GEN_RESULTS, PERF_RESULTS, PERF_RUNS
 
 LOCK_WAIT_S = 60.0  # how long a writer waits for another process's write lock (the busy timeout's length)
 
@@ -298,6 +298,9 @@ CLAIMS = {
     "line": int,  # the claim's line in the table
 }
 
+# The generation lane's rows (schema v18): a work kind's, so the run's item columns first.
+GEN_RESULTS_TABLE = {**_ITEM, **GEN_RESULTS}
+
 TABLES: dict[str, dict[str, type]] = {
     "runs": RUNS,
     "run_shards": RUN_SHARDS,
@@ -319,13 +322,14 @@ TABLES: dict[str, dict[str, type]] = {
     "perf_results": PERF_RESULTS,
     "dist_runs": DIST_RUNS,
     "dist_results": DIST_RESULTS,
+    "gen_results": GEN_RESULTS_TABLE,
 }
 
 
 # Tables that shard databases contribute to a merge (gate decisions are derived, not merged).
 MERGED = ("runs", "run_shards", "ops", "op_results", "model_results", "coverage", "flakes", "group_times",
           "schema_corpus", "traced_signatures", "traced_uses", "perf_runs", "perf_results",
-          "dist_runs", "dist_results")
+          "dist_runs", "dist_results", "gen_results")
 
 
 def _v1(db: sqlite_utils.Database) -> None:
@@ -444,8 +448,15 @@ def _v17(db: sqlite_utils.Database) -> None:
     db["dist_results"].create(DIST_RESULTS, pk=("run_id", "item_key"), if_not_exists=True)
 
 
+def _v18(db: sqlite_utils.Database) -> None:
+    db["gen_results"].create({"id": int, **GEN_RESULTS_TABLE}, pk="id", if_not_exists=True)
+    db["gen_results"].create_index(["run_id", "item_key"], unique=True, if_not_exists=True)
+    db["gen_results"].create_index(["run_id", "status"], if_not_exists=True)
+    db["gen_results"].create_index(["run_id", "model_id"], if_not_exists=True)
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10,
-                                                             _v11, _v12, _v13, _v14, _v15, _v16, _v17]
+                                                             _v11, _v12, _v13, _v14, _v15, _v16, _v17, _v18]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

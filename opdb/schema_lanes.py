@@ -77,3 +77,39 @@ DIST_RESULTS = {
     "wall_s": float,
     "recorded_at": str,
 }
+
+# The generation lane (schema v18; conformance/generate): greedy decoding of causal LMs on the target
+# against the CPU, per model x dtype x mode x prompt-length bucket. A work kind of the run: rows carry
+# the run's item columns (opdb.schema._ITEM) and these.
+GEN_RESULTS = {
+    "model_id": str,  # hf.<model_type>
+    "params": str,  # JSON: library, arch_family, model_type, vocab, parameters
+    "dtype": str,
+    "mode": str,  # eager | compile
+    "bucket": int,  # the prompt length (tokens)
+    "cache": str,  # static | dynamic: the KV cache generate decoded with
+    "prompts": int,  # sequences decoded
+    "new_tokens": int,  # greedy tokens per sequence
+    "agreement": float,  # share of the sequences whose new tokens equal the CPU's exactly
+    "near_tie_flips": int,  # sequences whose first divergence is a near tie (the near-tie rule)
+    "wide_flips": int,  # sequences whose first divergence is at a wide margin (a mismatch)
+    "first_divergence": int,  # the earliest divergent new-token position over the sequences (NULL: none)
+    "margin": float,  # the CPU's top-1/top-2 logit margin at the reported divergence (the first wide flip, else the first near tie)
+    "margin_tol": float,  # the near-tie rule's bound there
+    "logits_rel_err": float,  # worst ||t - c|| / ||c|| of a step's logits over the steps before any divergence
+    "loglik_cpu": float,  # mean log-probability (nats/token) of the fixed continuation on the CPU
+    "loglik_target": float,  # ... on the target
+    "loglik_shift": float,  # |target - cpu|
+    "loglik_tol": float,  # its bound (conformance/data/generation.toml)
+    "prefill_ms": float,  # the target's prefill (prompt forward + first token), median over the sequences
+    "decode_p50_ms": float,  # the target's per-token decode time over every timed step
+    "decode_p99_ms": float,
+    "cpu_decode_p50_ms": float,  # the CPU's, for scale
+    "cpu_decode_p99_ms": float,
+    "recompiles": int,  # compile mode: graphs compiled while this bucket decoded
+    "graphs": int,  # compile mode: graphs compiled by the end of this bucket (the model's total so far)
+    "fallback_ops": str,  # JSON list: overloads that ran on the CPU fallback while decoding
+    "first_divergent_op": str,  # at a wide flip or a log-likelihood shift: the localised overload
+    "first_divergent_detail": str,
+    "evidence": str,  # JSON: per sequence, the first divergence, its kind, margin and bound, both tokens
+}

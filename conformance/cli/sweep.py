@@ -82,6 +82,15 @@ CLI_VARIANTS = "function,inplace,out,backward,sparse_coo,sparse_csr,sparse_csc,s
 @click.option("--model-limit", type=int, default=None, help="At most this many graphs per family.")
 @click.option("--model-modes", default="eager,compile", show_default=True,
               help="Model items per graph: eager (parity, grads, training), compile (+ shape sweep, latency).")
+@click.option("--generate", "generate", multiple=True, metavar="hf|hf@K/N|ID",
+              help="Greedy-decode with these causal LMs on the target against the CPU (the generation lane: "
+                   "token agreement, near-tie flips, log-likelihood, p50/p99 per token; alone: generation only).")
+@click.option("--gen-modes", "gen_modes", default="eager,compile", show_default=True,
+              help="Generation items per model and bucket: eager, compile (a server's compiled decode) or both.")
+@click.option("--buckets", "gen_buckets", default=None, metavar="N,N,...",
+              help="Prompt lengths (default: conformance/data/generation.toml's, 8,32,128,512).")
+@click.option("--new-tokens", "gen_new_tokens", type=int, default=None,
+              help="Greedy tokens per sequence (default: generation.toml's, 16).")
 @click.option("-n", "--workers", default=2, show_default=True, type=click.IntRange(1, 64),
               help="Worker processes running items in parallel (each isolated: a crash or hang loses one item).")
 @click.option("--shard", default="1/1", show_default=True, metavar="K/N",
@@ -123,10 +132,12 @@ def run_cmd(variants: str, schema: bool | None, model_modes: str, resume: str | 
     # the options named like a RunSpec field go to it as they are (a new run option is a field
     # and an option of the same name); these are derived from several options or parsed
     ops, models = spec_fields["ops"], spec_fields["models"]
-    opinfo = bool(ops) or not models
+    opinfo = bool(ops) or not (models or spec_fields["generate"])
     if schema is None:
         schema = opinfo and not ops  # the full default sweep covers every overload it can
     spec_fields["contracts"] = spec_fields["contracts"] or ("default",)
+    spec_fields["gen_modes"] = _modes(spec_fields["gen_modes"], "--gen-modes")
+    spec_fields["gen_buckets"] = _ints(spec_fields["gen_buckets"], "--buckets")
     spec = RunSpec(**spec_fields, opinfo=opinfo, schema=schema, variants=_variants(variants),
                    model_modes=_modes(model_modes))
     summary = execute_run(spec, db_path, resume=resume, progress=None if quiet else stderr_progress())
@@ -164,11 +175,23 @@ def _variants(text: str) -> tuple[str, ...]:
     return chosen
 
 
-def _modes(text: str) -> tuple[str, ...]:
+def _modes(text: str, option: str = "--model-modes") -> tuple[str, ...]:
     chosen = tuple(m.strip() for m in text.split(",") if m.strip())
     if not chosen or any(m not in ("eager", "compile") for m in chosen):
-        raise UsageProblem(f"--model-modes {text!r}: expected eager, compile or both")
+        raise UsageProblem(f"{option} {text!r}: expected eager, compile or both")
     return chosen
+
+
+def _ints(text: str | None, option: str) -> tuple[int, ...]:
+    if text is None:
+        return ()
+    try:
+        out = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        out = ()
+    if not out or any(n < 1 for n in out):
+        raise UsageProblem(f"{option} {text!r}: expected whole numbers >= 1, comma-separated (e.g. 8,32,128)")
+    return tuple(sorted(set(out)))
 
 
 @main.command("trace")

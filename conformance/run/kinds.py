@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from conformance.customops import CUSTOM_OPS
+from conformance.generate.lane import GENERATE
 from conformance.models.runner import MODEL
 from conformance.select import SelectionError, shard_of
 from conformance.sweep.opinfo import OPINFO
@@ -25,7 +26,7 @@ from conformance.sweep.traced import TRACED
 from conformance.work import Group, ItemKey, Selection, WorkKind
 
 # a new kind goes last: a shard takes every N-th group, and the others' shards stay as they were
-KINDS: tuple[WorkKind, ...] = (OPINFO, SCHEMA, TRACED, MODEL, CUSTOM_OPS)
+KINDS: tuple[WorkKind, ...] = (OPINFO, SCHEMA, TRACED, MODEL, CUSTOM_OPS, GENERATE)
 TABLES = tuple(dict.fromkeys(k.table for k in KINDS))  # the result tables a run writes
 _BY_NAME = {k.name: k for k in KINDS}
 _BY_VARIANT = {v: k for k in KINDS for v in k.variants}

@@ -110,6 +110,12 @@ class RunSpec:
     # "all", or "K/N", the OpInfos whose name hashes to K modulo N (the nightly's slice of the
     # night). Stored, so a resume and a re-run sweep the slice the run started with
     reference_inputs: str = field(default="none", metadata=_stored(omit_default=True))
+    # the generation lane (conformance.generate): the causal LMs it decodes with (hf, hf@K/N, ids), its
+    # modes, prompt-length buckets and new tokens per sequence (empty/None: conformance/data/generation.toml's)
+    generate: tuple[str, ...] = field(default=(), metadata=_stored(omit_default=True))
+    gen_modes: tuple[str, ...] = field(default=("eager", "compile"), metadata=_stored(omit_default=True))
+    gen_buckets: tuple[int, ...] = field(default=(), metadata=_stored(omit_default=True))
+    gen_new_tokens: int | None = field(default=None, metadata=_stored(omit_default=True))
     ray_address: str | None = field(default=None, metadata=_stored(None))
     task_resources: tuple[str, ...] = field(default=(), metadata=_stored(None))
 
@@ -146,6 +152,14 @@ class RunSpec:
             if not eq or not name or not (name[0].isalpha() or name[0] == "_") \
                     or not all(c.isalnum() or c == "_" for c in name):
                 raise SelectionError(f"--env {pair!r}: expected NAME=VALUE, NAME a shell variable name")
+        bad = [m for m in self.gen_modes if m not in ("eager", "compile")]
+        if bad or not self.gen_modes:
+            raise SelectionError(f"--gen-modes {bad[0] if bad else '(none)'!r}: eager, compile or both")
+        if any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in self.gen_buckets):
+            raise SelectionError(f"--buckets {list(self.gen_buckets)}: prompt lengths, whole numbers >= 1")
+        n = self.gen_new_tokens
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise SelectionError(f"--new-tokens {n!r}: a whole number of at least 1")
         parse_resources(self.task_resources)
         parse_shard(self.shard)
         parse_dtypes(self.dtypes)
@@ -157,7 +171,8 @@ class RunSpec:
 
     @property
     def selection(self) -> Selection:
-        return Selection(self.ops, self.dtypes, self.opinfo, self.schema, self.models, self.model_limit, self.variants)
+        return Selection(self.ops, self.dtypes, self.opinfo, self.schema, self.models, self.model_limit, self.variants,
+                         self.generate)
 
     def sweep_config(self) -> SweepConfig:
         """What a worker needs of the spec: the fields SweepConfig shares with it, the ledger loaded."""
@@ -165,6 +180,7 @@ class RunSpec:
                   if f.name != "ledger" and hasattr(self, f.name)}  # the rest: a work kind's own (reference_check)
         # "auto" means beside the database, which only the runner knows (it resolves it first)
         shared["refcache"] = self.refcache_for(None)
+        shared["generation"] = (self.gen_modes, self.gen_buckets, self.gen_new_tokens)
         return SweepConfig(**shared, ledger=Ledger.load(self.ledger))
 
     def refcache_for(self, db_path: str | os.PathLike[str] | None) -> str | None:

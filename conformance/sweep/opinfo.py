@@ -46,14 +46,14 @@ class SweepConfig:
     max_samples: int | None = None  # per group; None = all
     model_modes: tuple[str, ...] = ("eager", "compile")  # model items per graph
     zoo_modes: tuple[str, ...] = ()  # a zoo architecture's model items (empty: model_modes)
+    generation: tuple[Any, ...] = ()  # (modes, buckets, new tokens) of conformance.generate.lane.Options
     contracts: tuple[str, ...] = ("default",)  # see conformance.check.contracts.parse_contracts
     # samples per compiled graph on a compiler target that can batch them (1: each item compiles
     # its own; None: the target's default, Target.default_batch; see conformance.check.batching)
     compile_batch: int | None = None
     # the file of CPU-side results shared between runs (conformance.check.refcache); None: none
     refcache: str | None = None
-    # samples per op x variant x dtype the budgeted contracts are checked on before only new
-    # shape classes are (conformance.check.contracts.Budget); 0: every sample
+    # samples per op x variant x dtype the budgeted contracts check before only new shape classes (0: every sample)
     contract_budget: int = DEFAULT_BUDGET
     # where the CPU reference is run again to see that it agrees with itself
     # (conformance.check.selfcheck): "failing", on items whose values fail, whose elements the
