@@ -143,3 +143,19 @@ def test_a_composite_that_calls_its_own_op_again_is_scored_whole_not_forever():
                           SweepConfig(variants=("backward",), max_samples=2)))
     bad = [r for r in rows if r["status"] == "mismatch"]
     assert bad and all(local_blame(r["proof"])[0] == "aten::bmm.default" for r in bad), [r["proof"] for r in bad]
+
+
+def test_attention_without_dropout_is_scored_though_its_kernel_is_tagged_random(emu):
+    # SDPA's kernels carry the nondeterministic_seeded tag for their dropout; at dropout_p=0 (every
+    # model in inference) they are deterministic, and a wrong attention kernel must be found
+    t = emu('[[defects]]\nop = "aten::_scaled_dot_product_flash_attention_for_cpu.default"\n'
+            'kind = "wrong_result"\nmagnitude = 0.1\n')
+    q, k, v = (torch.randn(1, 2, 8, 16) for _ in range(3))
+    found = locate(t, lambda: torch.nn.functional.scaled_dot_product_attention(
+        *(x.to(t.device) for x in (q, k, v))) * 2)
+    assert found["scores"]["aten::_scaled_dot_product_flash_attention_for_cpu.default"] > 1
+    assert local_blame({"locus": found})[0] == "aten::_scaled_dot_product_flash_attention_for_cpu.default"
+    # with dropout the call draws random numbers: not scored
+    found = locate(t, lambda: torch.nn.functional.scaled_dot_product_attention(
+        *(x.to(t.device) for x in (q, k, v)), dropout_p=0.5))
+    assert "aten::_scaled_dot_product_flash_attention_for_cpu.default" not in found["scores"]

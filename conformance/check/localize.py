@@ -129,7 +129,7 @@ class Differential(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         kwargs = kwargs or {}
         flat, _ = tree_flatten((args, kwargs))
-        if not self._on_device(flat) or torch.Tag.nondeterministic_seeded in func.tags:
+        if not self._on_device(flat) or _random(func, args, kwargs):
             return func(*args, **kwargs)
         composite = self._composite(func) if func not in self._open else None
         if composite is not None:
@@ -213,6 +213,20 @@ def _on_the_cpu(func: torch._ops.OpOverload, args: Any, kwargs: Any) -> tuple[An
 
 #: Double-precision dtypes and their single-precision twins.
 _SINGLE = {torch.float64: torch.float32, torch.complex128: torch.complex64}
+
+
+def _random(func: torch._ops.OpOverload, args: Any, kwargs: Any) -> bool:
+    """Whether the call draws random numbers: a seeded-nondeterministic overload, unless its dropout
+    probability is zero (attention kernels are tagged for their dropout; at ``dropout_p=0`` they are
+    deterministic, and the attention of every model in inference is such a call)."""
+    if torch.Tag.nondeterministic_seeded not in func.tags:
+        return False
+    names = [a.name for a in func._schema.arguments]
+    if "dropout_p" not in names:
+        return True
+    i = names.index("dropout_p")
+    p = args[i] if i < len(args) else kwargs.get("dropout_p", func._schema.arguments[i].default_value)
+    return not (isinstance(p, (int, float)) and p == 0)
 
 
 def _narrow(x: Any) -> Any:
