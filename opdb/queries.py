@@ -65,7 +65,7 @@ def gate_pairs(store: Store) -> list[dict[str, Any]]:
 def results_by_key(store: Store, run_id: str, table: str = "op_results",
                    columns: tuple[str, ...] | None = None) -> dict[str, dict[str, Any]]:
     """A run's result rows keyed by item key (only ``columns`` when given: rows hold large JSON)."""
-    if table not in ("op_results", "model_results"):
+    if table not in ("op_results", "model_results", "gen_results"):
         raise OpdbError(f"not a result table: {table!r}")
     cols = "*" if not columns else ", ".join(f"[{c}]" for c in dict.fromkeys(("item_key", *columns)))
     cur = store.db.execute(f"select {cols} from [{table}] where run_id = ?", [run_id])

@@ -159,6 +159,8 @@ def _selection_text(spec: RunSpec) -> str:
              f"--dtypes {','.join(spec.dtypes)}" if spec.dtypes else "default dtypes"]
     if spec.models:
         parts.append(f"--models {','.join(spec.models)}")
+    if spec.generate:
+        parts.append(f"--generate {','.join(spec.generate)}")
     return ", ".join(parts)
 
 
@@ -266,7 +268,8 @@ def _whole_run(store: Store, run_id: str, shard: str, summary: Summary) -> None:
     from opdb.queries import results_by_key
 
     counts: collections.Counter[str] = collections.Counter()
-    for table, cols in (("op_results", ("status", "shard", "variant")), ("model_results", ("status", "shard"))):
+    for table, cols in (("op_results", ("status", "shard", "variant")), ("model_results", ("status", "shard")),
+                        ("gen_results", ("status", "shard"))):
         for r in results_by_key(store, run_id, table, cols).values():
             if r["shard"] == shard and r.get("variant") != "canary":
                 counts[r["status"]] += 1
