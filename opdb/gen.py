@@ -52,4 +52,18 @@ def runs_with_results(store: Store) -> list[dict[str, Any]]:
 
 # -- the report's serving page ------------------------------------------------------------------
 
+
+def build_run(store: Store, target: str, build: str) -> dict[str, Any] | None:
+    """The run of ``(target, build)`` whose generation rows the report shows: the latest finished
+    one holding any, else the latest of any status; ``build`` as the runs store it (``-``, or
+    empty, for the target's default build)."""
+    if not _exists(store):
+        return None
+    rows = list(store.db.query(
+        f"select r.* from runs r where coalesce(r.target, '') = ? and coalesce(nullif(r.build, ''), '-') = ? "
+        f"and exists (select 1 from [{TABLE}] g where g.run_id = r.id) "
+        "order by r.status = 'finished' desc, r.started_at desc, r.id desc limit 1", [target or "", build or "-"]))
+    return rows[0] if rows else None
+
+
 # -- the gate's generation section --------------------------------------------------------------
