@@ -20,7 +20,7 @@ Example::
 
     >>> from reports.pages import PAGES
     >>> [p.TEMPLATE for p in PAGES]
-    ['index.html', 'backends.html', 'summary.html', 'matrix.html', 'overloads.html', 'overloads.html', 'regressions.html', 'causes.html', 'claims.html', 'op.html', 'models.html', 'family.html', 'support.html', 'perf.html', 'dist.html', 'diff.html']
+    ['index.html', 'backends.html', 'summary.html', 'matrix.html', 'overloads.html', 'overloads.html', 'regressions.html', 'causes.html', 'claims.html', 'op.html', 'models.html', 'family.html', 'support.html', 'perf.html', 'dist.html', 'serving.html', 'diff.html']
 """
 
 from __future__ import annotations
@@ -42,12 +42,13 @@ from . import (
     op,
     perf,
     regressions,
+    serving,
     summary,
     support,
 )
 
 PAGES: tuple[ModuleType, ...] = (index, backends, summary, matrix, fallbacks, failing, regressions, causes, claims, op,
-                                 models, family, support, perf, dist, diff)
+                                 models, family, support, perf, dist, serving, diff)
 
 
 def name(page: ModuleType) -> str:
