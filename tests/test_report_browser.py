@@ -561,3 +561,52 @@ def test_dist_page_matrix_and_failing_items(dist_site, page, shot):
     page.locator('#failing select[data-filter="status"]').select_option("mismatch")
     assert shown(page, "#failing .datatable") == 2
     assert set(page.locator('#failing tbody td[data-col="rank"]').all_inner_texts()) == {"2"}
+
+
+@pytest.fixture(scope="module")
+def serving_site(tmp_path_factory):
+    """The report fixture plus generation rows in the op runs of 2.31.0 and 2.33.0 (as a run with
+    both --ops and --generate stores them): the builds of tests/test_report_serving.py."""
+    from test_report_serving import AFTER, BEFORE
+
+    db = make_report_db(tmp_path_factory.mktemp("sdb") / "rep.sqlite")
+    with Store.open(db) as st:
+        st.insert("gen_results", [{**r, "run_id": RUN_A} for r in BEFORE] + [{**r, "run_id": RUN_B} for r in AFTER])
+    return rendered(tmp_path_factory, db, "ssite")
+
+
+def test_serving_page_summary_diff_matrix_and_items(serving_site, page, shot):
+    out, _ = serving_site
+    page.goto(url(out, "2.33.0/index.html"))
+    page.get_by_role("link", name="Serving", exact=True).click()
+    assert page.url.endswith("2.33.0/serving.html")
+    assert page.locator('#summary [data-k="near_tie"]').inner_text() == "2"  # counted, never hidden
+    assert page.locator('#summary [data-status="mismatch"]').inner_text() == "1"
+    # what got worse since 2.31.0: exactly the four items, filterable by why
+    assert "4 items got worse" in page.locator("#changes .serving-changes").inner_text()
+    assert shown(page, "#changes") == 4
+    page.locator('#changes select[data-filter="what got worse"]').select_option("decode p99")
+    assert shown(page, "#changes") == 1
+    assert page.locator('#changes tbody td[data-col="model"]').inner_text() == "hf.gpt2"
+    # the float32 eager matrix: a cell per bucket, coloured by status, every figure in its tooltip
+    m = page.locator("#m-float32-eager")
+    bad = m.locator('td.cell[data-status="mismatch"]')
+    assert bad.count() == 1 and bad.inner_text() == "75% · 1 wide"
+    assert "CPU margin 0.9 vs near-tie bound 0.02" in bad.get_attribute("title")
+    assert bad.evaluate("e => getComputedStyle(e).backgroundColor") != "rgba(0, 0, 0, 0)"
+    m.locator('select[data-filter="has status"]').select_option("error")
+    assert shown(page, "#m-float32-eager") == 1
+    m.locator('select[data-filter="has status"]').select_option("")
+    shot(page, "serving-1440")
+    # a cell's click shows its item in the items table
+    bad.locator("a").click()
+    page.wait_for_function("document.querySelector('#items .dt-info').getAttribute('data-shown') === '1'")
+    assert page.locator('#items tbody td[data-col="first_divergent_op"]').inner_text() == "aten::mm"
+    page.locator("#items input.dt-filter").fill("")
+    page.locator("#items input.dt-filter").dispatch_event("input")
+    assert shown(page, "#items") == 9
+    page.locator('#items select[data-filter="status"]').select_option("pass_fallback")
+    assert page.locator('#items tbody td[data-col="fallback_ops"]').inner_text() == "aten::cumsum.default"
+    # a build without a generation run says how to make one
+    page.goto(url(out, "2.34.0/serving.html"))
+    assert "--generate hf" in page.locator("p.empty").inner_text()
