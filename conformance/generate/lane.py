@@ -16,6 +16,9 @@ order, so a bucket's ``recompiles`` are the graphs its new lengths cost). Per it
   run on the CPU on the device's own inputs): the worst kernel that diverges alone is the row's
   ``first_divergent_op`` (:func:`conformance.triage.causes.local_blame`).
 
+One item is :func:`measure` on a :class:`Decoding` (the model and what its items share), which
+``conformance audit --generate`` calls with a user's model (:mod:`conformance.audit.generate`).
+
 An architecture the library cannot build, or whose CPU decode fails, is a ``skip`` row per item
 with the reason; a target that raises is the item's error (or ``unsupported_*``, from its message).
 
@@ -35,7 +38,7 @@ import copy
 import json
 import statistics
 from collections.abc import Callable, Container, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -115,12 +118,11 @@ def _base(key: ItemKey, params: dict[str, Any] | None, n_new: int) -> Row:
 
 def run_group(target: Any, group: Group, config: Any, *, skip: Container[str] = NOTHING,
               on_start: Callable[[str], None] | None = None) -> Iterator[Row]:
-    from conformance.check.execute import err, phase
-    from conformance.check.verdict import decide
+    from conformance.check.execute import phase
     from conformance.datafiles import generation
     from conformance.models.zoo import ZooSkip
 
-    from . import decode, judge, lms
+    from . import decode, lms
 
     settings, opts = generation(), Options.of(config)
     model_id, dtype = model_of(group.op), getattr(torch, group.dtype)
@@ -144,71 +146,110 @@ def run_group(target: Any, group: Group, config: Any, *, skip: Container[str] = 
         for k in todo:
             yield {**_base(k, None, opts.new_tokens), "status": "skip", "error": str(exc)}
         return
-    rtol = settings.logits_rtol(target.name, group.dtype)
-    loglik_tol = settings.max_shift(target.name, group.dtype)
-    reference: dict[int, Any] = {}
-    devices: dict[str, Any] = {}
+    decoding = Decoding(target, model, model_id, group.dtype, opts, settings, kind, vocab)
     for key in todo:
-        mode, bucket = MODES[key.variant], int(key.sample)
         if on_start is not None:
             on_start(str(key))
         row = _base(key, params, opts.new_tokens) | {"cache": kind, "prompts": settings.prompts}
-        phase("cpu")
-        if bucket not in reference:
-            try:
-                reference[bucket] = _cpu_side(model, model_id, bucket, vocab, opts, settings, kind)
-            except Exception as exc:  # noqa: BLE001 - the CPU cannot decode it: nothing to say about the target
-                reference[bucket] = exc
-        ref = reference[bucket]
-        if isinstance(ref, Exception):
-            yield {**row, "status": "skip", "error": f"fails on the CPU: {err(ref)}"}
-            continue
-        phase("target")
+        yield {**row, **measure(decoding, MODES[key.variant], int(key.sample))}
+
+
+@dataclass
+class Decoding:
+    """One causal LM decoded on ``target`` against the CPU: what :func:`measure` needs for any of
+    its (mode, bucket) items, and what it keeps across them (each bucket's CPU side, shared by the
+    modes; each mode's device copy, so a compiled model's later buckets count their recompiles).
+
+    ``model`` is the CPU original in the item's dtype (never mutated); ``seed_id`` seeds the
+    prompts and the continuation (:func:`.lms.prompts`: the lane's model id, the audit's label);
+    ``kind`` is its cache (:func:`.decode.cache_kind`), ``vocab`` its vocabulary (:func:`.lms.vocab`).
+    """
+
+    target: Any
+    model: Any
+    seed_id: str
+    dtype: str
+    opts: Options
+    settings: Any
+    kind: str
+    vocab: int
+    reference: dict[int, Any] = field(default_factory=dict)
+    devices: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def rtol(self) -> float:
+        return self.settings.logits_rtol(self.target.name, self.dtype)
+
+    @property
+    def loglik_tol(self) -> float:
+        return self.settings.max_shift(self.target.name, self.dtype)
+
+
+def measure(d: Decoding, mode: str, bucket: int) -> Row:
+    """One item: ``bucket``'s prompts greedy-decoded on the target in ``mode`` (eager | compile)
+    and judged against the CPU: the row's figures, its ``status`` and ``error`` (the module doc
+    says which). Buckets of one mode in increasing order: a bucket's ``recompiles`` are the graphs
+    compiled since the previous one."""
+    from conformance.check.execute import err, phase
+    from conformance.check.verdict import decide
+
+    from . import decode, judge
+
+    target, settings, opts, kind = d.target, d.settings, d.opts, d.kind
+    rtol, loglik_tol = d.rtol, d.loglik_tol
+    phase("cpu")
+    if bucket not in d.reference:
         try:
-            if mode not in devices:
-                devices[mode] = _device_model(model, target, mode)
-            dev_model, counter = devices[mode]
-            before = counter.compiles if counter is not None else 0
-            # Dynamo runs a frame eager under a dispatch mode: the compiled decode is not op-traced
-            # (its fallbacks are the eager mode's)
-            with target.trace() if counter is None else contextlib.nullcontext() as trace:
-                outs = [decode.decode(dev_model, p, opts.new_tokens, device=target.device, cache=kind,
-                                      sync=target.synchronize) for p in ref["prompts"]]
-                compiled = counter.compiles if counter is not None else 0
-                timed = [decode.decode(dev_model, ref["prompts"][0], opts.new_tokens, device=target.device,
-                                       cache=kind, sync=target.synchronize) for _ in range(settings.timing_repeats)]
-                ll_t = decode.log_likelihood(dev_model, ref["prompts"][0], ref["continuation"], target.device)
-        except Exception as exc:  # noqa: BLE001 - the target's failure is the item's verdict
-            yield {**row, "status": decide(cpu_error=None, target_error=err(exc), close=False).value,
-                   "error": err(exc)}
-            continue
-        seqs = [judge.judge_sequence(c, d, rtol=rtol, factor=settings.near_tie_factor)
-                for c, d in zip(ref["decoded"], outs, strict=True)]
-        verdict = judge.judge(seqs, ref["loglik"], ll_t, loglik_tol)
-        timing = timed or outs  # the repeats: the first decodes of a compiled bucket include its compiles
-        steps = [s for d in timing for s in d.step_s]
-        rep = verdict.reported
-        row.update(
-            agreement=round(verdict.agreement, 4), near_tie_flips=verdict.near_tie, wide_flips=verdict.wide,
-            first_divergence=verdict.first_divergence,
-            margin=rep.margin if rep else None, margin_tol=rep.bound if rep else None,
-            logits_rel_err=round(judge.shared_prefix_err(list(zip(ref["decoded"], outs, seqs, strict=True))), 6),
-            loglik_cpu=round(ref["loglik"], 6), loglik_target=round(ll_t, 6),
-            loglik_shift=round(verdict.loglik_shift, 6), loglik_tol=loglik_tol,
-            prefill_ms=round(statistics.median(d.prefill_s for d in timing) * 1e3, 4),
-            decode_p50_ms=_ms(steps, 0.5), decode_p99_ms=_ms(steps, 0.99),
-            cpu_decode_p50_ms=_ms(ref["steps"], 0.5), cpu_decode_p99_ms=_ms(ref["steps"], 0.99),
-            fallback_ops=json.dumps(sorted(trace.fallback)) if trace is not None else None,
-            evidence=json.dumps({"sequences": [s.as_dict() for s in seqs], "rtol": rtol,
-                                 "near_tie_factor": settings.near_tie_factor}))
-        if counter is not None:
-            row.update(recompiles=compiled - before, graphs=counter.compiles)
-        if not verdict.close and mode == "eager" and not getattr(target, "compiler", False):
-            row.update(_localise(target, dev_model, ref, seqs, kind, opts.new_tokens))
-        status = decide(cpu_error=None, target_error=None, close=verdict.close,
-                        fallback=sorted(trace.fallback) if trace is not None else (),
-                        graphs=counter.compiles if counter is not None else None)
-        yield {**row, "status": status.value, "error": verdict.reason or None}
+            d.reference[bucket] = _cpu_side(d.model, d.seed_id, bucket, d.vocab, opts, settings, kind)
+        except Exception as exc:  # noqa: BLE001 - the CPU cannot decode it: nothing to say about the target
+            d.reference[bucket] = exc
+    ref = d.reference[bucket]
+    if isinstance(ref, Exception):
+        return {"status": "skip", "error": f"fails on the CPU: {err(ref)}"}
+    phase("target")
+    try:
+        if mode not in d.devices:
+            d.devices[mode] = _device_model(d.model, target, mode)
+        dev_model, counter = d.devices[mode]
+        before = counter.compiles if counter is not None else 0
+        # Dynamo runs a frame eager under a dispatch mode: the compiled decode is not op-traced
+        # (its fallbacks are the eager mode's)
+        with target.trace() if counter is None else contextlib.nullcontext() as trace:
+            outs = [decode.decode(dev_model, p, opts.new_tokens, device=target.device, cache=kind,
+                                  sync=target.synchronize) for p in ref["prompts"]]
+            compiled = counter.compiles if counter is not None else 0
+            timed = [decode.decode(dev_model, ref["prompts"][0], opts.new_tokens, device=target.device,
+                                   cache=kind, sync=target.synchronize) for _ in range(settings.timing_repeats)]
+            ll_t = decode.log_likelihood(dev_model, ref["prompts"][0], ref["continuation"], target.device)
+    except Exception as exc:  # noqa: BLE001 - the target's failure is the item's verdict
+        return {"status": decide(cpu_error=None, target_error=err(exc), close=False).value, "error": err(exc)}
+    seqs = [judge.judge_sequence(c, t, rtol=rtol, factor=settings.near_tie_factor)
+            for c, t in zip(ref["decoded"], outs, strict=True)]
+    verdict = judge.judge(seqs, ref["loglik"], ll_t, loglik_tol)
+    timing = timed or outs  # the repeats: the first decodes of a compiled bucket include its compiles
+    steps = [s for t in timing for s in t.step_s]
+    rep = verdict.reported
+    row: Row = dict(
+        agreement=round(verdict.agreement, 4), near_tie_flips=verdict.near_tie, wide_flips=verdict.wide,
+        first_divergence=verdict.first_divergence,
+        margin=rep.margin if rep else None, margin_tol=rep.bound if rep else None,
+        logits_rel_err=round(judge.shared_prefix_err(list(zip(ref["decoded"], outs, seqs, strict=True))), 6),
+        loglik_cpu=round(ref["loglik"], 6), loglik_target=round(ll_t, 6),
+        loglik_shift=round(verdict.loglik_shift, 6), loglik_tol=loglik_tol,
+        prefill_ms=round(statistics.median(t.prefill_s for t in timing) * 1e3, 4),
+        decode_p50_ms=_ms(steps, 0.5), decode_p99_ms=_ms(steps, 0.99),
+        cpu_decode_p50_ms=_ms(ref["steps"], 0.5), cpu_decode_p99_ms=_ms(ref["steps"], 0.99),
+        fallback_ops=json.dumps(sorted(trace.fallback)) if trace is not None else None,
+        evidence=json.dumps({"sequences": [s.as_dict() for s in seqs], "rtol": rtol,
+                             "near_tie_factor": settings.near_tie_factor}))
+    if counter is not None:
+        row.update(recompiles=compiled - before, graphs=counter.compiles)
+    if not verdict.close and mode == "eager" and not getattr(target, "compiler", False):
+        row.update(_localise(target, dev_model, ref, seqs, kind, opts.new_tokens))
+    status = decide(cpu_error=None, target_error=None, close=verdict.close,
+                    fallback=sorted(trace.fallback) if trace is not None else (),
+                    graphs=counter.compiles if counter is not None else None)
+    return {**row, "status": status.value, "error": verdict.reason or None}
 
 
 def _cpu_side(model: Any, model_id: str, bucket: int, vocab: int, opts: Options, settings: Any, kind: str) -> dict:
