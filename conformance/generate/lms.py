@@ -35,8 +35,8 @@ from torch import nn
 from conformance.select import SelectionError, parse_k_of_n
 
 LIBRARY = "hf"
-_POSITION_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len", "max_sequence_length",
-                  "seq_length", "block_size", "max_length")
+POSITION_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len", "max_sequence_length",
+                 "seq_length", "block_size", "max_length")
 
 
 def _seed(*parts: Any) -> int:
@@ -96,7 +96,7 @@ def config(model_id: str, positions: int, initializer_range: float) -> Any:
     for c in (cfg, getattr(cfg, "text_config", None)):
         if c is None:
             continue
-        for key in _POSITION_KEYS:
+        for key in POSITION_KEYS:
             value = getattr(c, key, None)
             if isinstance(value, int) and not isinstance(value, bool) and 0 < value < positions:
                 setattr(c, key, positions)
