@@ -84,7 +84,7 @@ FLOORS = {
     "targets": 1,  # the devices and compilers under test
     "inputs": 2, "catalog": 2, "select": 2,  # enumerate and generate (OpInfos are read through inputs)
     "check": 3,  # one item on target and CPU, its evidence, contracts and status
-    "sweep": 4, "models": 4, "customops": 4,  # the work kinds
+    "sweep": 4, "models": 4, "customops": 4, "generate": 4,  # the work kinds
     "run": 5,  # spec, executors, the runner: hands work kinds' groups to workers, records rows
     "audit": 6, "triage": 6,  # a user's model; upstream, repros, ledger review
     "perf": 6, "dist": 6,  # the perf and distributed lanes: their own sessions over the inputs and targets below

@@ -14,7 +14,7 @@ order, so a bucket's ``recompiles`` are the graphs its new lengths cost). Per it
 * at a wide flip or a log-likelihood shift, on an eager target, the decode up to the divergence run
   again under :func:`conformance.check.localize.locate` (every ATen call the device is handed also
   run on the CPU on the device's own inputs): the worst kernel that diverges alone is the row's
-  ``first_divergent_op`` (:func:`conformance.triage.causes.local_blame`).
+  ``first_divergent_op`` (:func:`conformance.check.blame.local_blame`).
 
 One item is :func:`measure` on a :class:`Decoding` (the model and what its items share), which
 ``conformance audit --generate`` calls with a user's model (:mod:`conformance.audit.generate`).
@@ -74,9 +74,14 @@ def model_of(name: str) -> str:
 
 
 def _ms(xs: list[float], q: float) -> float | None:
-    from conformance.perf.stats import percentile
-
-    return round(percentile(xs, q) * 1e3, 4) if xs else None
+    """The ``q`` quantile of ``xs`` (seconds) in milliseconds, linearly interpolated (None: no time)."""
+    if not xs:
+        return None
+    s = sorted(xs)
+    k = (len(s) - 1) * q
+    lo = int(k)
+    hi = min(lo + 1, len(s) - 1)
+    return round((s[lo] + (s[hi] - s[lo]) * (k - lo)) * 1e3, 4)
 
 
 class GenerationLane:
@@ -275,8 +280,8 @@ def _device_model(model: Any, target: Any, mode: str) -> tuple[Any, Any]:
 def _localise(target: Any, dev_model: Any, ref: dict, seqs: list, kind: str, n_new: int) -> Row:
     """The first divergent op of the first wide flip's prompt (else the first prompt: a
     log-likelihood shift), its decode up to that position run under the differential mode."""
+    from conformance.check.blame import local_blame
     from conformance.check.localize import locate
-    from conformance.triage.causes import local_blame
 
     from . import decode
 
