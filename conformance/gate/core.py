@@ -69,9 +69,10 @@ _ONCE = (Status.TIMEOUT.value, Status.CRASH.value)  # re-run once: each re-run c
 # The contract checks count too: a run without them has no 'contract' items to lose; so does their
 # budget (a run stored before there was one checked every sample: 0).
 SELECTION = ("ops", "dtypes", "variants", "seed", "max_samples", "thorough", "opinfo", "schema", "models",
-             "model_limit", "model_modes", "zoo_modes", "contracts", "contract_budget", "sizes")
+             "model_limit", "model_modes", "zoo_modes", "contracts", "contract_budget", "sizes", "generate",
+             "gen_modes", "gen_buckets", "gen_new_tokens")
 _SELECTION_DEFAULTS = {"opinfo": True, "schema": False, "thorough": False, "contracts": ["default"], "contract_budget": 0,
-                       "sizes": "samples", "zoo_modes": []}
+                       "sizes": "samples", "zoo_modes": [], "generate": [], "gen_modes": ["compile", "eager"], "gen_buckets": []}
 
 
 class GateError(ValueError):
@@ -135,7 +136,7 @@ class GateResult:
         out = []
         for (kind, name, variant, dtype), fs in sorted(groups.items()):
             reps = {f.item_key: f.evidence["reruns"] for f in fs if "reruns" in f.evidence}
-            out.append({"kind": kind, "op" if kind != "model" else "model": name, "variant": variant,
+            out.append({"kind": kind, "op" if kind not in ("model", "generate") else "model": name, "variant": variant,
                         "dtype": dtype, "items": len(fs), "reruns": reps})
         return out
 
@@ -182,7 +183,7 @@ def _check(store: Store, run: dict[str, Any], role: str) -> None:
         raise GateError(f"{what} is {run['status']}, not finished (interrupted, killed or still running); "
                         f"finish it with `conformance run --resume {run['id']}` first")
     items = (store.count("op_results", run_id=run["id"]) - store.count("op_results", run_id=run["id"], variant="canary")
-             + store.count("model_results", run_id=run["id"]))
+             + store.count("model_results", run_id=run["id"]) + store.count("gen_results", run_id=run["id"]))
     if items == 0:
         raise GateError(f"{what} is empty: it holds no result items (canaries aside); refusing to gate it")
 
@@ -224,6 +225,9 @@ _COLUMNS = {
     "model_results": ("model_id", "mode", "dtype", "status", "error", "max_abs_err", "max_rel_err", "fwd_rel_err",
                       "fallback_ops", "first_divergent_op", "recompiles", "duration_s", "loss_curve", "fingerprint",
                       "noise"),
+    # a wide flip or a log-likelihood beyond its bound is a mismatch: lost agreement or quality is a regression
+    "gen_results": ("model_id", "mode", "dtype", "status", "error", "fallback_ops", "first_divergent_op",
+                    "recompiles", "duration_s", "agreement", "wide_flips", "near_tie_flips", "loglik_shift"),
 }
 
 
@@ -244,9 +248,9 @@ def _evidence(b: dict[str, Any], c: dict[str, Any]) -> dict[str, Any]:
     """What a regression's finding carries: the candidate's error, magnitudes (a model's normwise
     forward error too), fallbacks, first divergent op and failed contracts, and the baseline's
     magnitudes and failed contracts, so a reader sees how far the error moved."""
-    ev = {k: c.get(k) for k in ("error", "max_abs_err", "max_rel_err", "fwd_rel_err", "fallback_ops",
-                                "first_divergent_op", "contract_failed") if c.get(k) not in (None, "", "[]")}
-    for k in ("max_rel_err", "fwd_rel_err", "contract_failed"):
+    ev = {k: c.get(k) for k in ("error", "max_abs_err", "max_rel_err", "fwd_rel_err", "fallback_ops", "first_divergent_op",
+                                "contract_failed", "agreement", "wide_flips", "loglik_shift") if c.get(k) not in (None, "", "[]")}
+    for k in ("max_rel_err", "fwd_rel_err", "contract_failed", "agreement", "loglik_shift"):
         if b.get(k) not in (None, ""):
             ev[f"baseline_{k}"] = b[k]
     return ev
@@ -262,7 +266,7 @@ def compare_runs(store: Store, baseline: dict[str, Any], candidate: dict[str, An
     tally = counts if counts is not None else {}
     for k in ("compared", "only_baseline", "only_candidate", "outside_slice", "unprobed"):
         tally.setdefault(k, 0)
-    for table, kind in (("op_results", "op"), ("model_results", "model")):
+    for table, kind in (("op_results", "op"), ("model_results", "model"), ("gen_results", "generate")):
         base, cand = _rows(store, baseline["id"], table), _rows(store, candidate["id"], table)
         for key in sorted(set(base) | set(cand)):
             b, c = base.get(key), cand.get(key)
@@ -301,7 +305,7 @@ def compare_runs(store: Store, baseline: dict[str, Any], candidate: dict[str, An
                                         _evidence(b, c), c.get("duration_s")))
             elif sc < sb:
                 findings.append(Finding("improvement", kind, key, name, variant, c["dtype"], b["status"], c["status"]))
-            elif kind == "model" and (c.get("recompiles") or 0) > (b.get("recompiles") or 0):
+            elif kind in ("model", "generate") and (c.get("recompiles") or 0) > (b.get("recompiles") or 0):
                 findings.append(Finding("regression", kind, key, name, variant, c["dtype"], b["status"], c["status"],
                                         {"recompiles": [b.get("recompiles"), c.get("recompiles")]}))
             elif kind == "model" and b["status"] == c["status"]:

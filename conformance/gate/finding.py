@@ -27,7 +27,7 @@ class Finding:
     duration_s: float | None = None  # the candidate item's recorded time: the confirmation's cost estimate
 
     def as_json(self) -> dict[str, Any]:
-        key = "model" if self.kind == "model" else "op"
+        key = "model" if self.kind in ("model", "generate") else "op"
         out = {"kind": self.kind, key: self.name, "variant": self.variant, "dtype": self.dtype,
                "baseline": self.baseline, "candidate": self.candidate, "evidence": self.evidence,
                "item_key": self.item_key}
