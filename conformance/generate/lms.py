@@ -49,30 +49,31 @@ def available() -> bool:
     return hf.available()
 
 
-def causal_types() -> list[str]:
+def causal_types(option: str = "--generate") -> list[str]:
     """Every model type of transformers' causal-LM mapping, in the library's order."""
     from conformance.models import hf
 
     if not hf.available():
-        raise SelectionError(f"--generate needs Hugging Face transformers: {hf.unavailable_reason()}")
+        raise SelectionError(f"{option} needs Hugging Face transformers: {hf.unavailable_reason()}")
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     return list(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
 
 
-def select(names: tuple[str, ...] | list[str]) -> list[str]:
-    """The model ids ``names`` select (see the module doc), in the library's order, no repeats."""
+def select(names: tuple[str, ...] | list[str], *, option: str = "--generate") -> list[str]:
+    """The model ids ``names`` select (see the module doc), in the library's order, no repeats;
+    errors name ``option`` (the perf lane's ``--decode`` selects the same way)."""
     from conformance.models.selection import in_zoo_slice
 
     words = [w.strip() for n in names for w in str(n).split(",") if w.strip()]
     if not words:
         return []
-    ids = [f"{LIBRARY}.{t}" for t in causal_types()]
+    ids = [f"{LIBRARY}.{t}" for t in causal_types(option)]
     out: list[str] = []
     for w in words:
         lib, at, part = w.partition("@")
         if lib == LIBRARY:
-            part = parse_k_of_n(part, f"--generate {w!r}", "hf@", "hf@3/20") if at else "all"
+            part = parse_k_of_n(part, f"{option} {w!r}", "hf@", "hf@3/20") if at else "all"
             out += [i for i in ids if in_zoo_slice(i, part)]
         elif w in ids:
             out.append(w)
@@ -80,7 +81,7 @@ def select(names: tuple[str, ...] | list[str]) -> list[str]:
             import difflib
 
             near = difflib.get_close_matches(w, ids, n=3)
-            raise SelectionError(f"--generate {w!r}: not a causal LM of this transformers "
+            raise SelectionError(f"{option} {w!r}: not a causal LM of this transformers "
                                  f"(hf, hf@K/N or an id such as hf.llama)"
                                  + (f"; did you mean {', '.join(near)}?" if near else ""))
     return list(dict.fromkeys(out))
