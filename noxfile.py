@@ -57,7 +57,8 @@ def tests(session: nox.Session) -> None:
 # suite runs without them, as the default install does.
 ZOO_TESTS = ["tests/test_zoo_vision.py", "tests/test_hf_zoo.py", "tests/test_models_runner_hf.py",
              "tests/test_audit_generate.py",
-             "tests/test_audit_hf.py", "tests/test_zoo_lane.py"]  # test_zoo_support.py needs none: the suite runs it
+             "tests/test_audit_hf.py", "tests/test_zoo_lane.py",
+             "tests/test_perf_decode.py"]  # test_zoo_support.py needs none: the suite runs it
 
 
 @nox.session(python="3.11")

@@ -1,4 +1,4 @@
-"""The ``perf`` command: a build's op and model-graph latency against a baseline build's."""
+"""The ``perf`` command: a build's op, model-graph and decode-step latency against a baseline build's."""
 
 from __future__ import annotations
 
@@ -26,9 +26,10 @@ from . import (
 
 
 def finding_json(row: dict[str, Any]) -> dict[str, Any]:
-    """One finding as ``--json`` prints it."""
-    model = row["kind"] == "model"
-    return {"op": None if model else row["subject"], "model": row["subject"] if model else None,
+    """One finding as ``--json`` prints it (``item``: op, model or decode; a decode item's model is
+    the causal LM and its shape the bucket, ``b32``)."""
+    op = row["kind"] == "op"
+    return {"item": row["kind"], "op": row["subject"] if op else None, "model": None if op else row["subject"],
             "dtype": row["dtype"], "shape": row["shape"], "signature": row.get("signature"),
             "kind": row["verdict"], "ratio": row["ratio"], "low": row["low"], "high": row["high"],
             "p50": row.get("p50"), "base_p50": row.get("base_p50"), "p99": row.get("p99"),
@@ -46,6 +47,12 @@ def finding_json(row: dict[str, Any]) -> dict[str, Any]:
               help="Comma-separated dtypes of the op items.")
 @click.option("--models", "models", multiple=True, metavar="NAME",
               help="Model families or ids (repeatable; all, mlp, gpt, ...): forward latency per shape variant.")
+@click.option("--decode", "decode", multiple=True, metavar="LM",
+              help="Causal LMs (repeatable or comma-separated: hf, hf@K/N, ids such as hf.llama): one greedy decode "
+                   "step with a KV cache holding a prompt bucket (per-token decode latency), in the float32 and "
+                   "bfloat16 of --dtypes.")
+@click.option("--buckets", default=None, metavar="LIST",
+              help="Prompt lengths of the --decode items, comma-separated (default: generation.toml's buckets).")
 @click.option("--model-limit", type=int, default=2, show_default=True, help="Graphs per model family (0: all).")
 @click.option("--sizes", default="small,medium,large", show_default=True, metavar="LIST",
               help="Op input sizes: small and medium are OpInfo samples, large a sample grown to 65,537 elements.")
@@ -66,17 +73,19 @@ def finding_json(row: dict[str, Any]) -> dict[str, Any]:
 @db_option(default="results/opdb.sqlite")
 @handles_errors
 def perf_cmd(target: str, build: str | None, baseline_build: str | None, ops: tuple[str, ...], dtypes: str,
-             models: tuple[str, ...], model_limit: int, sizes: str, threshold: float, confidence: float, rounds: int,
+             models: tuple[str, ...], decode: tuple[str, ...], buckets: str | None, model_limit: int, sizes: str, threshold: float, confidence: float, rounds: int,
              max_rounds: int, no_confirm: bool, timeout_s: float, env: tuple[str, ...], as_json: bool,
              resume: str | None, db_path: str) -> None:
-    """Measure op and model-graph latency (p50/p99) of a build against a baseline build, interleaved
-    in one session; exit 1 on a confirmed regression.
+    """Measure op, model-graph and decode-step latency (p50/p99) of a build against a baseline build,
+    interleaved in one session; exit 1 on a confirmed regression.
 
     Each item is timed in paired rounds (baseline and candidate alternately, one thread each); a
     regression needs the whole bootstrap interval of the ratio above --threshold and a fresh
     re-measurement that agrees.
 
     Example: conformance perf --build 2.33.0 --baseline-build 2.32.0 --ops 'nn.functional.*' --json
+
+    Example: conformance perf --build 2.33.0 --baseline-build 2.32.0 --decode hf.llama,hf.gpt2 --buckets 8,128
     """
     from conformance.perf.lane import PerfSpec, run_perf
     from conformance.select import parse_dtypes
@@ -86,7 +95,8 @@ def perf_cmd(target: str, build: str | None, baseline_build: str | None, ops: tu
     spec = None
     if not resume:
         spec = PerfSpec(target=target, build=build, baseline_build=baseline_build, ops=ops,
-                        dtypes=parse_dtypes([dtypes]), models=models, model_limit=model_limit or None,
+                        dtypes=parse_dtypes([dtypes]), models=models, decode=decode,
+                        buckets=_buckets(buckets) if decode else (), model_limit=model_limit or None,
                         sizes=tuple(s.strip() for s in sizes.split(",") if s.strip()), threshold=threshold,
                         confidence=confidence, rounds=rounds, max_rounds=max_rounds, confirm=not no_confirm,
                         timeout_s=timeout_s, env=env)
@@ -98,7 +108,7 @@ def perf_cmd(target: str, build: str | None, baseline_build: str | None, ops: tu
     for line in summary(result.rows, result.run_id, interrupted=result.interrupted):
         say(line)
     if result.skipped_pairs:
-        say(f"  {len(result.skipped_pairs)} op x dtype pairs have no input to time, e.g. "
+        say(f"  {len(result.skipped_pairs)} op (or causal LM) x dtype pairs have nothing to time, e.g. "
             + "; ".join(f"{op} {dt}: {why}" for op, dt, why in result.skipped_pairs[:3]))
     if as_json:
         click.echo(json.dumps([finding_json(r) for r in result.findings()], indent=1))
@@ -106,6 +116,23 @@ def perf_cmd(target: str, build: str | None, baseline_build: str | None, ops: tu
         say(f"interrupted: conformance perf --db {db_path} --resume {result.run_id}")
         sys.exit(EXIT_INTERRUPTED)
     sys.exit(EXIT_FAILURES if result.regressions else EXIT_OK)
+
+
+def _buckets(text: str | None) -> tuple[int, ...]:
+    """``--buckets`` as prompt lengths; without it the generation data file's (stored with the run,
+    so a resume measures what the run started with)."""
+    from conformance.datafiles import generation
+    from conformance.perf.lane import PerfError
+
+    if text is None:
+        return generation().buckets
+    try:
+        out = tuple(sorted({int(w) for w in text.split(",") if w.strip()}))
+    except ValueError:
+        out = ()
+    if not out or out[0] < 1:
+        raise PerfError(f"--buckets {text!r}: comma-separated prompt lengths >= 1, e.g. 8,128")
+    return out
 
 
 def summary(rows: list[dict[str, Any]], run_id: str, *, interrupted: bool = False) -> list[str]:

@@ -1,7 +1,8 @@
-"""The perf lane: op and model-graph latency per build, and a regression call that holds on a
-noisy machine.
+"""The perf lane: op, model-graph and decode-step latency per build, and a regression call that
+holds on a noisy machine.
 
 - :mod:`.items`  what is measured: OpInfo x dtype x size, model graph x shape variant;
+- :mod:`.decode` one decode step of a causal LM x dtype x prompt bucket (per-token decode latency);
 - :mod:`.worker` a process holding one build, timing calls;
 - :mod:`.stats`  paired rounds -> ratio, bootstrap interval, verdict;
 - :mod:`.lane`   the session: two workers interleaved, adaptive rounds, confirmation, storage;

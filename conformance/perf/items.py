@@ -1,5 +1,6 @@
-"""What the perf lane measures: op items (OpInfo x dtype x input size) and model items (model graph
-x shape variant), and how a worker turns one into a ready-to-time call.
+"""What the perf lane measures: op items (OpInfo x dtype x input size), model items (model graph
+x shape variant) and decode items (one decode step of a causal LM x dtype x prompt bucket:
+:mod:`conformance.perf.decode`), and how a worker turns one into a ready-to-time call.
 
 **Op sizes.** An OpInfo's own samples (function variant, seeded as the sweep seeds them) give the
 sizes: among the samples whose tensors are all strided and not empty, ordered by the elements of
@@ -44,13 +45,14 @@ _SHORT = {torch.float32: "f32", torch.float64: "f64", torch.float16: "f16", torc
 
 @dataclass(frozen=True)
 class PerfItem:
-    """One measured call: an op at one input size, or a model graph at one shape variant."""
+    """One measured call: an op at one input size, a model graph at one shape variant, or a causal
+    LM's decode step after a prompt bucket."""
 
-    kind: str  # op | model
-    subject: str  # OpInfo name, or model id
+    kind: str  # op | model | decode
+    subject: str  # OpInfo name, or model id (a causal LM's for decode)
     dtype: str
-    shape: str  # small | medium | large, or v0, v1, ...
-    index: int = 0  # the OpInfo sample's index, or the model's shape variant
+    shape: str  # small | medium | large, or v0, v1, ..., or b8, b32, ... (the bucket)
+    index: int = 0  # the OpInfo sample's index, the model's shape variant, or the bucket's length
     signature: str = ""  # its tensor arguments' dtypes and shapes
 
     @property
@@ -247,4 +249,4 @@ def prepare(item: PerfItem, target: Any) -> tuple[Callable[[], Any], str]:
             with torch.no_grad():
                 return fwd(*inputs)
         return call, sig
-    raise ValueError(f"perf item kind {item.kind!r}: expected op or model")
+    raise ValueError(f"perf item kind {item.kind!r}: expected op or model (decode items: conformance.perf.decode)")

@@ -1,5 +1,6 @@
-"""The perf lane: a candidate build's op and model-graph latency against a baseline build's,
-measured interleaved in one session, with a regression called only when its interval says so.
+"""The perf lane: a candidate build's op, model-graph and per-token decode latency against a
+baseline build's, measured interleaved in one session, with a regression called only when its
+interval says so.
 
 **How one item is measured.** Two workers (:mod:`conformance.perf.worker`), one per build, build
 the item's inputs from the same seed and warm it up. A calibration call sets ``reps``: enough
@@ -47,6 +48,7 @@ from opdb import Store
 from opdb import perf as db
 
 from . import stats
+from .decode import DTYPES as DECODE_DTYPES
 from .items import SIZE_LABELS, PerfItem
 
 START_TIMEOUT_S = 300.0  # a worker's start: torch, the target, its build
@@ -68,6 +70,8 @@ class PerfSpec:
     models: tuple[str, ...] = ()  # model families or ids (float32, eager inference)
     model_limit: int | None = 2  # graphs per family
     sizes: tuple[str, ...] = SIZE_LABELS
+    decode: tuple[str, ...] = ()  # causal LMs (hf, hf@K/N, ids): one decode step per bucket, in --dtypes
+    buckets: tuple[int, ...] = ()  # prompt lengths of the decode items (empty: generation.toml's)
     threshold: float = stats.THRESHOLD
     confidence: float = stats.CONFIDENCE
     rounds: int = 10
@@ -90,8 +94,13 @@ class PerfSpec:
         bad = [s for s in self.sizes if s not in SIZE_LABELS]
         if bad:
             raise PerfError(f"--sizes {bad[0]!r}: one of {', '.join(SIZE_LABELS)}")
-        if not self.ops and not self.models:
-            raise PerfError("nothing to measure: give --ops GLOB and/or --models NAME")
+        if not self.ops and not self.models and not self.decode:
+            raise PerfError("nothing to measure: give --ops GLOB, --models NAME and/or --decode LM")
+        if any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in self.buckets):
+            raise PerfError(f"--buckets {','.join(map(str, self.buckets))}: prompt lengths >= 1")
+        if self.decode and not set(self.dtypes) & set(DECODE_DTYPES):
+            raise PerfError(f"--decode measures {' and '.join(DECODE_DTYPES)}; --dtypes {','.join(self.dtypes)} "
+                            "gives neither")
         if self.cpu is not None and hasattr(os, "sched_getaffinity") and self.cpu not in os.sched_getaffinity(0):
             raise PerfError(f"--cpu {self.cpu}: not a core this process may run on "
                             f"({', '.join(map(str, sorted(os.sched_getaffinity(0))))})")
@@ -114,7 +123,7 @@ class PerfSpec:
     @classmethod
     def from_json(cls, text: str) -> PerfSpec:
         d = json.loads(text)
-        for k in ("ops", "dtypes", "models", "sizes", "env"):
+        for k in ("ops", "dtypes", "models", "sizes", "env", "decode", "buckets"):  # the last two: absent before decode items
             d[k] = tuple(d.get(k) or ())
         return cls(**d)
 
@@ -216,7 +225,8 @@ class Side:
 
 
 def select_items(spec: PerfSpec) -> tuple[list[PerfItem], list[tuple[str, str, str]]]:
-    """The run's items (ops first, then models) and the op x dtype pairs that have none."""
+    """The run's items (ops first, then models, then decode steps) and the op (or causal LM) x
+    dtype pairs that have none."""
     from conformance.select import select_ops
 
     from .items import model_items, op_items
@@ -232,6 +242,16 @@ def select_items(spec: PerfSpec) -> tuple[list[PerfItem], list[tuple[str, str, s
         ids = list(dict.fromkeys(g.key.split("|", 1)[0] for g in model_groups(spec.models, ["float32"],
                                                                                limit=spec.model_limit)))
         items.extend(model_items(ids))
+    if spec.decode:
+        from conformance.datafiles import generation
+        from conformance.generate.lms import select
+
+        from .decode import decode_items
+
+        got, lm_none = decode_items(select(spec.decode, option="--decode"), spec.dtypes,
+                                    tuple(sorted(spec.buckets)) or generation().buckets)
+        items.extend(got)
+        none = [*none, *lm_none]
     return items, none
 
 

@@ -48,7 +48,7 @@ def serve(conn: Any, target_name: str, build: str | None, env: tuple[str, ...] =
         conn.send({"error": _describe(exc), "infra": True})
         return
     conn.send({"ready": True, "build": target.build, "describe": target.describe()})
-    from .items import PerfItem, prepare
+    from .items import PerfItem
 
     call = None
     while True:
@@ -83,6 +83,18 @@ def serve(conn: Any, target_name: str, build: str | None, env: tuple[str, ...] =
         except Exception as exc:  # noqa: BLE001 - the item's own failure: the lane records it
             call = None
             conn.send({"error": _describe(exc)})
+
+
+def prepare(item: Any, target: Any) -> tuple[Any, str]:
+    """The item's ready-to-time call and its inputs' signature: a decode step
+    (:mod:`conformance.perf.decode`), else an op or a model graph (:mod:`conformance.perf.items`)."""
+    if item.kind == "decode":
+        from .decode import prepare as decode_step
+
+        return decode_step(item, target)
+    from .items import prepare as call_of
+
+    return call_of(item, target)
 
 
 def _time(call: Any, reps: int, sync: Any) -> list[float]:
