@@ -75,7 +75,7 @@ class PerfSection:
             return "\n".join([*lines, "No confirmed perf change.", ""])
         lines += ["| | item | ratio | interval | p50 before → after | first bad |", "|---|---|---|---|---|---|"]
         for f in (*self.regressions, *self.improvements):
-            lines.append(f"| {f['verdict']} | {f['subject']} {f['dtype']} {f['shape']} | x{f['ratio']:.2f} | "
+            lines.append(f"| {f['verdict']} | {f['kind']} {f['subject']} {f['dtype']} {f['shape']} | x{f['ratio']:.2f} | "
                          f"[{f['low']:.2f}, {f['high']:.2f}] | {f['base_p50'] * 1e6:.1f} → {f['p50'] * 1e6:.1f} us | "
                          f"{f.get('first_bad_build') or f.get('first_bad_unknown') or ''} |")
         return "\n".join([*lines, ""])

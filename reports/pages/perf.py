@@ -1,7 +1,8 @@
-"""``<build>/perf.html``: the build's op and model-graph latency against its baseline build, from
-the latest finished perf run that measured it (``conformance perf``): the confirmed regressions and
-improvements with their intervals and first bad build, each with its p50 across every build the
-database measured; the slowest items; and p50/p99 of every item at every size, filterable.
+"""``<build>/perf.html``: the build's op, model-graph and decode-step latency against its baseline
+build, from the latest finished perf run that measured it (``conformance perf``): the confirmed
+regressions and improvements with their intervals and first bad build, each with its p50 across
+every build the database measured; the slowest items; and p50/p99 of every item at every size (a
+decode item's size is its prompt bucket, ``b32``), filterable.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ PER_BUILD = True
 NAV = ("perf.html", "Perf")
 SLOWEST = 20
 COLUMNS = (("kind", "kind", "text"), ("subject", "op / model", "text"), ("dtype", "dtype", "text"),
-           ("shape", "size", "text"), ("signature", "inputs", "text"), ("p50", "p50 (us)", "num"),
+           ("shape", "size / bucket", "text"), ("signature", "inputs", "text"), ("p50", "p50 (us)", "num"),
            ("p99", "p99 (us)", "num"), ("base_p50", "baseline p50 (us)", "num"), ("ratio", "ratio", "num"),
            ("low", "low", "num"), ("high", "high", "num"), ("verdict", "verdict", "text"),
            ("status", "status", "text"), ("error", "error", "pre"))
