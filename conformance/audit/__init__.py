@@ -18,13 +18,17 @@ What one audit does, all by running (never by reading a build manifest):
    or the first op whose isolated check fails when the graph cannot be traced symbolically).
 4. **Compile:** ``torch.compile(backend=<target's>, dynamic=False)`` with a counting backend over
    every input-shape set: compiles, recompiles, compiled parity and p50/p99 latency.
-5. **Verdict:** ``ready`` / ``ready with fallbacks`` / ``blocked`` and the ranked blockers.
+5. **Generation** (``--generate``, a causal LM): greedy decoding on the target against the CPU per
+   dtype x mode x prompt-length bucket, by the generation lane's own measurement and rules
+   (:mod:`.generate`): token agreement, near-tie and wide flips, log-likelihood shift, prefill and
+   per-token latency, recompiles, fallbacks, the first divergent op; a failing bucket blocks.
+6. **Verdict:** ``ready`` / ``ready with fallbacks`` / ``blocked`` and the ranked blockers.
 
 The package, by job: ``loading`` (the user's model and inputs), ``trace`` (the recording
 dispatch mode, the CPU reference run), ``ops`` (export capture, sweep verdicts, isolated op
 checks, risks), ``parity`` (outputs, gradients, training, first divergent op), ``compile_sweep``
-(compiles and latency per shape set), ``core`` (the steps in order and the verdict), ``output``
-(text, JSON, HTML), ``results`` (the records all of them fill).
+(compiles and latency per shape set), ``generate`` (decoding per bucket), ``core`` (the steps in
+order and the verdict), ``output`` (text, JSON, HTML), ``results`` (the records all of them fill).
 
 Example::
 

@@ -11,11 +11,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from . import generate as gen
 from .compile_sweep import compile_sweep
 from .loading import as_inputs, load_callable, load_model, make_inputs, parse_shape_set
 from .ops import export_histogram, find_risks, isolated_check, sweep_status
 from .parity import first_divergent, forward_parity, train_parity
-from .results import AuditConfig, AuditInputError, AuditResult, OpRow
+from .results import AuditConfig, AuditInputError, AuditResult, GenerateConfig, OpRow
 from .trace import Recorder, cpu_run, error_text, inputs_label, main_dtype, to_cpu
 
 
@@ -139,6 +140,12 @@ def _audit(model: nn.Module, inputs: tuple, target: Any, config: AuditConfig) ->
         compile_sweep(model, sets, labels, target, tol.fwd_rtol, config, res)
         timings["compile_s"] = time.perf_counter() - t0
 
+    # 8. Generation (--generate): greedy decoding per dtype x mode x bucket against the CPU.
+    if config.generate is not None:
+        t0 = time.perf_counter()
+        gen.run_generation(model, target, config.model_label, config.generate, res)
+        timings["generate_s"] = time.perf_counter() - t0
+
     decide(res)
     res.causes = causes_of(res)
     timings["total_s"] = time.perf_counter() - t_all
@@ -163,6 +170,7 @@ def causes_of(res: AuditResult) -> list[dict[str, Any]]:
             found.append((sig, o.name))
     if any(not o.ok for o in res.outputs) and res.first_divergent_op:
         found.append((Signature("mismatch", "", "forward values differ", res.first_divergent_op), "forward parity"))
+    found += gen.found_causes(res)
     return explain(found, (res.db or {}).get("path"))
 
 
@@ -187,8 +195,10 @@ def decide(res: AuditResult) -> None:
     bad_shapes = [s for s in res.shapes if s.parity_ok is False]
     if bad_shapes and not bad_out:
         blockers.append("compiled outputs diverge from the CPU at " + ", ".join(s.inputs for s in bad_shapes))
+    blockers += gen.blockers(res)
     res.blockers = blockers
     res.fallbacks = [o.name for o in res.ops if o.on_target == "fallback" and o.marked != "failing"]
+    res.fallbacks += [f for f in gen.fallbacks(res) if f not in res.fallbacks]
     w = []
     if res.compile.get("recompiles"):
         w.append(f"{res.compile['recompiles']} recompile(s) across the shape sets: "
@@ -197,6 +207,7 @@ def decide(res: AuditResult) -> None:
         w.append("torch.export cannot capture the model: the audit used eager dispatch tracing")
     for r in res.risks:
         w.append(f"{r.kind}: {r.what}")
+    w += gen.notes(res)
     res.warnings = w
     res.verdict = "blocked" if blockers else ("ready with fallbacks" if res.fallbacks else "ready")
 
@@ -204,12 +215,14 @@ def decide(res: AuditResult) -> None:
 def run_audit(model_ref: str, *, inputs_ref: str | None = None, input_shapes: tuple[str, ...] = (),
               shapes: tuple[str, ...] = (), target_name: str = "neuron-emu", build: str | None = None,
               train: bool = False, db_path: str | None = None, seed: int = 0,
-              timed_iters: int = 5) -> AuditResult:
+              timed_iters: int = 5, generate: GenerateConfig | None = None) -> AuditResult:
     from conformance.targets import get_target
 
     shape_specs = parse_shape_set(";".join(input_shapes)) if input_shapes else None
     extra = [parse_shape_set(s) for s in shapes]
     model, inputs = load_model(model_ref, seed)
+    if generate is not None:
+        gen.check_lm(model, model_ref)
     if inputs_ref:
         fn = load_callable(inputs_ref)
         try:
@@ -220,10 +233,12 @@ def run_audit(model_ref: str, *, inputs_ref: str | None = None, input_shapes: tu
             raise AuditInputError(f"{inputs_ref} raised {type(exc).__name__}: {exc}") from None
     elif shape_specs:
         inputs = make_inputs(shape_specs, model, seed)
+    elif inputs is None and generate is not None:
+        inputs = gen.example_inputs(model, model_ref, generate)
     if inputs is None:
         raise AuditInputError(f"{model_ref} returned no example inputs: give --input-shape or --inputs")
     target = get_target(target_name, build)
     sets = [make_inputs(s, model, seed + 1 + i) for i, s in enumerate(extra)]
     cfg = AuditConfig(train=train, shape_sets=sets, shape_labels=[inputs_label(x) for x in sets], db_path=db_path,
-                      model_label=model_ref, seed=seed, timed_iters=timed_iters)
+                      model_label=model_ref, seed=seed, timed_iters=timed_iters, generate=generate)
     return audit(model, inputs, target, cfg)

@@ -6,7 +6,9 @@ import json
 import math
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
+from . import generate as gen
 from .results import PLUMBING, AuditResult
 
 
@@ -83,6 +85,7 @@ def text_lines(res: AuditResult, *, timings: bool = True) -> list[str]:
             par = "-" if s.parity_ok is None else ("pass" if s.parity_ok else "FAIL")
             L.append(f"  {s.inputs:<{wl}}  {s.compiles:>8}  {'yes' if s.recompiled else 'no':>10}  {par:>6}  "
                      f"{fmt(s.p50_ms):>8}  {fmt(s.p99_ms):>8}" + (f"  error: {s.error[:160]}" if s.error else ""))
+    L += generation_lines(res)
     L += ["", verdict_line(res)]
     for i, b in enumerate(res.blockers, 1):
         L.append(f"  {i}. {b[:400]}")
@@ -99,6 +102,62 @@ def text_lines(res: AuditResult, *, timings: bool = True) -> list[str]:
         parts = ", ".join(f"{k.removesuffix('_s')} {v:.2f}" for k, v in res.timings.items() if k != "total_s")
         L.append(f"audit took {res.timings.get('total_s', 0):.1f} s ({parts})")
     return L
+
+
+def generation_lines(res: AuditResult) -> list[str]:
+    """The report's "generation" section (:mod:`.generate`): a row per dtype x mode x bucket, the one line."""
+    g = res.generation
+    if not g:
+        return []
+    s = g["settings"]
+    L = ["", f"generation (greedy; {s['prompts']} seeded prompts per bucket x {s['new_tokens']} new tokens, "
+             f"{s['cache']} cache, vocab {s['vocab']}; near ties: CPU top-2 margin <= {s['near_tie_factor']:g} x rtol "
+             "x rms(logits))"]
+    L.append(f"  {'dtype':<8}  {'mode':<7}  {'bucket':>6}  {'status':<13}  {'agree':>5}  {'near':>4}  {'wide':>4}  "
+             f"{'ll shift':>8}  {'ll bound':>8}  {'prefill ms':>10}  {'p50 ms':>7}  {'p99 ms':>7}  {'cpu p50':>7}  "
+             f"{'recompiles':>10}  fallbacks")
+    for r in g["rows"]:
+        agree = "-" if r.get("agreement") is None else f"{round(r['agreement'] * s['prompts'])}/{s['prompts']}"
+        rec = "-" if r.get("recompiles") is None else str(r["recompiles"])
+        fb = ", ".join(r.get("fallback_ops") or []) or ("-" if r.get("fallback_ops") is None else "none")
+        L.append(f"  {r['dtype']:<8}  {r['mode']:<7}  {r['bucket']:>6}  {r['status']:<13}  {agree:>5}  "
+                 f"{_n(r.get('near_tie_flips')):>4}  {_n(r.get('wide_flips')):>4}  {fmt(r.get('loglik_shift')):>8}  "
+                 f"{fmt(r.get('loglik_tol')):>8}  {fmt(r.get('prefill_ms')):>10}  {fmt(r.get('decode_p50_ms')):>7}  "
+                 f"{fmt(r.get('decode_p99_ms')):>7}  {fmt(r.get('cpu_decode_p50_ms')):>7}  {rec:>10}  {fb}")
+        L += [f"      {line}" for line in generation_detail(r)]
+    L.append(f"  {g['summary']}")
+    return L
+
+
+def generation_detail(r: dict[str, Any]) -> list[str]:
+    """Under a row: its reported flip (the first wide one, else the first near tie), why it fails
+    when that is not a wide flip, its first divergent op."""
+    out = []
+    f = r.get("flip")
+    n = len(r.get("sequences") or ())
+    if f and f.get("kind") == "wide" and f.get("margin") is not None:
+        out.append(f"{r.get('wide_flips')} of {n} sequences flip wide; the first (prompt {f['prompt']}, new token "
+                   f"{f['position']}): CPU token {f['cpu_token']}, target {f['target_token']}; CPU margin "
+                   f"{fmt(f['margin'])} > near-tie bound {fmt(f['bound'])}"
+                   + (f", step logits rel err {fmt(f['step_rel_err'])}" if f.get("step_rel_err") is not None else ""))
+    elif f and f.get("kind") == "near_tie":
+        out.append(f"{r.get('near_tie_flips')} of {n} sequences flip at a near tie (within the rounding; not a "
+                   f"failure); the first (prompt {f['prompt']}, new token {f['position']}): CPU margin "
+                   f"{fmt(f['margin'])} <= bound {fmt(f['bound'])}")
+    if r.get("error") and not gen.passed(r) and not (f and f.get("kind") == "wide" and f.get("margin") is not None):
+        out.append(str(r["error"]).splitlines()[0][:300])
+    if r.get("first_divergent_op"):
+        d = r.get("first_divergent_detail") or {}
+        score = (d.get("scores") or {}).get(r["first_divergent_op"])
+        why = ([f"fed the CPU's inputs, its worst element is off by {fmt(score)} x the default tolerance"]
+               if score is not None else []) + ([f"prompt {d['prompt']} re-decoded {d['new_tokens']} token(s)"]
+                                                if "prompt" in d else [])
+        out.append(f"first divergent op: {r['first_divergent_op']}" + (f" ({'; '.join(why)})" if why else ""))
+    return out
+
+
+def _n(v: Any) -> str:
+    return "-" if v is None else str(v)
 
 
 def write_json(res: AuditResult, path: str | Path) -> None:
@@ -121,7 +180,7 @@ def write_html(res: AuditResult, out_dir: str | Path) -> Path:
         generated_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         db_label=(res.db or {}).get("path") or "no database", res=res, verdict=verdict_line(res),
         model_ops=[o for o in res.ops if o.name not in PLUMBING], fmt=fmt,
-        st={"native": "pass", "fallback": "pass_fallback", "failing": "error"})
+        st={"native": "pass", "fallback": "pass_fallback", "failing": "error"}, gen_detail=generation_detail)
     page = out / "index.html"
     page.write_text(html)
     return page

@@ -93,6 +93,9 @@ class AuditResult:
     # the error causes its failures fall into (conformance.triage.causes.explain): key, text,
     # where, the knowledge file's explanation and workaround, the sweep's builds that show it
     causes: list[dict[str, Any]] = field(default_factory=list)
+    # ``--generate``: greedy decoding against the CPU per dtype x mode x bucket
+    # (conformance.audit.generate): {"settings", "rows", "summary"}
+    generation: dict[str, Any] | None = None
     verdict: str = "ready"
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -118,6 +121,16 @@ def _jsonable(v: Any) -> Any:
     return v
 
 
+@dataclass(frozen=True)
+class GenerateConfig:
+    """``conformance audit --generate``: what to decode (empty/None: generation.toml's defaults)."""
+
+    buckets: tuple[int, ...] = ()
+    new_tokens: int | None = None
+    modes: tuple[str, ...] = ("eager", "compile")
+    dtypes: tuple[str, ...] = ("float32",)
+
+
 @dataclass
 class AuditConfig:
     train: bool = False
@@ -129,3 +142,4 @@ class AuditConfig:
     timed_iters: int = 5
     warmup: int = 1
     ledger: Any = None
+    generate: GenerateConfig | None = None  # greedy decoding of a causal LM as well

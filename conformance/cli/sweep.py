@@ -136,10 +136,10 @@ def run_cmd(variants: str, schema: bool | None, model_modes: str, resume: str | 
     if schema is None:
         schema = opinfo and not ops  # the full default sweep covers every overload it can
     spec_fields["contracts"] = spec_fields["contracts"] or ("default",)
-    spec_fields["gen_modes"] = _modes(spec_fields["gen_modes"], "--gen-modes")
-    spec_fields["gen_buckets"] = _ints(spec_fields["gen_buckets"], "--buckets")
+    spec_fields["gen_modes"] = parse_modes(spec_fields["gen_modes"], "--gen-modes")
+    spec_fields["gen_buckets"] = parse_ints(spec_fields["gen_buckets"], "--buckets")
     spec = RunSpec(**spec_fields, opinfo=opinfo, schema=schema, variants=_variants(variants),
-                   model_modes=_modes(model_modes))
+                   model_modes=parse_modes(model_modes))
     summary = execute_run(spec, db_path, resume=resume, progress=None if quiet else stderr_progress())
     click.echo(summary.render())
     if summary.failures and not summary.interrupted and not summary.infra:
@@ -175,14 +175,14 @@ def _variants(text: str) -> tuple[str, ...]:
     return chosen
 
 
-def _modes(text: str, option: str = "--model-modes") -> tuple[str, ...]:
+def parse_modes(text: str, option: str = "--model-modes") -> tuple[str, ...]:
     chosen = tuple(m.strip() for m in text.split(",") if m.strip())
     if not chosen or any(m not in ("eager", "compile") for m in chosen):
         raise UsageProblem(f"{option} {text!r}: expected eager, compile or both")
     return chosen
 
 
-def _ints(text: str | None, option: str) -> tuple[int, ...]:
+def parse_ints(text: str | None, option: str) -> tuple[int, ...]:
     if text is None:
         return ()
     try:
