@@ -47,7 +47,7 @@ RUNS = {
     "started_at": str,
     "finished_at": str,
     "status": str,  # running | finished | interrupted | infra
-    "kind": str,  # ops | models | mixed
+    "kind": str,  # ops | models | generate (the generation lane alone) | mixed
     "config": str,  # JSON: the normalised run configuration (selection, seeds, tolerances)
 }
 

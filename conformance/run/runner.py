@@ -277,6 +277,13 @@ def _whole_run(store: Store, run_id: str, shard: str, summary: Summary) -> None:
     summary.items = sum(counts.values())
 
 
+def _run_kind(spec: RunSpec) -> str:
+    """``runs.kind``: ops, models, generate (the generation lane alone) or mixed (more than one of them)."""
+    parts = [k for k, on in (("ops", spec.opinfo or spec.schema or bool(spec.ops)), ("models", bool(spec.models)),
+                             ("generate", bool(spec.generate))) if on]
+    return parts[0] if len(parts) == 1 else ("mixed" if parts else "ops")
+
+
 class EmptyRun(SelectionError):
     """A run that recorded no item: there is nothing to check, which is never a pass."""
 
@@ -409,7 +416,7 @@ def _start(spec: RunSpec, store: Store, resume: str | None, prepared: Prepared |
             _check_run_id(store, spec, config, where)
         run_id = store.start_run(
             target=spec.target, build=target.build, torch_version=torch.__version__,
-            kind="mixed" if spec.models and spec.opinfo else ("models" if spec.models else "ops"),
+            kind=_run_kind(spec),
             config=config, run_id=spec.run_id, shard=spec.shard, git_sha=_git_sha())
     infra = run_canaries(spec, store, run_id)
     if infra:
