@@ -5,10 +5,11 @@ paired rounds, bootstrap interval, confirmation).
 End to end on the emulator: an A/A run finds nothing; a build that inherits ``ideal`` and slows
 ``aten::mm.default`` (which llama's decode step calls for its projections and its head) is a
 confirmed regression of the decode item, with its interval, in the gate's section and the CLI's
-JSON, and not of an op item that never calls mm. The slowdown is 10x: llama's tiny zoo config
+JSON, and not of an op item that never calls mm. The slowdown is 20x: llama's tiny zoo config
 spends about 5% of a step in mm kernels (the rest is dispatch of ~100 small ops), so a 3x mm
-moves the step by ~10%, inside the 1.2 threshold. No timing figure is asserted beyond detection
-(the machine is shared).
+moves the step by ~10%, inside the 1.2 threshold, and a 10x one measured x1.3 to x1.8 on a loaded
+machine (too near the threshold for a test). No timing figure is asserted beyond detection (the
+machine is shared).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from opdb import Store  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:neuron. operator")
 
-# few rounds: a clear 10x-mm slowdown is called in the first ten; an A/A run needs no more
+# few rounds: a clear 20x-mm slowdown is called in the first ten; an A/A run needs no more
 FAST = {"rounds": 6, "max_rounds": 16, "timeout_s": 120.0}
 
 
@@ -85,7 +86,7 @@ SLOW_MM = """
 [[defects]]
 op = "aten::mm.default"
 kind = "slow"
-magnitude = 10.0
+magnitude = 20.0
 """
 
 
