@@ -152,20 +152,21 @@ def _nightly(zoo, **run):
 
 def test_the_nightly_runs_the_nights_zoo_slice_or_says_why_not(monkeypatch, tmp_path):
     import conformance.gate.nightly as nightly
+    import conformance.gate.nightly_spec as slices
     from conformance.models.selection import ZOO_NIGHTS
     from conformance.run.spec import RunSpec
     from conformance.select import night_slice
 
     lines: list[str] = []
     with Store.open(tmp_path / "n.sqlite") as st:
-        monkeypatch.setattr(nightly, "installed_libraries", lambda: [])
+        monkeypatch.setattr(slices, "installed_libraries", lambda: [])
         assert nightly.with_zoo_slice(_nightly("auto"), st, False, lines.append).run.models == ("all",)
         assert "no zoo library is installed" in lines[-1] and "runs without the zoo" in lines[-1]
         with pytest.raises(SelectionError, match=r"--zoo 3/7: no zoo library is installed .*\[zoo\]"):
             nightly.with_zoo_slice(_nightly("3/7"), st, False, lines.append)
         assert nightly.with_zoo_slice(_nightly("none"), st, False, lines.append).run.models == ("all",)
 
-        monkeypatch.setattr(nightly, "installed_libraries", lambda: ["timm", "tv"])
+        monkeypatch.setattr(slices, "installed_libraries", lambda: ["timm", "tv"])
         today = night_slice(nights=ZOO_NIGHTS)
         auto = nightly.with_zoo_slice(_nightly("auto"), st, False, lines.append).run
         assert auto.models == ("all", f"zoo@{today}") and auto.zoo_modes == ("eager",)

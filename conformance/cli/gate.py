@@ -183,6 +183,10 @@ def ledger_stale(ledger_path: str | None, n_runs: int, target: str | None, db_pa
               help="Real architectures (transformers, timm, torchvision; the zoo and hf extras) every build runs beside "
                    "--models: auto, the night's slice, K = the UTC date's ordinal modulo N = 120, so every "
                    "architecture within 120 nights, eager items (none installed: the nightly says so and runs without them).")
+@click.option("--generate", "generate", default="auto", show_default=True, metavar="auto|none|all|K/N",
+              help="Causal LMs (transformers; the hf extra) every build decodes with against the CPU (the generation "
+                   "lane): auto, the night's slice hf@K/100, K = the UTC date's ordinal modulo 100, so every causal LM "
+                   "within 100 nights; with --perf their decode steps are timed build against build too.")
 @click.option("-n", "--workers", default=2, show_default=True, help="Worker processes per run.")
 @click.option("--shard", default="1/1", show_default=True, metavar="K/N",
               help="Run this shard of every build's work (merge the shard databases, then --finish).")
@@ -212,7 +216,7 @@ def ledger_stale(ledger_path: str | None, n_runs: int, target: str | None, db_pa
 @handles_errors
 def nightly_cmd(target: str, builds: tuple[str, ...], ops: tuple[str, ...], dtypes: tuple[str, ...],
                 models: tuple[str, ...], model_limit: int | None, no_models: bool, no_schema: bool, sizes: str,
-                reference_inputs: str, zoo: str, workers: int,
+                reference_inputs: str, zoo: str, generate: str, workers: int,
                 shard: str, run_id_prefix: str | None, site: str, finish: bool, perf: bool, perf_ops: tuple[str, ...],
                 perf_models: tuple[str, ...], perf_model_limit: int, dist: bool, dist_world_sizes: str,
                 resume: str | None,
@@ -253,7 +257,7 @@ def nightly_cmd(target: str, builds: tuple[str, ...], ops: tuple[str, ...], dtyp
         dist_spec = DistSpec(target=target, world_sizes=int_list(dist_world_sizes), training=("fsdp2", "tp"),
                              training_reference="device")
     spec = NightlySpec(run=run, builds=builds, run_id_prefix=run_id_prefix, site=site, perf=perf_spec, dist=dist_spec,
-                       reference_inputs=reference_inputs, zoo=None if no_models else zoo)
+                       reference_inputs=reference_inputs, zoo=None if no_models else zoo, generate=generate)
     if finish:
         result = NightlyResult()
         with Store.open(db_path) as store:

@@ -16,65 +16,22 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from conformance.dist.lane import DistSpec
-from conformance.models.selection import (
-    ZOO,
-    ZOO_INSTALL,
-    ZOO_NIGHTLY_MODES,
-    ZOO_NIGHTS,
-    installed_libraries,
-    parse_zoo_name,
-)
-from conformance.perf.lane import PerfSpec
 from conformance.run.runner import Summary, check, config_difference, run_into, run_together, stored_summary
 from conformance.run.spec import RunSpec
 from conformance.run.supervisor import start_worker_server
-from conformance.select import SelectionError, night_slice, parse_reference_slice
+from conformance.select import SelectionError
 from conformance.targets import BuildRef
 from opdb import Store
 
-Echo = Callable[[str], None]
-
-
-@dataclass(frozen=True)
-class NightlySpec:
-    """A nightly: the run spec every build's sweep starts from, plus what only a nightly has."""
-
-    run: RunSpec = RunSpec(models=("all",), schema=True, sizes="auto")  # its build and run id are set per build
-    builds: tuple[BuildRef, ...] = ()  # default: every build the target ships, oldest first
-    # the builds' run ids are ``{prefix}-{build}``: shards of one nightly share them, and a nightly
-    # is resumed by its prefix (run_nightly picks one when none is given)
-    run_id_prefix: str | None = None
-    site: str | None = "results/site"
-    gate: bool = True
-    # the perf lane (conformance.perf): each build timed against the one before it, after the sweeps
-    # (None: not run). Its build fields are set per pair.
-    perf: PerfSpec | None = None
-    # the distributed lane (conformance.dist) on every build after the sweeps (None: not run); its
-    # build is set per build
-    dist: DistSpec | None = None
-    # whose reference_inputs every build's sweep runs (conformance.sweep.reference): None, the run
-    # spec's own; "auto", the slice of the night the nightly started (select.night_slice: every
-    # OpInfo within REFERENCE_NIGHTS nights; a resumed nightly keeps the slice its runs stored);
-    # or none, all, K/N. `conformance nightly` asks for "auto"
-    reference_inputs: str | None = None
-    # which zoo architectures (conformance.models.selection: hf, timm, tv) every build runs besides
-    # the run spec's models: None or "none", none; "auto", the night's slice of every zoo library
-    # installed here (ZOO_NIGHTS nights cover the zoo; none installed: the nightly says so and runs
-    # without it; a resumed nightly keeps the slice it started with); "all" or K/N, that slice, refused
-    # when no zoo library is installed
-    zoo: str | None = None
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "builds", tuple(BuildRef.parse(b) for b in self.builds))
-        if self.reference_inputs not in (None, "auto"):
-            object.__setattr__(self, "reference_inputs", parse_reference_slice(self.reference_inputs))
-        if self.zoo not in (None, "auto", "none", "all"):
-            parse_zoo_name(f"{ZOO}@{self.zoo}")  # K/N, or the error that names it
-
-    def run_for(self, build: BuildRef) -> RunSpec:
-        run_id = f"{self.run_id_prefix}-{build}".replace("/", "_") if self.run_id_prefix else None
-        return self.run.replace(build=build, run_id=run_id)
+from .nightly_spec import (  # noqa: F401  (re-exported: the nightly's spec and slices are its API)
+    GEN_NIGHTS,
+    Echo,
+    NightlySpec,
+    default_builds,
+    with_generation_slice,
+    with_reference_slice,
+    with_zoo_slice,
+)
 
 
 @dataclass
@@ -106,15 +63,6 @@ class NightlyResult:
         return lines
 
 
-def default_builds(target: str) -> tuple[BuildRef, ...]:
-    from conformance.targets import REGISTRY, get_target
-
-    get_target("cpu")  # loads the registry
-    cls = REGISTRY.get(target)
-    builds = cls.available_builds() if cls is not None else ()
-    return tuple(BuildRef(b) for b in builds) or (BuildRef(),)
-
-
 def run_nightly(spec: NightlySpec, db_path: str | os.PathLike[str], progress: Callable[[str], None] | None = None,
                 echo: Echo = print, *, resume: str | None = None) -> NightlyResult:
     """Sweep every build, then the stages after the sweeps. Interrupted (Ctrl-C, SIGTERM) in a
@@ -138,6 +86,7 @@ def run_nightly(spec: NightlySpec, db_path: str | os.PathLike[str], progress: Ca
         echo(f"== nightly {result.prefix}" + (" (resumed) ==" if resume else " =="))
         spec = with_reference_slice(spec, store, bool(resume))
         spec = with_zoo_slice(spec, store, bool(resume), echo)
+        spec = with_generation_slice(spec, store, bool(resume), echo)
         if resume:
             _check_resumable(store, spec)
         trace_stage(spec, store, progress, echo)
@@ -180,56 +129,6 @@ def trace_stage(spec: NightlySpec, store: Store, progress: Callable[[str], None]
     echo(f"== trace: the op signatures of the model graphs ({', '.join(spec.run.models)}), once for every build ==")
     for line in trace_into(store, spec.run.models, spec.run.model_limit, dtypes, progress):
         echo(line)
-
-
-def with_reference_slice(spec: NightlySpec, store: Store, resume: bool) -> NightlySpec:
-    """The spec with its reference slice set in the run spec every build's sweep starts from (so it
-    is stored with each build's run, and the builds of one night sweep the same slice): ``auto``
-    is the slice of today's night, or, resumed, the one the nightly's first stored run has (a
-    nightly resumed after midnight sweeps the slice it started with)."""
-    chosen = spec.reference_inputs
-    if chosen == "auto":
-        builds = spec.builds or default_builds(spec.run.target)
-        run = next((r for b in builds if (r := store.get_run(spec.run_for(b).run_id or "")) is not None), None) \
-            if resume else None
-        chosen = RunSpec.from_run(run, workers=spec.run.workers).reference_inputs if run else night_slice()
-    if chosen is None:
-        return spec
-    return dataclasses.replace(spec, run=spec.run.replace(reference_inputs=chosen))
-
-
-def with_zoo_slice(spec: NightlySpec, store: Store, resume: bool, echo: Echo = print) -> NightlySpec:
-    """The spec with the night's zoo slice (``zoo@K/N``; ``zoo@0/1`` for all of it) added to the models
-    every build runs (so each build's run stores it, and the builds of one night run the same
-    architectures). ``auto``: the slice of today's night (:func:`night_slice` over ZOO_NIGHTS), or,
-    resumed, the one the nightly's first stored run has; with no zoo library installed the nightly
-    says so and runs without the zoo."""
-    chosen = spec.zoo
-    if chosen in (None, "none") or not spec.run.models:
-        return spec
-    if chosen == "auto" and resume:
-        builds = spec.builds or default_builds(spec.run.target)
-        run = next((r for b in builds if (r := store.get_run(spec.run_for(b).run_id or "")) is not None), None)
-        stored = [m for m in (RunSpec.from_run(run, workers=spec.run.workers).models if run else ())
-                  if (z := parse_zoo_name(m)) is not None and z[0] == ZOO]
-        if run is not None:
-            if not stored:
-                return spec
-            return dataclasses.replace(spec, run=spec.run.replace(models=(*spec.run.models, *stored),
-                                                                  zoo_modes=ZOO_NIGHTLY_MODES))
-    # the whole zoo is the slice 0/1: no --model-limit caps a slice
-    part = "0/1" if chosen == "all" else night_slice(nights=ZOO_NIGHTS) if chosen == "auto" else chosen
-    name = f"{ZOO}@{part}"
-    installed = installed_libraries()
-    if not installed:
-        if chosen == "auto":
-            echo(f"== zoo: no zoo library is installed ({ZOO_INSTALL}); the nightly runs without the zoo ==")
-            return spec
-        raise SelectionError(f"--zoo {chosen}: no zoo library is installed ({ZOO_INSTALL})")
-    nights = int(part.split("/")[1])
-    echo(f"== zoo: slice {part} of {', '.join(installed)} (every architecture within {nights} "
-         f"{'night' if nights == 1 else 'nights'}) ==")
-    return dataclasses.replace(spec, run=spec.run.replace(models=(*spec.run.models, name), zoo_modes=ZOO_NIGHTLY_MODES))
 
 
 def _check_resumable(store: Store, spec: NightlySpec) -> None:
