@@ -32,7 +32,7 @@ CACHE = "aten::index_copy_.default"
 BUILDS = {
     "attn": f'[[defects]]\nop = "{ATTN}"\ndtypes = ["bfloat16"]\nkind = "wrong_result"\nmagnitude = 0.1\n',
     "cache": f'[[defects]]\nop = "{CACHE}"\nmin_numel = 4000\nkind = "wrong_result"\nmagnitude = 0.5\n',
-    "slow": '[[defects]]\nop = "aten::mm.default"\nkind = "slow"\nmagnitude = 3\n',
+    "slow": "[[defects]]\nop = \"aten::mm.default\"\nkind = \"slow\"\nmagnitude = 20\n",
 }
 ARGS = ["--generate", "hf.llama", "--dtypes", "float32,bfloat16", "--buckets", "8,128", "--gen-modes", "eager",
         "-n", "2", "--timeout", "120", "--quiet", "--exit-zero"]
@@ -80,7 +80,7 @@ def test_a_small_bf16_attention_error_is_a_wide_flip_in_bf16_only_with_its_op(ru
     db, ids = runs
     with Store.open(db, create=False) as st:
         rows = _rows(st, ids["attn"])
-    for (dtype, bucket), r in rows.items():
+    for (dtype, _bucket), r in rows.items():
         if dtype == "float32":
             assert r["status"] == "pass" and r["agreement"] == 1.0, r
             continue
@@ -94,7 +94,7 @@ def test_a_cache_update_wrong_for_long_sequences_shows_in_the_long_bucket_only(r
     db, ids = runs
     with Store.open(db, create=False) as st:
         rows = _rows(st, ids["cache"])
-    for (dtype, bucket), r in rows.items():
+    for (_dtype, bucket), r in rows.items():
         if bucket == 8:
             assert r["status"] == "pass" and r["agreement"] == 1.0, r
         else:
@@ -152,3 +152,33 @@ def test_the_lane_resumes_after_kill_9_with_nothing_lost(tmp_path):
         assert st.get_run(run_id)["status"] == "finished"
     assert len(keys) == len(set(keys)) == 8
     assert {k.split("|")[1] for k in keys} == {"gen_eager", "gen_compile"}
+
+
+def test_the_nightly_decodes_with_the_nights_slice_and_a_resumed_one_keeps_it(tmp_path):
+    from conformance.gate import nightly
+    from conformance.perf.lane import PerfSpec
+    from conformance.run.spec import RunSpec
+    from conformance.select import SelectionError, night_slice
+
+    def spec(generate, **kw):
+        return nightly.NightlySpec(run=RunSpec(models=()), builds=("2.33.0",), run_id_prefix="n1", generate=generate,
+                                   **kw)
+
+    lines: list[str] = []
+    with Store.open(tmp_path / "n.sqlite") as st:
+        auto = nightly.with_generation_slice(spec("auto"), st, False, lines.append)
+        assert auto.run.generate == (f"hf@{night_slice(nights=nightly.GEN_NIGHTS)}",)
+        assert f"within {nightly.GEN_NIGHTS} nights" in lines[-1]
+        assert nightly.with_generation_slice(spec("none"), st, False, lines.append).run.generate == ()
+        assert nightly.with_generation_slice(spec("all"), st, False, lines.append).run.generate == ("hf@0/1",)
+        assert nightly.with_generation_slice(spec("3/7"), st, False, lines.append).run.generate == ("hf@3/7",)
+        perf = nightly.with_generation_slice(spec("3/7", perf=PerfSpec(ops=("mm",))), st, False, lines.append).perf
+        if hasattr(perf, "decode"):  # the perf lane times the slice's decode steps build against build
+            assert perf.decode == ("hf@3/7",)
+        # resumed: the slice the nightly's first run was started with, whatever the date says now
+        stored = spec("auto").run_for(spec("auto").builds[0]).replace(generate=("hf@5/40",))
+        st.start_run(target="neuron-emu", build="2.33.0", torch_version="x", config=stored.to_config(),
+                     run_id=stored.run_id, kind="generate")
+        assert nightly.with_generation_slice(spec("auto"), st, True, lines.append).run.generate == ("hf@5/40",)
+    with pytest.raises(SelectionError, match="--generate"):
+        spec("9/7")

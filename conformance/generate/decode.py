@@ -73,6 +73,9 @@ def decode(model: nn.Module, prompt: torch.Tensor, new_tokens: int, *, device: s
 
     ids = prompt.to(device)
     clock = _Clock(sync)
+    # transformers sizes a static cache to the longest generate() the model has seen: each decode is
+    # sized to its own prompt (what is measured must not depend on the buckets decoded before it)
+    model.__dict__.pop("_previous_max_cache_length", None)
     kwargs: dict[str, Any] = {"cache_implementation": "static"} if cache == "static" else {}
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
