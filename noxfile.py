@@ -56,7 +56,7 @@ def tests(session: nox.Session) -> None:
 # The tests that need the model zoo's libraries (transformers, timm, torchvision); the rest of the
 # suite runs without them, as the default install does.
 ZOO_TESTS = ["tests/test_zoo_vision.py", "tests/test_hf_zoo.py", "tests/test_models_runner_hf.py",
-             "tests/test_audit_generate.py",
+             "tests/test_audit_generate.py", "tests/test_generate.py",
              "tests/test_audit_hf.py", "tests/test_zoo_lane.py",
              "tests/test_perf_decode.py"]  # test_zoo_support.py needs none: the suite runs it
 
