@@ -16,12 +16,18 @@ def test_shipped_data_files_load():
     assert set(rules) == set(datafiles.COMPARATOR_KINDS) and all(r.ops and r.reason for r in rules.values())
     floors = datafiles.model_floors()
     assert floors and all(f.fwd_rtol > 0 and f.reason for f in floors)
+    gen = datafiles.generation()
+    assert gen.buckets == tuple(sorted(gen.buckets)) and gen.near_tie_factor > 0 and gen.near_tie_reason
+    assert gen.logits_rtol("neuron-emu", "float32") > gen.logits_rtol("cpu", "float32") > 0  # the last match holds
+    assert gen.max_shift("cpu", "bfloat16") > 0 and gen.max_shift("cpu", "int64") == 0.0
     ncr = datafiles.no_cpu_reference()
     assert ncr.torch and ncr.overloads and all(v.startswith("aten::") for v in ncr.overloads.values())
 
 
 GOOD_FLOOR = 'fwd_rtol = 1e-4\ngrad_rtol = 1e-3\nloss_rtol = 1e-4\nreason = "r"\n'
 GOOD_RULE = 'reason = "r"\nops = ["x"]\n'
+GEN = ('buckets = [8, 32]\nnew_tokens = 4\nprompts = 2\ncontinuation = 4\ntiming_repeats = 0\n'
+       'initializer_range = 0.3\n[near_tie]\nfactor = 2.0\nreason = "r"\n')
 
 
 @pytest.mark.parametrize(("loader", "text", "names"), [
@@ -39,6 +45,12 @@ GOOD_RULE = 'reason = "r"\nops = ["x"]\n'
     ("model_floors", f"[[floor]]\n{GOOD_FLOOR.replace('1e-4', '-1', 1)}", ["floor[0].fwd_rtol", "-1"]),
     ("model_floors", f"[[floor]]\n{GOOD_FLOOR}fwd_rtoll = 1\n", ["floor[0].fwd_rtoll"]),
     ("model_floors", "floor = 3\n", ["floor = 3"]),
+    ("generation", GEN.replace("[8, 32]", "[8, 8]"), ["buckets", "[8, 8]", "distinct prompt lengths"]),
+    ("generation", GEN.replace("new_tokens = 4", "new_tokens = 0"), ["new_tokens", "0", "integer >= 1"]),
+    ("generation", GEN.replace("factor = 2.0", "factor = -1"), ["near_tie.factor", "-1"]),
+    ("generation", GEN + '[[logits]]\ndtype = "bfloat16"\nrtol = "big"\nreason = "r"\n', ["logits[0].rtol", "'big'"]),
+    ("generation", GEN + '[[loglik]]\nmax_shift = 1\n', ["loglik[0].reason is missing"]),
+    ("generation", GEN.replace("prompts = 2\n", ""), ["prompts is missing"]),
     ("no_cpu_reference", 'torch = "2.13.0+cpu"\n[overloads]\n', ["torch", "'2.13.0+cpu'", "no local label"]),
     ("no_cpu_reference", 'torch = 2.13\n[overloads]\n', ["torch", "2.13", "a torch release"]),
     ("no_cpu_reference", 'torch = "2.13.0"\n', ["overloads is missing"]),

@@ -55,11 +55,12 @@ def test_every_item_variant_belongs_to_exactly_one_kind():
     variants = [v for k in KINDS for v in k.variants]
     assert len(variants) == len(set(variants))
     assert [kind_of_item(f"x|{v}|float32|0").name for v in ("function", "canary", "schema", "traced", "eager",
-                                                            "compile", "opcheck", "custom_fwd")] \
-        == ["opinfo", "opinfo", "schema", "traced", "model", "model", "custom_ops", "custom_ops"]
+                                                            "compile", "opcheck", "custom_fwd", "gen_eager",
+                                                            "gen_compile")] \
+        == ["opinfo", "opinfo", "schema", "traced", "model", "model", "custom_ops", "custom_ops", "generate", "generate"]
     assert {k.name: k.table for k in KINDS} == {"opinfo": "op_results", "schema": "op_results",
                                                  "traced": "op_results", "model": "model_results",
-                                                 "custom_ops": "op_results"}
+                                                 "custom_ops": "op_results", "generate": "gen_results"}
     with pytest.raises(SelectionError, match="no work kind has variant 'nope'"):
         kind_of_item("x|nope|float32|0")
     with pytest.raises(SelectionError, match="unknown work kind 'nope'"):
@@ -71,6 +72,8 @@ def test_synthetic_rows_name_the_item_in_the_kinds_columns():
         {"op": "abs", "variant": "out", "dtype": "float32", "sample": 4}
     assert kind("model").synthetic_row(ItemKey.parse("mlp.x|eager|float32|0")) == \
         {"model_id": "mlp.x", "mode": "eager", "dtype": "float32", "family": "mlp"}
+    assert kind("generate").synthetic_row(ItemKey.parse("gen:hf.llama|gen_compile|bfloat16|128")) == \
+        {"model_id": "hf.llama", "mode": "compile", "dtype": "bfloat16", "bucket": 128}
 
 
 def test_selection_expands_kind_by_kind():
@@ -85,7 +88,8 @@ def test_run_spec_config_round_trips_through_a_runs_row():
                    opinfo=False, schema=True, models=("mlp",), model_limit=4, model_modes=("eager",), workers=5,
                    imports=("json",), env=("X_SWITCH=1",), contracts=("out", "errors"), corpus=False, compile_batch=4,
                    refcache="refs.sqlite", contract_budget=3, executor="ray", ray_address="auto",
-                   task_resources=("neuron_cores=1",), sizes="ladder", reference_inputs="1/3", zoo_modes=("eager",))
+                   task_resources=("neuron_cores=1",), sizes="ladder", reference_inputs="1/3", zoo_modes=("eager",),
+                   generate=("hf.llama",), gen_modes=("eager",), gen_buckets=(8, 32), gen_new_tokens=4)
     # every field away from its default (a new field must join this test), the run id aside
     assert [f.name for f in dataclasses.fields(RunSpec) if getattr(spec, f.name) == f.default] == ["run_id"]
     config = spec.to_config()
