@@ -116,3 +116,19 @@ def test_misc_ops_work():
     x = torch.randn(2, 3)
     torch.testing.assert_close(torch.nn.functional.layer_norm(x.to(N), (3,)).cpu(),
                                torch.nn.functional.layer_norm(x, (3,)))
+
+
+def test_attention_compiles_with_dynamic_shapes_where_the_cpus_fused_kernel_is_native():
+    # a build with the CPU's flash kernel native asks the CPU's SDPA choice; under torch.compile with
+    # symbolic sizes it cannot (no CPU view of a symbolic-size tensor) and the trace takes the math path
+    # (it raised "Expected !size_bytes_is_heap_allocated_" in the fake-tensor trace)
+    import neuron_emu
+
+    neuron_emu.use_build("ideal")
+    fn = torch.compile(lambda q, m: torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=m),
+                       backend="neuron")  # automatic dynamic shapes: the second length traces symbolic sizes
+    for n in (5, 9, 13):
+        q = torch.randn(1, 2, n, 16)
+        mask = torch.ones(n, n, dtype=torch.bool).tril()
+        want = torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+        torch.testing.assert_close(fn(q.to(N), mask.to(N)).cpu(), want)

@@ -996,6 +996,16 @@ static int64_t neuron_fused_sdp_choice(const at::Tensor& q, const at::Tensor& k,
                                        const std::optional<at::Tensor>& attn_mask, double dropout_p,
                                        bool is_causal, std::optional<double> scale, bool enable_gqa) {
   if (!g_sdp_cpu_choice.load(std::memory_order_relaxed)) return static_cast<int64_t>(at::SDPBackend::math);
+  // torch.compile with dynamic shapes traces with symbolic sizes: a CPU view of such a tensor cannot
+  // be made (its storage size is symbolic), so the traced graph takes the math decomposition, which
+  // any device can run (values within tolerance of the fused kernel's; eager calls keep the CPU's choice)
+  auto symbolic = [](const at::Tensor& t) {
+    for (const auto& s : t.sym_sizes()) if (s.is_heap_allocated()) return true;
+    for (const auto& s : t.sym_strides()) if (s.is_heap_allocated()) return true;
+    return t.sym_storage_offset().is_heap_allocated();
+  };
+  if (symbolic(q) || symbolic(k) || symbolic(v) || (attn_mask.has_value() && attn_mask->defined() && symbolic(*attn_mask)))
+    return static_cast<int64_t>(at::SDPBackend::math);
   // The CPU's checks read requires_grad (a fused kernel cannot train with some inputs): keep it.
   auto cpu_like = [](const at::Tensor& t) {
     at::Tensor c = view_as_cpu(t);
