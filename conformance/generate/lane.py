@@ -276,8 +276,12 @@ def _device_model(model: Any, target: Any, mode: str) -> tuple[Any, Any]:
 
     dev = copy.deepcopy(model)
     dev = target.to_device(dev) if not isinstance(dev, torch.nn.Module) else dev.to(target.device)
-    counter = decode.compiled(dev, target.compile_backend()) if mode == "compile" else None
-    return dev, counter
+    if mode != "compile":
+        return dev, None
+    # a worker decodes one model after another: the graphs Dynamo compiled for the last one (another
+    # dtype, or an architecture sharing its modeling code) must not be reused, or be counted as this one's
+    torch._dynamo.reset()
+    return dev, decode.compiled(dev, target.compile_backend())
 
 
 def _localise(target: Any, dev_model: Any, ref: dict, seqs: list, kind: str, n_new: int) -> Row:
