@@ -45,5 +45,4 @@ class ServingPage(Page):
     baseline: Link | None  # the previous build's serving page (None: no previous build, or not rendered)
     diff_note: str  # why there is no comparison ('' when there is one)
     n_changed: int  # items of both builds that got worse
-    p99_growth: float  # a decode p99 above this many times the previous build's is a change
     diff: Markup  # those items (table spec)
