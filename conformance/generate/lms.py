@@ -54,7 +54,7 @@ def causal_types(option: str = "--generate") -> list[str]:
     from conformance.models import hf
 
     if not hf.available():
-        raise SelectionError(f"{option} needs Hugging Face transformers: {hf.unavailable_reason()}")
+        raise SelectionError(f"{option}: {hf.unavailable_reason()}")
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     return list(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
