@@ -6,6 +6,7 @@ isolated), its store, resume, and the CLI's JSON and exit code."""
 from __future__ import annotations
 
 import json
+import tempfile
 
 import pytest
 import torch
@@ -60,7 +61,10 @@ def test_bad_options_are_one_clear_error(kw, message):
 
 
 # -- the lane on the CPU (gloo) ----------------------------------------------------------------
-def test_gloo_at_world_size_two_passes_everything_and_resumes(tmp_path):
+def test_gloo_at_world_size_two_passes_everything_and_resumes(tmp_path, monkeypatch):
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))  # where the ranks' rendezvous folder goes
     spec = DistSpec(target="cpu", world_sizes=(2,), dtypes=("float32", "int64"))
     with Store.open(tmp_path / "d.sqlite") as st:
         first = run_dist(spec, st, run_id="d-cpu")
@@ -68,6 +72,7 @@ def test_gloo_at_world_size_two_passes_everything_and_resumes(tmp_path):
         assert db.get_run(st, "d-cpu")["status"] == "finished" and db.get_run(st, "d-cpu")["backend"] == "gloo"
         again = run_dist(spec, st, run_id="d-cpu")  # everything stored: nothing to run
         assert again.rows == [] and len(db.results(st, "d-cpu")) == len(first.rows)
+    assert list(temp.iterdir()) == []  # the world's rendezvous folder is gone with it
 
 
 # -- the lane on the emulated device's c10d backend --------------------------------------------

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -103,9 +104,11 @@ class Group:
         self.conns: list[Connection] = []
         self.build = spec.build or "-"
         self.backend = ""
+        self.tmp: Path | None = None  # the ranks' rendezvous folder, removed by stop()
 
     def start(self) -> None:
-        store = Path(tempfile.mkdtemp(prefix="dist-")) / "store"
+        self.tmp = Path(tempfile.mkdtemp(prefix="dist-"))
+        store = self.tmp / "store"
         for rank in range(self.world):
             ours, theirs = socket.socketpair()
             cmd = [sys.executable, "-m", "conformance.dist.rank", str(theirs.fileno()), str(rank), str(self.world),
@@ -166,6 +169,9 @@ class Group:
             with contextlib.suppress(Exception):
                 c.close()
         self.procs, self.conns = [], []
+        if self.tmp is not None:  # every start made one: 130 were left in /tmp by the suite's runs
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            self.tmp = None
 
 
 def _row(run_id: str, item: DistItem) -> dict[str, Any]:
