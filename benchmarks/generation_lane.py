@@ -21,25 +21,17 @@ import argparse
 import collections
 import sqlite3
 import statistics
-import subprocess
-import sys
 from datetime import datetime
 from pathlib import Path
 
+from _stored_run import run_id_of, run_or_resume
+
 
 def _run(args: argparse.Namespace, db: Path, build: str) -> None:
-    run_id = f"gen-{build}-{args.models}-{args.buckets or 'default'}".replace("/", "_").replace(",", "+").replace("@", "_")
-    con = sqlite3.connect(db) if db.exists() else None
-    row = con.execute("select status from runs where id = ?", [run_id]).fetchone() if con else None
-    if row and row[0] == "finished":
-        print(f"run {run_id} already finished in {db}: its figures")
-        return
-    cmd = [sys.executable, "-m", "conformance", "run"]
-    cmd += (["--resume", run_id] if row else
-            ["--target", "neuron-emu", "--build", build, "--generate", args.models, "--dtypes", args.dtypes,
-             "--gen-modes", args.modes, "-n", str(args.workers), "--run-id", run_id,
-             *(["--buckets", args.buckets] if args.buckets else [])])
-    subprocess.run([*cmd, "--db", str(db), "--exit-zero", "--quiet"], check=True)
+    run_or_resume(db, run_id_of("gen", build, args.models, args.buckets or "default"),
+                  ["--target", "neuron-emu", "--build", build, "--generate", args.models, "--dtypes", args.dtypes,
+                   "--gen-modes", args.modes, "-n", str(args.workers),
+                   *(["--buckets", args.buckets] if args.buckets else [])])
 
 
 def _pct(xs: list[float], q: float) -> float:

@@ -20,10 +20,10 @@ import collections
 import json
 import sqlite3
 import statistics
-import subprocess
-import sys
 from datetime import datetime
 from pathlib import Path
+
+from _stored_run import run_id_of, run_or_resume
 
 
 def _enumerated() -> dict[str, int]:
@@ -33,17 +33,9 @@ def _enumerated() -> dict[str, int]:
 
 
 def _run(args: argparse.Namespace, db: Path) -> None:
-    run_id = f"zoo-{args.build}-{args.models}".replace("/", "_").replace(",", "+").replace("@", "_")
-    con = sqlite3.connect(db) if db.exists() else None
-    row = con.execute("select status from runs where id = ?", [run_id]).fetchone() if con else None
-    if row and row[0] == "finished":
-        print(f"run {run_id} already finished in {db}: its figures")
-        return
-    cmd = [sys.executable, "-m", "conformance", "run"]
-    cmd += (["--resume", run_id] if row else
-            ["--target", "neuron-emu", "--build", args.build, "--models", args.models, "--dtypes", args.dtypes,
-             "--model-modes", args.modes, "-n", str(args.workers), "--run-id", run_id])
-    subprocess.run([*cmd, "--db", str(db), "--exit-zero", "--quiet"], check=True)
+    run_or_resume(db, run_id_of("zoo", args.build, args.models),
+                  ["--target", "neuron-emu", "--build", args.build, "--models", args.models, "--dtypes", args.dtypes,
+                   "--model-modes", args.modes, "-n", str(args.workers)])
 
 
 def _reason(error: str) -> str:
