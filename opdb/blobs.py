@@ -43,6 +43,10 @@ def _encode(value: Any, tensors: list[torch.Tensor]) -> Any:
     if isinstance(value, torch.Tensor):
         tensors.append(value.detach())
         return {"$tensor": len(tensors) - 1, "grad": bool(value.requires_grad)}
+    if isinstance(value, torch.UntypedStorage):  # stored as a uint8 tensor over all of it
+        whole = torch.empty(0, dtype=torch.uint8, device=value.device).set_(value, 0, (value.nbytes(),), (1,))
+        tensors.append(whole)
+        return {"$storage": len(tensors) - 1}
     if isinstance(value, torch.Size):
         return {"$size": [int(v) for v in value]}
     if isinstance(value, list):
@@ -66,7 +70,7 @@ def _encode(value: Any, tensors: list[torch.Tensor]) -> Any:
     if value is Ellipsis:
         return {"$ellipsis": None}
     raise ValueError(f"a value of type {type(value).__name__} cannot be stored as inputs "
-                     "(only tensors, numbers, strings, dtypes, devices and containers of them)")
+                     "(only tensors, storages, numbers, strings, dtypes, devices and containers of them)")
 
 
 # The decoder is self-contained on purpose: repro scripts embed its source (inspect.getsource)
@@ -117,6 +121,9 @@ def decode_inputs(raw: bytes) -> Any:
             return t.requires_grad_(True) if v["grad"] and (t.is_floating_point() or t.is_complex()) else t
         if len(v) != 1:
             raise ValueError(f"unexpected value {str(v)[:80]!r} in inputs blob")
+        if tag == "$storage" and isinstance(arg, int) and 0 <= arg < len(tensors) \
+                and tensors[arg].dtype == _torch.uint8 and tensors[arg].dim() == 1:
+            return tensors[arg].untyped_storage()
         if tag == "$float" and isinstance(arg, str):
             return float(arg)
         if tag == "$complex" and isinstance(arg, list) and len(arg) == 2 and all(isinstance(a, str) for a in arg):

@@ -375,6 +375,8 @@ def _arbiter(fn: Callable[..., Any], variant: str, info: Any, sample: Any) -> An
 def _recast(fn: Callable[..., Any], variant: str, info: Any, sample: Any,
             cast: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     """The sample with every tensor ``cast`` computed on the CPU (None when the op cannot)."""
+    if any(isinstance(x, torch.UntypedStorage) for x in leaves((sample.input, sample.args, sample.kwargs))):
+        return None  # a Storage argument's bytes are of the sample's dtype: a recast would misread them
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
@@ -416,6 +418,8 @@ def _sig(x: Any) -> str:
         if x.layout == torch.strided and not x.is_contiguous() and x.dim() > 1:
             s += "{" + ",".join(map(str, x.stride())) + "}"
         return s
+    if isinstance(x, torch.UntypedStorage):  # a Storage argument, by its size (its repr lists every byte)
+        return f"storage[{x.nbytes()}B]"
     if isinstance(x, (list, tuple)):
         return "(" + ",".join(_sig(v) for v in x) + ")"
     r = repr(x)

@@ -43,6 +43,8 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
+from .placement import storage_bytes
+
 #: How an item whose input the op's meta kernel refuses is skipped (the schema search rejects it).
 OUT_OF_CONTRACT = "outside the op's contract: its meta kernel refuses an input the CPU kernel accepts"
 
@@ -91,6 +93,8 @@ def _fake_run(call: Callable[..., Any], args: Any, kwargs: Any) -> tuple[list[tu
     mode = FakeTensorMode(allow_fallback_kernels=False)
 
     def fake(x: Any) -> Any:
+        if isinstance(x, torch.UntypedStorage):  # a Storage argument: the storage of a fake over its bytes
+            return mode.from_tensor(storage_bytes(x)).untyped_storage()
         return mode.from_tensor(x) if isinstance(x, torch.Tensor) else x
 
     try:

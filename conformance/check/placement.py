@@ -301,18 +301,22 @@ def clone_sample(sample: Any, fn: Callable[[torch.Tensor], torch.Tensor], device
 def _clone_sample(sample: Any, fn: Callable[[torch.Tensor], torch.Tensor], device: str | torch.device | None) -> Any:
     from conformance.inputs.schema import DeviceArg
 
-    done: dict[int, torch.Tensor] = {}
+    done: dict[int, Any] = {}
 
     def one(t: Any) -> Any:
         if isinstance(t, torch.Tensor):
             if id(t) not in done:
                 done[id(t)] = fn(t.detach())
             return done[id(t)]
+        if isinstance(t, torch.UntypedStorage):
+            if id(t) not in done:
+                done[id(t)] = _storage_copy(t, fn)
+            return done[id(t)]
         if isinstance(t, DeviceArg):
             return torch.device(device or "cpu")
         return t
 
-    if device is None and not _has_device_arg(sample):
+    if device is None and not _needs_mapping(sample):
         return sample.transform(one)
     mapped = _map_sample(sample, one)
     # Factory samples name the device they were generated for ("cpu"): the target run must
@@ -326,10 +330,30 @@ def _is_cpu(value: Any) -> bool:
     return (isinstance(value, str) and value == "cpu") or (isinstance(value, torch.device) and value.type == "cpu")
 
 
-def _has_device_arg(sample: Any) -> bool:
+def _needs_mapping(sample: Any) -> bool:
+    """Whether ``sample`` holds a device argument or a storage (which ``transform`` passes by)."""
     from conformance.inputs.schema import DeviceArg
 
-    return any(isinstance(v, DeviceArg) for v in list(sample.args) + list(sample.kwargs.values()))
+    return any(isinstance(v, (DeviceArg, torch.UntypedStorage))
+               for v in [sample.input, *sample.args, *sample.kwargs.values()])
+
+
+def storage_bytes(storage: torch.UntypedStorage) -> torch.Tensor:
+    """A 1-D uint8 tensor over all of ``storage`` (how a Storage argument is copied and stored)."""
+    return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage, 0, (storage.nbytes(),), (1,))
+
+
+def _storage_copy(storage: torch.UntypedStorage, fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.UntypedStorage:
+    """A Storage argument (``set_``'s source) copied where ``fn`` copies the sample's tensors: the
+    storage of ``fn``'s copy of its bytes (on the CPU between guards, on the target's device),
+    so that the CPU and the target calls get equal storages. Where ``fn`` lays its copy out
+    otherwise (the noncontiguous contract's copies, with gaps), the bytes go as they are: a
+    storage has no layout, and a longer one would be another argument."""
+    raw = storage_bytes(storage)
+    got = fn(raw)
+    if got.storage_offset() == 0 and got.is_contiguous() and got.untyped_storage().nbytes() == storage.nbytes():
+        return got.untyped_storage()
+    return raw.to(got.device, copy=True).untyped_storage()
 
 
 def _map_sample(sample: Any, one: Callable[[Any], Any]) -> Any:
@@ -374,4 +398,4 @@ def leafify(sample: Any, device: str | torch.device,
 
 
 __all__ = ["Guards", "active_guards", "outs_zeroed", "zeroed_outs", "clone_sample", "cpu_args", "filler", "guarded_inputs", "leafify", "on_cpu_where_wanted",
-           "on_device", "to_cpu", "unguarded"]
+           "on_device", "storage_bytes", "to_cpu", "unguarded"]

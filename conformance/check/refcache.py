@@ -119,6 +119,8 @@ def _digest(v: Any, h: Any, storages: dict[int, int]) -> None:
         _digest((v.input, tuple(v.args), dict(v.kwargs)), h, storages)
         h.update(b")")
         return
+    if isinstance(v, torch.UntypedStorage):  # a Storage argument (set_'s): its repr says nothing of sharing
+        raise Uncacheable("cannot digest a Storage argument")
     r = repr(v)
     if " at 0x" in r or len(r) > 10_000:
         raise Uncacheable(f"cannot digest {type(v).__name__}")

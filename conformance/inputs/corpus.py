@@ -174,6 +174,9 @@ def same_input(a: Stored, b: Stored) -> bool:
         if isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor):
             return (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.dtype == y.dtype
                     and x.shape == y.shape and bool(torch.equal(x, y)))
+        if isinstance(x, torch.UntypedStorage) or isinstance(y, torch.UntypedStorage):  # equal bytes
+            return (isinstance(x, torch.UntypedStorage) and isinstance(y, torch.UntypedStorage)
+                    and x.nbytes() == y.nbytes() and bytes(x.cpu()) == bytes(y.cpu()))
         if isinstance(x, (list, tuple)) and isinstance(y, (list, tuple)):
             return len(x) == len(y) and all(eq(p, q) for p, q in zip(x, y, strict=True))
         return type(x) is type(y) and x == y

@@ -96,6 +96,9 @@ def move(x, device, grad=False, copies=None):
     if isinstance(x, str) and x.startswith("<") and x.endswith("_format>"):
         fmt = getattr(torch, x[1:-1], None)
         return fmt if isinstance(fmt, torch.memory_format) else x
+    if isinstance(x, torch.UntypedStorage):  # a Storage argument (set_'s): its bytes, on the device
+        whole = torch.empty(0, dtype=torch.uint8).set_(x, 0, (x.nbytes(),), (1,))
+        return whole.to(device, copy=True).untyped_storage()
     if isinstance(x, torch.Tensor) and grad:  # leaves with the sample's own requires_grad flags
         return x.detach().to(device, copy=True).requires_grad_(x.requires_grad)
     if isinstance(x, torch.Tensor):

@@ -85,7 +85,7 @@ def _stored_sample(stored: corpus.Stored) -> Any:
     from torch.testing._internal.opinfo.core import SampleInput
 
     def copy(v: Any) -> Any:
-        if isinstance(v, torch.Tensor):
+        if isinstance(v, (torch.Tensor, torch.UntypedStorage)):
             return v.clone()
         if isinstance(v, list):
             return [copy(x) for x in v]
