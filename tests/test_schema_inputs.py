@@ -61,7 +61,7 @@ def test_strategy_covers_optional_dtype_and_omitted_defaults():
 
 def test_ungenerable_argument_is_a_clear_reason():
     with pytest.raises(ValueError, match="cannot be generated"):
-        call_strategy(torch.ops.aten.set_.source_Storage)  # Storage: not generated
+        call_strategy(torch.ops.aten.record_stream.default)  # Stream: not generated
 
 
 def test_materialize_makes_tensors_and_empty_outs():

@@ -18,6 +18,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import tempfile
 from collections.abc import Callable
@@ -81,16 +82,30 @@ class TensorSpec:
         return torch.randint(-3, 4, self.shape, generator=g).to(self.dtype)
 
 
+@dataclass(frozen=True)
+class StorageSpec:
+    """A ``Storage`` argument: an untyped storage holding ``numel`` elements of ``dtype``, its
+    bytes those of a generated tensor (``set_``'s source: the tensor set to it reads them)."""
+
+    numel: int
+    dtype: torch.dtype
+    seed: int
+
+    def make(self) -> torch.UntypedStorage:
+        return TensorSpec((self.numel,), self.dtype, self.seed).make().untyped_storage()
+
+
 @dataclass
 class Call:
-    """One generated call: positional and keyword arguments (TensorSpecs are materialized later)."""
+    """One generated call: positional and keyword arguments (TensorSpecs and StorageSpecs are
+    materialized later)."""
 
     args: list[Any] = field(default_factory=list)
     kwargs: dict[str, Any] = field(default_factory=dict)
 
     def materialize(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
         def mk(v: Any) -> Any:
-            if isinstance(v, TensorSpec):
+            if isinstance(v, (TensorSpec, StorageSpec)):
                 return v.make()
             if isinstance(v, list):
                 return [mk(x) for x in v]
@@ -100,7 +115,9 @@ class Call:
 
 
 def _type_name(t: Any) -> str:
-    return type(t).__name__
+    # most types have a class of their own; Storage (and Stream, ...) are a plain Type of a kind
+    name = type(t).__name__
+    return t.kind() if name == "Type" else name
 
 
 
@@ -222,6 +239,14 @@ def _tensor_drawer(name: str, is_out: bool) -> Drawer:
     return draw_tensor
 
 
+def _draw_storage(draw: Draw, ctx: _Ctx) -> StorageSpec:
+    # as many elements of the common dtype as a tensor of the common shape holds (a tensor set to
+    # it keeps its size), or more: a view into it at an offset (set_'s storage_offset, size and
+    # stride, drawn as any offset and size are: at most 4 and 4**3) reads within it
+    n = math.prod(ctx.base)
+    return StorageSpec(_pick(draw, [n, n + 8, 72]), ctx.dtype, draw(_SEED))
+
+
 def _make_drawer(arg: Any) -> Drawer | None:
     t, name = arg.type, arg.name
     kind = _type_name(t)
@@ -293,7 +318,9 @@ def _make_drawer(arg: Any) -> Drawer | None:
         return _const(torch.contiguous_format)
     if kind == "GeneratorType":
         return _const(None)
-    return None  # Dimname, Storage, Stream, Any, ...: not generated
+    if kind == "StorageType":
+        return _draw_storage
+    return None  # Dimname, Stream, Any, ...: not generated
 
 
 @dataclass
