@@ -232,6 +232,29 @@ elif failing:
     print(f"MISMATCH: the target runs {{RECORD['dtype']}} {{VARIANT}} where the CPU raises {{cpu_error}}")
 '''
 
+# A schema (or traced) item whose stored input is one the CPU rejects, kept because the target
+# did not raise on it (contract errors, conformance.sweep.schema.rows): both sides raise, or it fails.
+_REJECTED = _TEMPLATE.split("\nref = None\n")[0] + '''
+
+def attempt(f, device):
+    try:
+        return to_cpu(call(f, device)), None
+    except Exception as exc:  # noqa: BLE001 - that both sides raise is the contract
+        return None, f"{{type(exc).__name__}}: {{exc}}"
+
+
+cpu, cpu_error = attempt(fn, "cpu")
+dev, dev_error = attempt({wrapped}, DEVICE)
+print("CPU:", cpu_error or "runs")
+print("target:", dev_error or "runs")
+failing = cpu_error is not None and dev_error is None
+if failing:
+    shapes = [list(t.shape) for t in leaves(dev) if isinstance(t, torch.Tensor)]
+    print(f"CONTRACT FAILED: errors: an input the CPU rejects returns {{shapes or type(dev).__name__}} on the target")
+elif cpu_error is None:
+    print("the CPU accepts the stored input now: the errors contract has nothing to check on it")
+'''
+
 
 def write_repro(store: Store, result_id: int, out_dir: str | Path) -> Path:
     """Write ``repro_<id>.py`` and ``repro_<id>_inputs.pt`` into ``out_dir``; returns the script.
@@ -253,6 +276,7 @@ def write_repro(store: Store, result_id: int, out_dir: str | Path) -> Path:
     inputs = f"repro_{int(result_id)}_inputs.pt"
     op = str_field(row, "op", where)
     direction = "forward"  # a dtype-probe item's, below
+    rejected = False  # a schema item's input that the CPU rejects (its errors contract failed on it)
     if variant in ("schema", "traced"):  # the overload itself, on the stored input
         if not row.get("inputs"):
             raise ValueError(f"{where}: a passing {variant} result keeps no input; only failing ones store "
@@ -261,6 +285,7 @@ def write_repro(store: Store, result_id: int, out_dir: str | Path) -> Path:
         if not (isinstance(saved, dict) and isinstance(saved.get("args"), (list, tuple))
                 and isinstance(saved.get("kwargs"), dict)):
             raise ValueError(f"{where}: column inputs does not hold args and kwargs")
+        rejected = saved.get("role") == "rejected"
         data = {"input": None, "args": tuple(saved["args"]), "kwargs": saved["kwargs"]}
         base, overload = _aten_overload(op, where)
         resolve = f"fn = fn_functional = getattr(getattr(torch.ops.aten, {base!r}), {overload!r})"
@@ -332,9 +357,9 @@ def write_repro(store: Store, result_id: int, out_dir: str | Path) -> Path:
         f"  {shlex.join([sys.executable, str(script.resolve())])}")
     text = _TEMPLATE.format(doc=doc, setup=setup, record=literal(record), decoder=inspect.getsource(decode_inputs),
                             resolve=resolve, wrapped=wrapped.replace("{fn}", "fn"))
-    if probe:
+    if probe or rejected:
         record["dtype"] = str(row["dtype"])
-        text = _PROBE.format(doc=doc, setup=setup, record=literal(record), decoder=inspect.getsource(decode_inputs),
+        text = (_PROBE if probe else _REJECTED).format(doc=doc, setup=setup, record=literal(record), decoder=inspect.getsource(decode_inputs),
                              resolve=resolve, wrapped=wrapped.replace("{fn}", "fn"))
     text += (_CONTRACTS_PART if "contracts" in record else "") + _END
     check_script(text, record)

@@ -19,7 +19,7 @@ from conformance.check.metacheck import OUT_OF_CONTRACT
 from conformance.check.selfcheck import NOT_REPRODUCIBLE
 from conformance.check.verdict import Status, decide, decide_unrun
 from conformance.inputs import corpus
-from conformance.inputs.schema import Call, DeviceArg
+from conformance.inputs.schema import NOARG, Call, DeviceArg
 from opdb.blobs import dump_inputs
 
 REJECTED_CHECKED = 3  # inputs the CPU rejected that are also run on the target (contract "errors")
@@ -32,7 +32,7 @@ class Found:
     steered: str = ""  # " (steered by the CPU's errors: ...)" or ""
     accepted: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # rows of accepted inputs
     failing: dict[str, Any] = dataclasses.field(default_factory=dict)  # {"row", "call", "contracts"}
-    rejections: list[contracts.Check] = dataclasses.field(default_factory=list)  # contract errors
+    rejections: list[Rejected] = dataclasses.field(default_factory=list)  # contract errors, per rejected input
     rejected: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
     # the inputs for the corpus, in the order seen: (role, checked the contracts, Call)
     log: list[tuple[str, bool, Call]] = dataclasses.field(default_factory=list)
@@ -71,42 +71,70 @@ def row_of(found: Found, base_row: dict[str, Any]) -> dict[str, Any]:
     return {**base_row, "status": decide_unrun("cpu").value, "duration_s": 0.0, "error": error}
 
 
-def check_rejected(target: Any, info: Any, sample: Any, cpu_error: str) -> contracts.Check:
+@dataclasses.dataclass(frozen=True)
+class Rejected:
+    """Contract ``errors`` on one input the CPU rejected, with that input (a sample as generated
+    or as the corpus stored it): the row keeps the first that fails as its ``inputs``."""
+
+    check: contracts.Check
+    sample: Any
+
+
+def check_rejected(target: Any, info: Any, sample: Any, cpu_error: str) -> Rejected:
     """Contract ``errors`` for one input the CPU rejected: the target must raise too. An input
     skipped because the CPU does not reproduce its own result, or because the op's meta kernel
     refuses what its CPU kernel accepted (:data:`~conformance.check.metacheck.OUT_OF_CONTRACT`),
-    was not rejected by the CPU: nothing is asked of the target (n/a)."""
+    was not rejected by the CPU: nothing is asked of the target (n/a). A failure's detail is the
+    OpInfo ``errors`` check's, after its ``error input N``: ``(signature): the CPU raises X; the
+    target returns [shapes]`` (one wording, so that one bug is one cause whichever kind of item
+    meets it)."""
     if cpu_error.startswith(NOT_REPRODUCIBLE) or OUT_OF_CONTRACT in cpu_error:
-        return contracts.na(cpu_error)
+        return Rejected(contracts.na(cpu_error), sample)
     phase("target")
     try:
         moved = on_device(sample, target.device)
         result = target.wrap(info.op)(moved.input, *moved.args, **moved.kwargs)
         target.synchronize()
     except Exception:  # noqa: BLE001 - raised, as the CPU does
-        return contracts.Check("pass")
+        return Rejected(contracts.Check("pass"), sample)
     shapes = [list(x.shape) for x in leaves(result) if isinstance(x, torch.Tensor)]
-    return contracts.Check("fail", f"an input the CPU rejects ({signature(sample)}; the CPU: "
-                                   f"{cpu_error.removeprefix('CPU reference failed: ')}) returns "
-                                   f"{shapes or type(result).__name__} on the target")
+    return Rejected(contracts.Check("fail", f"({signature(sample)}): the CPU raises "
+                                            f"{cpu_error.removeprefix('CPU reference failed: ')}; the target returns "
+                                            f"{shapes or type(result).__name__}"), sample)
 
 
-def with_rejections(row: dict[str, Any], rejections: list[contracts.Check]) -> None:
-    """Put the rejected inputs' ``errors`` contract on the search's row (and into its status)."""
-    rejections = [c for c in rejections if c.outcome != "n/a"]
-    if not rejections:
-        return
-    bad = [c for c in rejections if c.outcome == "fail"]
-    check = bad[0] if bad else contracts.Check(
-        "pass", f"{len(rejections)} inputs the CPU rejects raise on the target")
+#: The ``errors`` contract of a search that checked no input the CPU rejected (the first
+#: accepted input's own check speaks of OpInfo error_inputs, which an overload has none of).
+NO_REJECTED = "no input the CPU rejects was checked on the target (the search generated none, or ran crash-safe)"
+
+
+def with_rejections(row: dict[str, Any], rejections: list[Rejected]) -> None:
+    """Put the rejected inputs' ``errors`` contract on the search's row (and into its status);
+    where it is what fails the row, the first input that failed it becomes the row's ``inputs``
+    and ``signature`` (role ``rejected``: ``conformance repro`` checks that the CPU raises and the
+    target does too)."""
+    checked = [r for r in rejections if r.check.outcome != "n/a"]
     checks = {name: contracts.Check(**c) for name, c in (row.get("contracts") or {}).items()}
-    checks["errors"] = check
+    if not checked:
+        if "errors" in checks:
+            why = next((r.check.detail for r in rejections), NO_REJECTED)
+            checks["errors"] = contracts.na(why)
+            row["contracts"] = {name: c.as_json() for name, c in checks.items()}
+        return
+    bad = [(k, r) for k, r in enumerate(checked) if r.check.outcome == "fail"]
+    checks["errors"] = (contracts.fail("; ".join(f"error input {k} {r.check.detail}" for k, r in bad)) if bad
+                        else contracts.Check("pass", f"{len(checked)} inputs the CPU rejects raise on the target"))
     row["contracts"] = {name: c.as_json() for name, c in checks.items()}
     failed = contracts.failed(checks)
     row["contract_failed"] = ",".join(failed) or None
     if failed and Status(row["status"]).passed:
         row["status"] = Status.CONTRACT.value
         row["error"] = contracts.summary(checks)
+    if bad and row["status"] == Status.CONTRACT.value and not row.get("inputs"):
+        # the row's input and its signature are those of the input that fails it, as a failing
+        # search's are its minimal failing input's (the op page's sample line, the repro)
+        row["inputs"] = blob(bad[0][1].sample, role="rejected")
+        row["signature"] = signature(bad[0][1].sample)
 
 
 def first_dtype(sample: Any) -> torch.dtype | None:
@@ -120,8 +148,9 @@ def first_dtype(sample: Any) -> torch.dtype | None:
 DEVICE_MARK = corpus.DEVICE_MARK  # how a stored input spells the device argument (standalone scripts map it)
 
 
-def blob(call: Call | corpus.Stored) -> bytes:
-    """The row's ``inputs``: a generated call (materialized) or a stored input, as repro reads it."""
+def blob(call: Call | corpus.Stored | Any, role: str | None = None) -> bytes:
+    """The row's ``inputs``: a generated call (materialized), a stored input or a sample, as repro
+    reads it; ``role`` says what kind of input it is where it is not a failing one (``rejected``)."""
     def plain(v: Any) -> Any:
         if isinstance(v, DeviceArg):
             return DEVICE_MARK
@@ -131,5 +160,12 @@ def blob(call: Call | corpus.Stored) -> bytes:
             return [plain(x) for x in v]
         return v
 
-    args, kwargs = (call.args, call.kwargs) if isinstance(call, corpus.Stored) else call.materialize()
-    return dump_inputs({"args": [plain(a) for a in args], "kwargs": {k: plain(v) for k, v in kwargs.items()}})
+    if isinstance(call, corpus.Stored):
+        args, kwargs = call.args, call.kwargs
+    elif isinstance(call, Call):
+        args, kwargs = call.materialize()
+    else:  # a sample: its input is its first positional argument (NOARG: it has none)
+        args = (() if call.input is NOARG else (call.input,)) + tuple(call.args)
+        kwargs = call.kwargs
+    value = {"args": [plain(a) for a in args], "kwargs": {k: plain(v) for k, v in kwargs.items()}}
+    return dump_inputs({**value, "role": role} if role else value)
