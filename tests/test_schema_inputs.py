@@ -137,6 +137,9 @@ def test_amp_update_scale_found_by_argument_hints():
      "arg_dtypes", (("targets", torch.int32),)),
     (["RuntimeError: growth_tracker must be a 1-element tensor."], "arg_shapes", (("growth_tracker", (1,)),)),
     (["RuntimeError: something unrelated went wrong"], "ranks", ()),
+    (["CPU reference failed: outside the op's contract: its meta kernel refuses an input the CPU kernel accepts "
+      "(RuntimeError: reduce argument must be either add or multiply.)"], "arg_choices", (("reduce", ("add", "multiply")),)),
+    (["RuntimeError: max_pool3d: dilation must be either a single int, or a tuple of three ints"], "arg_choices", ()),
 ])
 def test_hints_read_what_the_reference_asked_for(messages, field, expected):
     assert getattr(hints_from_errors(messages), field) == expected
@@ -169,6 +172,14 @@ def test_steered_search_finds_inputs_an_unsteered_one_misses():
     rows = list(run_schema_group(target, Group("aten::upsample_nearest3d.out", "any", "schema"), SweepConfig()))
     assert rows[0]["status"] == "pass", rows[0]["error"]
     assert "aten::upsample_nearest3d.out" in rows[0]["reached_ops"]
+
+
+def test_string_values_the_cpu_names_steer_the_search():
+    """scatter_.reduce takes reduce='add' or 'multiply', none of the usual reduction names: its
+    CPU (meta) error says which, and the steered search draws them."""
+    rows = list(run_schema_group(get_target("cpu"), Group("aten::scatter_.reduce", "any", "schema"), SweepConfig()))
+    assert rows[0]["status"] == "pass", rows[0]["error"]
+    assert "aten::scatter_.reduce" in rows[0]["reached_ops"]
 
 
 def _crashes_on_big_inputs(x):

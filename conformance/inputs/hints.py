@@ -1,5 +1,5 @@
 """Hints from the CPU reference's own error messages: what it asked for (tensor ranks, dtypes,
-per-argument dtypes/shapes/ranks) when it rejected a generated call. A schema search that found
+per-argument dtypes/shapes/ranks, the values a string argument takes) when it rejected a generated call. A schema search that found
 no valid input is steered by them (:mod:`conformance.sweep.schema`). Learned from the reference
 kernel only, never from the target.
 """
@@ -39,6 +39,8 @@ _ARG_DTYPE = (  # (argument name, dtype word)
     re.compile(r"\b(out) tensor to have dtype (\w+)"),
 )
 _ARG_ONE_ELEMENT = re.compile(r"\b(\w+) must be a 1-element tensor")
+# "reduce argument must be either add or multiply.": the values a string argument takes
+_ARG_CHOICES = re.compile(r"\b(\w+) argument must be (?:either|one of):? ([\w ,']+?)\.?(?:$|[;)\n])")
 _ARG_RANK = re.compile(r"\b(\w+) (?:has to be|should be|must be|to be) (?:an? )?(?:non-empty )?([1-5])[- ]?d\b", re.I)
 
 
@@ -54,9 +56,11 @@ class Hints:
     arg_dtypes: tuple[tuple[str, torch.dtype], ...] = ()  # a named tensor argument's dtype
     arg_shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()  # a named tensor argument's shape
     arg_ranks: tuple[tuple[str, int], ...] = ()  # a named tensor argument's rank
+    arg_choices: tuple[tuple[str, tuple[str, ...]], ...] = ()  # a named string argument's values
 
     def __bool__(self) -> bool:
-        return bool(self.ranks or self.dtypes or self.avoid or self.arg_dtypes or self.arg_shapes or self.arg_ranks)
+        return bool(self.ranks or self.dtypes or self.avoid or self.arg_dtypes or self.arg_shapes or self.arg_ranks
+                    or self.arg_choices)
 
     def merge(self, other: Hints) -> Hints:
         def union(a: tuple[Any, ...], b: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -65,7 +69,8 @@ class Hints:
         return Hints(union(self.ranks, other.ranks), union(self.dtypes, other.dtypes), union(self.avoid, other.avoid),
                      tuple(dict(self.arg_dtypes + other.arg_dtypes).items()),
                      tuple(dict(self.arg_shapes + other.arg_shapes).items()),
-                     tuple(dict(self.arg_ranks + other.arg_ranks).items()))
+                     tuple(dict(self.arg_ranks + other.arg_ranks).items()),
+                     tuple(dict(self.arg_choices + other.arg_choices).items()))
 
     def describe(self) -> str:
         parts = []
@@ -78,6 +83,7 @@ class Hints:
         parts += [f"{name}: {str(d).removeprefix('torch.')}" for name, d in self.arg_dtypes]
         parts += [f"{name}: shape {list(shape)}" for name, shape in self.arg_shapes]
         parts += [f"{name}: {rank}-D" for name, rank in self.arg_ranks]
+        parts += [f"{name}: one of {', '.join(values)}" for name, values in self.arg_choices]
         return "; ".join(parts)
 
 
@@ -95,8 +101,13 @@ def hints_from_errors(messages: Iterable[str]) -> Hints:
     arg_dtypes: dict[str, torch.dtype] = {}
     arg_shapes: dict[str, tuple[int, ...]] = {}
     arg_ranks: dict[str, int] = {}
+    arg_choices: dict[str, tuple[str, ...]] = {}
     too_small = False
     for raw in messages:
+        for name, values in _ARG_CHOICES.findall(raw):
+            words = tuple(w.strip("' ") for w in re.split(r",| or ", values) if w.strip("' "))
+            if words and all(w.isidentifier() for w in words):
+                arg_choices.setdefault(name, words)
         for pat in _ARG_DTYPE:
             for name, word in pat.findall(raw):
                 word = {"integral": "long"}.get(word.lower(), word.lower())
@@ -142,5 +153,6 @@ def hints_from_errors(messages: Iterable[str]) -> Hints:
         ranks = [2, 3, 4]
     want = [d for d in want if d not in avoid and d not in arg_dtypes.values()]
     return Hints(tuple(dict.fromkeys(sorted(ranks))), tuple(dict.fromkeys(want)), tuple(dict.fromkeys(avoid)),
-                 tuple(arg_dtypes.items()), tuple(arg_shapes.items()), tuple(arg_ranks.items()))
+                 tuple(arg_dtypes.items()), tuple(arg_shapes.items()), tuple(arg_ranks.items()),
+                 tuple(arg_choices.items()))
 

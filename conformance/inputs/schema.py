@@ -306,8 +306,10 @@ def _make_drawer(arg: Any) -> Drawer | None:
     if kind == "StringType" and name in ("filename", "path"):
         # from_file(shared=True) creates its file: keep it out of the working directory
         return _const(os.path.join(tempfile.gettempdir(), "conformance-schema-file.bin"))
-    if kind == "StringType":
-        return _choice(_STRINGS.get(name, ["none", "mean", "sum"]))
+    if kind == "StringType":  # the values the CPU named in a steered search, else the usual ones
+        options = _STRINGS.get(name, ["none", "mean", "sum"])
+        return lambda draw, ctx: _pick(draw, dict(ctx.hints.arg_choices).get(name, options) if ctx.hints.arg_choices
+                                       else options)
     if kind == "DeviceObjType":
         return _const(DEVICE)
     if kind == "ScalarTypeType":
