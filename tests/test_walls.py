@@ -93,10 +93,12 @@ FLOORS = {
 }
 # Modules that hold data the floors below need, placed by what they import rather than by folder:
 # the model definitions (families, layers, registries) are an input source like inputs/; the
-# ledger names models when it validates an override. The zoo (zoo, hf, vision, tvshim) is one more such source.
+# ledger names models when it validates an override. The zoo (zoo, hf, vision, sizing, tvshim) is one more such
+# source.
 FLOOR_OF_MODULE = {
     "models.family": 2, "models.families": 2, "models.layers": 2, "models.registry": 2,
-    "models.tracing": 2, "models.hf": 2, "models.zoo": 2, "models.vision": 2, "models.tvshim": 2,
+    "models.tracing": 2, "models.hf": 2, "models.zoo": 2, "models.vision": 2, "models.sizing": 2,
+    "models.tvshim": 2,
 }
 
 

@@ -13,11 +13,16 @@ run of one architecture around a second:
 * timm: ``pretrained_cfg.input_size`` (C, H, W). A model that declares ``fixed_input_size`` (ViTs,
   Swin, ...) is built with ``img_size=H // 4`` (at least 32) and runs at that size in every shape
   variant; any other model runs at ``max(64, min_input_size)`` and its shape variants also vary the
-  image size (64, 96, 80 scaled the same way). ``num_classes=10``.
+  image size (64, 96, 80 scaled the same way). ``num_classes=10``. The first ``build()`` checks
+  that size with one CPU forward; a model that cannot build or run there (a window or patch
+  partition that does not tile it, a kernel larger than its feature map) runs at the next side its
+  own feature stride allows, else at its declared size (:mod:`conformance.models.sizing`), and its
+  params say so (``size_fallback``, ``shrunk_input_size``, the ``input_size`` used).
 * torchvision: the weights' declared ``min_size``, at least 64 (classification, quantization with
   ``quantize=False``, segmentation, detection); a builder that takes the image size is built
-  smaller (ViT: ``image_size`` = 4 patches; mvit keeps its declared 224 x 16 frames). Video:
-  (N, 3, T, H, W) with T = 4 (mvit 16, s3d 8). Optical flow (RAFT): two images, 2 flow updates.
+  smaller (ViT: ``image_size`` = 4 patches; mvit and s3d keep their declared 224). Video:
+  (N, 3, T, H, W) with T the weights' declared ``min_temporal_size``, at least 4 (mvit 16, s3d 14).
+  Optical flow (RAFT): two images, 2 flow updates.
   ``num_classes=10`` where the builder takes it.
 * Detection models run their dense part in train mode: ``(images, boxes)`` in, the backbone (+FPN),
   the dense heads (RPN, RetinaNet/FCOS/SSD heads) and, for the R-CNNs, the box/mask/keypoint RoI
@@ -53,9 +58,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from . import sizing
 from .family import N_SHAPE_VARIANTS, float_leaves, pick, sumsq_loss
 from .tracing import Traceable
-from .zoo import build_within_budget
+from .zoo import ZooSkip, build_within_budget
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -65,6 +71,8 @@ LIBS = {"timm": "timm", "tv": "torchvision"}
 NUM_CLASSES = 10
 MIN_SIDE = 64  # the smallest image side a run uses (unless the model declares a larger minimum)
 SIZE_SCALE = (1.0, 1.5, 1.25)  # shape variants' image side relative to the canonical one (variable-size models)
+SIZE_MULTIPLE = 8  # variants' sides round to this (or to the feature stride of a model that needed another side)
+MIN_FRAMES = 4  # a video model's clip length unless its weights declare a longer minimum
 BATCHES = (2, 3, 4)
 
 
@@ -154,6 +162,9 @@ class VisionSpec(Traceable):
     params: dict[str, Any] = field(hash=False)
     seed: int = 0
     supports_bf16: bool = True
+    # a timm spec's first build() checks its image size and fills this ({"side": ...}; "skip" when
+    # example_inputs() found none); see sizing
+    fitted: dict[str, Any] = field(default_factory=dict, hash=False, compare=False, repr=False)
 
     @property
     def name(self) -> str:
@@ -163,18 +174,35 @@ class VisionSpec(Traceable):
     def task(self) -> str:
         return self.params["arch_family"].split("/")[0] if self.family == "tv" else "classification"
 
-    def _make(self) -> nn.Module:
+    def _create(self, **kw: Any) -> nn.Module:
         lib = _import(self.family)
-        kw = dict(self.params.get("build_kwargs", {}))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             if self.family == "timm":
                 return lib.create_model(self.name, pretrained=False, **kw)
             return lib.models.get_model(self.name, weights=None, **kw)
 
+    def _make(self) -> nn.Module:
+        return self._create(**self.params.get("build_kwargs", {}))
+
+    def _fit(self) -> nn.Module:
+        """The first build of a timm model: at the side :func:`sizing.fit` finds (params updated to it)."""
+        p = self.params
+        found = sizing.fit(self._create, self.model_id, _seed(self.model_id, self.seed, "weights"), "timm.create_model",
+                           build_kwargs=dict(p.get("build_kwargs", {})), channels=p["input_size"][0],
+                           shrunk=p["input_size"][1], declared=p["declared_input_size"][1],
+                           fixed=not p["variable_size"])
+        if found.params:
+            p.update(found.params, build_kwargs=found.build_kwargs)
+        self.fitted["side"] = found.side
+        return found.model
+
     def build(self) -> nn.Module:
         stage = "timm.create_model" if self.family == "timm" else "torchvision.models.get_model"
-        model = build_within_budget(self.model_id, self._make, _seed(self.model_id, self.seed, "weights"), stage)
+        if self.family == "timm" and "side" not in self.fitted:
+            model = self._fit()
+        else:
+            model = build_within_budget(self.model_id, self._make, _seed(self.model_id, self.seed, "weights"), stage)
         call = {"detection": "detection", "optical_flow": "flow"}.get(self.task, "plain")
         extra: dict[str, Any] = {}
         if call == "flow":
@@ -183,11 +211,17 @@ class VisionSpec(Traceable):
 
     def example_inputs(self, batch_shape_variant: int = 0) -> tuple:
         v = batch_shape_variant
+        if self.family == "timm" and not self.fitted:
+            try:  # inputs at the size the model runs at: fit it first (a skip is build()'s to raise)
+                self.build()
+            except ZooSkip as skip:
+                self.fitted["skip"] = str(skip)  # the inputs stay at the shrunk size; no second try here
         gen = torch.Generator().manual_seed(_seed(self.model_id, self.seed, "inputs", v))
         b = pick(v, BATCHES)
         c, h, w = self.params["input_size"]
-        if self.params.get("variable_size"):
-            h = w = int(round(h * pick(v, SIZE_SCALE) / 8)) * 8
+        if self.params.get("variable_size") and v:  # the canonical inputs are at the side the model was checked at
+            m = self.params.get("size_multiple") or SIZE_MULTIPLE
+            h = w = int(round(h * pick(v, SIZE_SCALE) / m)) * m
         if self.task == "video":
             return (torch.randn(b, c, self.params["frames"], h, w, generator=gen),)
         if self.task == "optical_flow":
@@ -242,9 +276,6 @@ def _timm_params(timm: Any, name: str) -> dict[str, Any]:
 
 # ---------------------------------------------------------------- torchvision
 
-VIDEO_FRAMES = {"video/mvit": 16, "video/s3d": 8}
-
-
 def _tv_params(tv: Any, name: str) -> dict[str, Any]:
     from torchvision.models import _api
 
@@ -275,7 +306,7 @@ def _tv_params(tv: Any, name: str) -> dict[str, Any]:
                               "variable_size": task in ("classification", "quantization", "segmentation")
                               and side == MIN_SIDE and "image_size" not in kw, "build_kwargs": kw}
     if task == "video":
-        params["frames"] = VIDEO_FRAMES.get(arch_family, 4)
+        params["frames"] = max(MIN_FRAMES, meta.get("min_temporal_size") or 0)
     return params
 
 

@@ -36,7 +36,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-__all__ = ["LIBRARIES", "ZooSkip", "build_within_budget", "check_budget", "count_params", "max_params"]
+__all__ = ["LIBRARIES", "OverBudget", "ZooSkip", "build_within_budget", "check_budget", "count_params", "max_params"]
 
 LIBRARIES = ("hf", "timm", "tv")  # model id prefixes of the zoo's libraries
 
@@ -45,6 +45,10 @@ DEFAULT_MAX_PARAMS = 100_000_000  # ViT-B and CLIP-B (~86M) fit; a float32 copy 
 
 class ZooSkip(Exception):
     """The library cannot give this architecture here; ``str()`` is the reason, stored in ``error``."""
+
+
+class OverBudget(ZooSkip):
+    """More parameters than the budget: no other build of the architecture (another image size) fits either."""
 
 
 def max_params() -> int:
@@ -76,7 +80,7 @@ def check_budget(model_id: str, build: Callable[[], nn.Module], max_params: int 
     except Exception as exc:  # noqa: BLE001 - the library's own reason
         raise ZooSkip(f"{META}: {type(exc).__name__}: {exc}"[:2000]) from exc
     if n > limit:
-        raise ZooSkip(f"over budget: {n:,} parameters > {limit:,} (CONFORMANCE_ZOO_MAX_PARAMS)")
+        raise OverBudget(f"over budget: {n:,} parameters > {limit:,} (CONFORMANCE_ZOO_MAX_PARAMS)")
     return n
 
 
