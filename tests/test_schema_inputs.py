@@ -182,6 +182,18 @@ def test_string_values_the_cpu_names_steer_the_search():
     assert "aten::scatter_.reduce" in rows[0]["reached_ops"]
 
 
+def test_an_uninitialised_token_is_compared_by_its_metadata():
+    """_make_dep_token returns torch.empty(()): its value is whatever the allocator held, so the
+    CPU's self-check rejected every call ('not reproducible'); its shape, dtype and strides are
+    what it defines, as for the empty factories."""
+    from conformance.check.comparators import comparator_for
+
+    assert comparator_for("aten::_make_dep_token.default") == "meta"
+    row = next(run_schema_group(get_target("cpu"), Group("aten::_make_dep_token.default", "any", "schema"),
+                                SweepConfig()))
+    assert row["status"] == "pass" and row["reached_ops"] == ["aten::_make_dep_token.default"], row["error"]
+
+
 def _crashes_on_big_inputs(x):
     if x.numel() > 2:
         os.kill(os.getpid(), signal.SIGSEGV)
