@@ -4,7 +4,9 @@ bounded Hypothesis search over calls drawn from its schema (:mod:`conformance.in
 Examples the CPU reference rejects are discarded; accepted ones run on the target through the
 same execute/compare/decide path as OpInfo samples (:func:`conformance.sweep.evaluate`); on a
 mismatch Hypothesis shrinks to a minimal failing input, and that input is stored (``inputs``
-blob) so ``conformance repro`` reproduces it. One group is one overload; it has one item,
+blob) so ``conformance repro`` reproduces it. The first inputs the CPU rejects are run on the
+target too (contract ``errors``, :func:`~conformance.sweep.schema.rows.check_rejected`); where
+only that fails, the first input the target accepted is the one stored. One group is one overload; it has one item,
 ``{overload}|schema|any|0``.
 
 When a search finds no input the CPU accepts, the CPU's own error messages are read for what
