@@ -47,7 +47,7 @@ from conformance.check.comparators import comparator_for
 from conformance.check.compare import leaves
 from conformance.structure import flatten, map_tensors, named_leaves, tensor_leaves, unflatten
 
-from .tracing import node_target
+from .tracing import isolated_caches, node_target
 
 
 @dataclass(frozen=True)
@@ -131,7 +131,8 @@ def trace_graph(model: nn.Module, inputs: tuple, *, backward: bool = False,
     call = caller(model)
 
     if not backward:
-        gm = make_fx(call, tracing_mode="fake")(params, buffers, tensors)
+        with isolated_caches(model):
+            gm = make_fx(call, tracing_mode="fake")(params, buffers, tensors)
         flat, _ = tree_flatten((params, buffers, tensors))
         return gm, flat
     # Cotangents for the float outputs, seeded, from a real forward run on a copy.
@@ -146,7 +147,8 @@ def trace_graph(model: nn.Module, inputs: tuple, *, backward: bool = False,
         grads = torch.autograd.grad(outs, list(params.values()), grad_outputs=cots[:len(outs)], allow_unused=True)
         return out, grads
 
-    gm = make_fx(joint, tracing_mode="fake")(params, buffers, tensors, cots)
+    with isolated_caches(model):
+        gm = make_fx(joint, tracing_mode="fake")(params, buffers, tensors, cots)
     flat, _ = tree_flatten((params, buffers, tensors, cots))
     return gm, [x.detach() if isinstance(x, torch.Tensor) else x for x in flat]
 

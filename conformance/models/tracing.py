@@ -26,14 +26,42 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import gc
 import hashlib
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import fx, nn
 from torch.func import functional_call
 from torch.fx.experimental.proxy_tensor import make_fx
+
+
+def _library_caches(module: nn.Module) -> list[Any]:
+    """The ``functools`` caches defined by the packages ``module``'s layers come from (not torch's)."""
+    packages = {type(m).__module__.split(".")[0] for m in module.modules()} - {"torch", "builtins"}
+    return [o for o in gc.get_objects() if isinstance(o, functools._lru_cache_wrapper)
+            and (getattr(o, "__module__", None) or "").split(".")[0] in packages]
+
+
+@contextlib.contextmanager
+def isolated_caches(module: nn.Module) -> Iterator[None]:
+    """Run a fake-mode trace of ``module`` with its libraries' function caches emptied before and
+    after: a cache keyed by sizes, dtype and device (transformers' ``lru_cache`` of anchors and
+    patch coordinates: RT-DETR, DINOv3, Mask2Former...) would otherwise hand the trace a real
+    tensor made by an earlier run, and the next real run the FakeTensor the trace made ("Please
+    convert all Tensors to FakeTensors first")."""
+    caches = _library_caches(module)
+    for cache in caches:
+        cache.cache_clear()
+    try:
+        yield
+    finally:
+        for cache in caches:
+            cache.cache_clear()
 
 
 def trace(
@@ -49,7 +77,10 @@ def trace(
     def fn(state: dict, *args: Any) -> Any:
         return functional_call(module, state, args)
 
-    return make_fx(fn, tracing_mode=tracing_mode)(state, *inputs)
+    # a real tensor the model keeps outside its parameters and buffers (a plain attribute, a
+    # sinusoid table) is a constant of the graph, as torch.export takes it
+    with isolated_caches(module):
+        return make_fx(fn, tracing_mode=tracing_mode, _allow_non_fake_inputs=True)(state, *inputs)
 
 
 def _meta(value: Any) -> Any:
