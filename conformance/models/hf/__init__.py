@@ -54,7 +54,8 @@ from torch import Tensor, nn
 from ..family import N_SHAPE_VARIANTS, float_leaves, pick, sumsq_loss
 from ..tracing import Traceable
 from ..zoo import ZooSkip, build_within_budget
-from .rules import FRAMES, IMAGE, SAMPLES, SPECIAL, VOCAB, apply_overrides, overrides, shrink
+from . import inputs
+from .rules import apply_overrides, overrides, shrink
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -117,39 +118,25 @@ def _stage(stage: str, exc: BaseException) -> ZooSkip:
     return ZooSkip(f"{stage}: {type(exc).__name__}: {exc}"[:2000])
 
 
-@functools.cache
-def _model_class(model_type: str) -> Any:
-    """The base model class (imports its modeling module; builds nothing)."""
+def _main_input(cls: Any) -> str:
+    main = getattr(cls, "main_input_name", "input_ids")
+    return main[0] if isinstance(main, list | tuple) else main  # OneFormer: pixels, then its task
+
+
+def _mapped(model_type: str) -> Any:
+    """What the base model mapping holds for ``model_type``: a class or a tuple of them."""
     from transformers import CONFIG_MAPPING
     from transformers.models.auto.modeling_auto import MODEL_MAPPING
 
     return MODEL_MAPPING[CONFIG_MAPPING[model_type]]
 
 
-def _sub(config: Any, *names: str) -> Any:
-    for name in names:
-        sub = getattr(config, name, None)
-        if sub is not None and hasattr(sub, "to_dict"):
-            return sub
-    return None
-
-
-def _get(config: Any, key: str, default: Any = None) -> Any:
-    """``key`` of the config, else of its vision/audio/encoder sub-config."""
-    for c in (config, _sub(config, "vision_config", "encoder_config", "encoder", "backbone_config"),
-              _sub(config, "audio_config", "speech_config")):
-        if c is not None and getattr(c, key, None) is not None:
-            return getattr(c, key)
-    return default
-
-
-def _size(value: Any) -> tuple[int, int]:
-    if isinstance(value, list | tuple):
-        return int(value[0]), int(value[-1])
-    if isinstance(value, dict):
-        h = value.get("height", value.get("shortest_edge", IMAGE))
-        return int(h), int(value.get("width", h))
-    return int(value), int(value)
+@functools.cache
+def _model_class(model_type: str) -> Any:
+    """The base model class (imports its modeling module; builds nothing); of a type with two
+    (Funnel: FunnelModel, FunnelBaseModel), the first."""
+    cls = _mapped(model_type)
+    return cls[0] if isinstance(cls, tuple) else cls
 
 
 @dataclass(frozen=True)
@@ -171,17 +158,23 @@ class HFSpec(Traceable):
                 "inputs": ",".join(names) if names else None}
 
     # -- config --------------------------------------------------------------------------------
-    def config(self) -> Any:
-        """The tiny config: the class defaults shrunk by the rules, then the overrides."""
+    def config(self, kinds: bool = True) -> Any:
+        """The tiny config: the class defaults shrunk by the rules, then the overrides. The cut
+        keeps a layer of every kind (``kinds``) unless the config's own checks refuse that."""
         from transformers import CONFIG_MAPPING
 
         try:
             cls = CONFIG_MAPPING[self.model_type]
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                d = shrink(cls().to_dict())
-                apply_overrides(d, self.overrides)
-                config = cls.from_dict(d)
+                defaults = cls().to_dict()
+                try:
+                    config = cls.from_dict(apply_overrides(shrink(defaults, kinds=kinds), self.overrides))
+                except Exception as exc:  # noqa: BLE001 - its checks refuse a layer kind the cut keeps
+                    try:
+                        config = cls.from_dict(apply_overrides(shrink(defaults, kinds=False), self.overrides))
+                    except Exception:  # noqa: BLE001
+                        raise exc from None
         except Exception as exc:  # noqa: BLE001 - the library's own reason
             raise _stage("config", exc) from exc
         _no_dropout(config)
@@ -195,7 +188,7 @@ class HFSpec(Traceable):
     def arch_family(self) -> str:
         """The modality of the model type, from its main input and config (no build)."""
         try:
-            main = getattr(_model_class(self.model_type), "main_input_name", "input_ids")
+            main = _main_input(_model_class(self.model_type))
             from transformers import CONFIG_MAPPING
             from transformers.models.auto.modeling_auto import (
                 MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
@@ -236,8 +229,10 @@ class HFSpec(Traceable):
             cls = _model_class(self.model_type)
         except Exception as exc:  # noqa: BLE001
             raise _stage("model class", exc) from exc
-        main = getattr(cls, "main_input_name", "input_ids")
+        main = _main_input(cls)
         sig = inspect.signature(cls.forward).parameters
+        if main not in sig:  # a main input inherited from another class (a text tower's is its tokens)
+            main = next((n for n in ("input_ids", "pixel_values", "input_values", "input_features") if n in sig), main)
         names = [main] if main in sig else []
         for name, p in sig.items():
             if name == "self" or p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL) or name in names:
@@ -250,7 +245,9 @@ class HFSpec(Traceable):
             names.append("input_ids")  # an image-to-text model: its text too
         if main == "input_ids" and "pixel_values" in sig and "pixel_values" not in names and not self._image_tokens():
             names.append("pixel_values")  # a dual encoder (no image tokens in its text): both towers
-        unknown = [n for n in names if n not in _BUILDERS]
+        if "pixel_values" in names and "spatial_shapes" in sig:  # NaFlex patches (SigLIP 2): their grid and mask
+            names += [n for n in ("spatial_shapes", "pixel_attention_mask") if n in sig and n not in names]
+        unknown = [n for n in names if inputs.builder_for(n, tuple(names)) is None]
         if unknown or not names:
             raise ZooSkip(f"inputs: forward needs {', '.join(unknown) or 'no declared input'}; "
                           f"no builder for it (main input {main!r})")
@@ -281,7 +278,7 @@ class HFSpec(Traceable):
         gen = torch.Generator().manual_seed(_seed(self.model_id, self.seed, "inputs", v))
         b = pick(v, (2, 3, 4))  # train-mode BatchNorm needs a batch > 1
         try:
-            return tuple(_BUILDERS[n](config, b, v, gen) for n in names)
+            return inputs.build(names, config, b, v, gen, _model_class(self.model_type).forward.__doc__ or "")
         except ZooSkip:
             raise
         except Exception as exc:  # noqa: BLE001
@@ -295,75 +292,35 @@ class HFSpec(Traceable):
         from transformers import AutoModel
 
         names = self.names()
+        two = isinstance(_mapped(self.model_type), tuple)
+
+        def maker(config: Any) -> Any:
+            def make() -> nn.Module:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    # AutoModel cannot pick one of a type's two base classes (Funnel's) from a
+                    # config without architectures: the first, as the mapping lists it
+                    return _model_class(self.model_type)._from_config(config) if two else \
+                        AutoModel.from_config(config)
+            return make
+
+        seed = _seed(self.model_id, self.seed, "weights")
         config = self.config()
-
-        def make() -> nn.Module:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                return AutoModel.from_config(config)
-
-        model = build_within_budget(self.model_id, make, _seed(self.model_id, self.seed, "weights"), "build")
+        try:
+            model = build_within_budget(self.model_id, maker(config), seed, "build")
+        except ZooSkip as skip:
+            # a layer kind the first layers lack that the defaults cannot build (an indexed
+            # attention layer whose budget a checkpoint sets): the first layers, as they are
+            plain = self.config(kinds=False)
+            if str(skip).startswith("over budget") or plain.to_dict() == config.to_dict():
+                raise
+            model = build_within_budget(self.model_id, maker(plain), seed, "build")
         return HFWrapper(model, names).float().train()
 
     def loss(self, output: Any) -> Tensor:
         gen = torch.Generator().manual_seed(_seed(self.model_id, self.seed, "targets"))
         return sumsq_loss(output, self.params, gen)
 
-
-
-# -- input builders: forward argument name -> (config, batch, variant, generator) -> tensor --------
-def _vocab(config: Any) -> int:
-    text = _sub(config, "text_config", "decoder", "text_encoder") or config
-    vocab = getattr(text, "vocab_size", None) or getattr(config, "vocab_size", None) or VOCAB
-    return int(vocab)
-
-
-def _tokens(config: Any, b: int, v: int, gen: torch.Generator, lengths: tuple[int, ...] = (8, 12, 16)) -> Tensor:
-    vocab = _vocab(config)
-    high = vocab - SPECIAL if vocab > 2 * SPECIAL else vocab
-    return torch.randint(3 if high > 3 else 0, high, (b, pick(v, lengths)), generator=gen)
-
-
-def _pixels(config: Any, b: int, v: int, gen: torch.Generator) -> Tensor:
-    h, w = _size(_get(config, "image_size", IMAGE))
-    c = int(_get(config, "num_channels", 3))
-    return torch.randn(b, c, h, w, generator=gen)
-
-
-def _audio(config: Any, b: int, v: int, gen: torch.Generator) -> Tensor:
-    mel = _get(config, "num_mel_bins")
-    if mel is not None:  # a spectrogram (audio-spectrogram-transformer): frames x mel bins
-        return torch.randn(b, int(_get(config, "max_length", FRAMES)), int(mel), generator=gen)
-    channels = _get(config, "audio_channels")
-    if channels is not None:  # an audio codec: channels x samples
-        return torch.randn(b, int(channels), pick(v, (SAMPLES, SAMPLES + 320, SAMPLES + 640)), generator=gen)
-    return torch.randn(b, pick(v, (SAMPLES, SAMPLES + 320, SAMPLES + 640)), generator=gen)
-
-
-def _features(config: Any, b: int, v: int, gen: torch.Generator) -> Tensor:
-    mel = _get(config, "num_mel_bins")
-    src = _get(config, "max_source_positions")
-    if mel is not None and src is not None and _get(config, "model_type") in ("whisper",):
-        return torch.randn(b, int(mel), 2 * int(src), generator=gen)  # whisper wants exactly 2 x positions
-    frames = pick(v, (FRAMES, FRAMES + 8, FRAMES + 16))
-    feat = _get(config, "input_feat_per_channel")
-    if feat is not None:
-        return torch.randn(b, frames, int(feat) * int(_get(config, "input_channels", 1)), generator=gen)
-    if mel is not None:
-        return torch.randn(b, int(mel), frames, generator=gen) if src is not None else \
-            torch.randn(b, frames, int(mel), generator=gen)
-    size = _get(config, "feature_size") or _get(config, "input_feat_size") or _get(config, "num_mel_bins", 80)
-    return torch.randn(b, frames, int(size), generator=gen)
-
-
-_BUILDERS: dict[str, Any] = {
-    "input_ids": _tokens,
-    "decoder_input_ids": lambda c, b, v, g: _tokens(c, b, v, g, (6, 4, 8)),
-    "pixel_values": _pixels,
-    "input_values": _audio,
-    "audio_values": _audio,
-    "input_features": _features,
-}
 
 
 def enumerate_specs(limit: int | None = None) -> list[HFSpec]:
