@@ -87,12 +87,13 @@ def select(names: tuple[str, ...] | list[str], *, option: str = "--generate") ->
     return list(dict.fromkeys(out))
 
 
-def config(model_id: str, positions: int, initializer_range: float) -> Any:
-    """The tiny config of ``model_id`` with the cache on and room for ``positions`` tokens."""
+def config(model_id: str, positions: int, initializer_range: float, kinds: bool = True) -> Any:
+    """The tiny config of ``model_id`` with the cache on and room for ``positions`` tokens (``kinds``:
+    as :meth:`HFSpec.config <conformance.models.hf.HFSpec.config>` keeps a layer of every kind)."""
     from conformance.models import hf
 
     spec = hf.spec_by_id(model_id)
-    cfg = spec.config()
+    cfg = spec.config(kinds=kinds)
     cfg.use_cache = True
     for c in (cfg, getattr(cfg, "text_config", None)):
         if c is None:
@@ -111,21 +112,25 @@ def build(model_id: str, positions: int, initializer_range: float) -> nn.Module:
     parameter budget); :class:`~conformance.models.zoo.ZooSkip` with the library's reason."""
     from transformers import AutoModelForCausalLM
 
-    from conformance.models.zoo import ZooSkip, build_within_budget
+    from conformance.models import hf
+    from conformance.models.zoo import ZooSkip
 
-    try:
-        cfg = config(model_id, positions, initializer_range)
-    except ZooSkip:
-        raise
-    except Exception as exc:  # noqa: BLE001 - the library's own reason
-        raise ZooSkip(f"config: {type(exc).__name__}: {exc}"[:2000]) from exc
+    def cfg_of(kinds: bool = True) -> Any:
+        try:
+            return config(model_id, positions, initializer_range, kinds)
+        except ZooSkip:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the library's own reason
+            raise ZooSkip(f"config: {type(exc).__name__}: {exc}"[:2000]) from exc
 
-    def make() -> nn.Module:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return AutoModelForCausalLM.from_config(cfg)
+    def maker(cfg: Any) -> Any:
+        def make() -> nn.Module:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                return AutoModelForCausalLM.from_config(cfg)
+        return make
 
-    model = build_within_budget(model_id, make, _seed(model_id, "generate", "weights"), "build")
+    model = hf.build_tiny(model_id, cfg_of, maker, _seed(model_id, "generate", "weights"))
     return model.float().eval()
 
 

@@ -45,6 +45,7 @@ import os
 import re
 import warnings
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -304,23 +305,28 @@ class HFSpec(Traceable):
                         AutoModel.from_config(config)
             return make
 
-        seed = _seed(self.model_id, self.seed, "weights")
-        config = self.config()
-        try:
-            model = build_within_budget(self.model_id, maker(config), seed, "build")
-        except ZooSkip as skip:
-            # a layer kind the first layers lack that the defaults cannot build (an indexed
-            # attention layer whose budget a checkpoint sets): the first layers, as they are
-            plain = self.config(kinds=False)
-            if str(skip).startswith("over budget") or plain.to_dict() == config.to_dict():
-                raise
-            model = build_within_budget(self.model_id, maker(plain), seed, "build")
+        model = build_tiny(self.model_id, self.config, maker, _seed(self.model_id, self.seed, "weights"))
         return HFWrapper(model, names).float().train()
 
     def loss(self, output: Any) -> Tensor:
         gen = torch.Generator().manual_seed(_seed(self.model_id, self.seed, "targets"))
         return sumsq_loss(output, self.params, gen)
 
+
+
+def build_tiny(model_id: str, config_of: Callable[..., Any], maker: Callable[[Any], Callable[[], nn.Module]],
+               seed: int) -> nn.Module:
+    """``maker(config_of())()`` seeded and within the budget; where the defaults cannot build a
+    layer kind the cut kept (an indexed attention layer whose budget a checkpoint sets), the model
+    of ``config_of(kinds=False)``: the first layers, as they are. ZooSkip with the reason."""
+    config = config_of()
+    try:
+        return build_within_budget(model_id, maker(config), seed, "build")
+    except ZooSkip as skip:
+        plain = config_of(kinds=False)
+        if str(skip).startswith("over budget") or plain.to_dict() == config.to_dict():
+            raise
+        return build_within_budget(model_id, maker(plain), seed, "build")
 
 
 def enumerate_specs(limit: int | None = None) -> list[HFSpec]:
