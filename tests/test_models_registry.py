@@ -154,3 +154,44 @@ def test_export_method_traces_core_aten() -> None:
     }
     with pytest.raises(ValueError, match="unknown trace method"):
         graph_hash(lin, (x,), method="jit")
+
+
+def test_a_trace_survives_dead_weak_proxies_and_leaves_the_harness_caches_alone():
+    """The trace empties the function caches of the model's own libraries around it. It scans the
+    heap for them, which holds weak proxies: a dead one raised ReferenceError at ``isinstance`` and
+    failed the model items of a fixed nightly. The harness's own caches are never emptied."""
+    import functools
+    import weakref
+
+    from conformance.models import tracing
+
+    class Referent:
+        pass
+
+    gone = Referent()
+    proxy = weakref.proxy(gone)
+    del gone  # the proxy stays on the heap, dead
+
+    @functools.lru_cache(maxsize=None)
+    def ours(x: int) -> int:
+        return x
+
+    ours.__module__ = "conformance.models.fake_cache"
+    ours(1)
+
+    @functools.lru_cache(maxsize=None)
+    def theirs(x: int) -> int:
+        return x
+
+    theirs.__module__ = "somelib.anchors"
+    theirs(1)
+
+    def forward(self, x):  # noqa: ANN001, ANN202
+        return x * 2
+
+    layer = type("Layer", (torch.nn.Module,), {"__module__": "somelib.layers", "forward": forward})
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), layer())
+    tracing.trace(model, (torch.randn(1, 2),))  # raised ReferenceError with the dead proxy on the heap
+    assert theirs.cache_info().currsize == 0  # the model's library's cache was emptied
+    assert ours.cache_info().currsize == 1  # the harness's stays
+    assert proxy is not None

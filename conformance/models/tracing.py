@@ -41,9 +41,16 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 
 def _library_caches(module: nn.Module) -> list[Any]:
-    """The ``functools`` caches defined by the packages ``module``'s layers come from (not torch's)."""
-    packages = {type(m).__module__.split(".")[0] for m in module.modules()} - {"torch", "builtins"}
-    return [o for o in gc.get_objects() if isinstance(o, functools._lru_cache_wrapper)
+    """The ``functools`` caches defined by the packages ``module``'s layers come from: not torch's,
+    and never the harness's or the emulator's own (the registry's families live in this package;
+    its caches hold loaded data files and learned placements, which no trace fills)."""
+    packages = {type(m).__module__.split(".")[0] for m in module.modules()} - {
+        "torch", "builtins", __name__.split(".")[0], "neuron_emu"}
+    if not packages:
+        return []
+    # type(), not isinstance(): the heap holds weak proxies, and isinstance asks a dead one for its
+    # __class__ (ReferenceError: the model items of a fixed nightly failed their trace with it)
+    return [o for o in gc.get_objects() if type(o) is functools._lru_cache_wrapper
             and (getattr(o, "__module__", None) or "").split(".")[0] in packages]
 
 
