@@ -172,14 +172,14 @@ def test_a_trace_survives_dead_weak_proxies_and_leaves_the_harness_caches_alone(
     proxy = weakref.proxy(gone)
     del gone  # the proxy stays on the heap, dead
 
-    @functools.lru_cache(maxsize=None)
+    @functools.cache
     def ours(x: int) -> int:
         return x
 
     ours.__module__ = "conformance.models.fake_cache"
     ours(1)
 
-    @functools.lru_cache(maxsize=None)
+    @functools.cache
     def theirs(x: int) -> int:
         return x
 
