@@ -165,9 +165,11 @@ def test_the_layers_kept_keep_every_kind_and_everything_per_layer_follows():
     kinds = ["sliding"] * 4 + ["full"] + ["sliding"] * 4 + ["full"]
     t = hf_rules.shrink({"num_hidden_layers": 10, "layer_types": kinds, "full_layers": [4, 9],
                          "kv_source_layers": [0, 1, 2, 3, 4, 5, 6, 7, 8, 4],
-                         "per_layer_config": {"04": {"rope_theta": 1e6, "head_dim": 512}}})
+                         "per_layer_config": {"04": {"rope_theta": 1e6, "head_dim": 512}},
+                         "id2label": {"0": "LABEL_0", "1": "LABEL_1"}})
     assert t["layer_types"] == ["sliding", "full"] and t["full_layers"] == [1]
     assert t["kv_source_layers"] == [0, 1]  # layer 4's source is itself, now layer 1
+    assert t["id2label"] == {"0": "LABEL_0", "1": "LABEL_1"}  # labels, not layers
     assert t["per_layer_config"] == {"01": {"rope_theta": 1e6, "head_dim": hf_rules.HEAD_DIM}}  # its own values, shrunk
     plain = hf_rules.shrink({"num_hidden_layers": 10, "layer_types": kinds}, kinds=False)
     assert plain["layer_types"] == ["sliding", "sliding"]

@@ -113,7 +113,7 @@ def shrink(d: dict[str, Any], tokens: dict[int, int] | None = None,
             out[key] = _shrink_list(key, list(v), depth, tokens, widths)
         elif isinstance(v, list | tuple) and depth and len(v) == depth.old:
             out[key] = [v[i] for i in depth.kept]  # per-layer lists (layer_types...)
-        elif isinstance(v, dict) and v and depth and all(str(k).isdigit() for k in v):
+        elif isinstance(v, dict) and v and depth and all(str(k).isdigit() for k in v) and key != "id2label":
             # per-layer tables; a layer's own config values shrink like the config's
             out[key] = {k: shrink(x, tokens, widths, kinds=kinds) if isinstance(x, dict) else x
                         for k, x in depth.table(v).items()}
