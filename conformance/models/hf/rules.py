@@ -136,52 +136,39 @@ def shrink(d: dict[str, Any], tokens: dict[int, int] | None = None,
     return out
 
 
+# key sets and the size each shrinks to, in the order _shrink_one asks them (the first that holds wins)
+_CAPS: tuple[tuple[Any, int], ...] = (
+    (WIDTH_KEYS, HIDDEN),
+    (FFN_KEYS, FF),
+    (MOE_FFN_KEYS, HIDDEN),
+    (LAYERS_KEYS, LAYERS),
+    (HEADS_KEYS, HEADS),
+    (KV_HEADS_KEYS, HEADS),
+    (HEAD_DIM_KEYS, HEAD_DIM),
+    (("qk_rope_head_dim", "rotary_dim"), HEAD_DIM // 2),
+    (POSITIONS_KEYS, MAXPOS),
+    (("max_source_positions",), FRAMES // 2),
+    (EXPERTS_KEYS, EXPERTS),
+    (EXPERTS_PER_TOKEN_KEYS, EXPERTS_PER_TOKEN),
+    (("n_group", "topk_group", "num_expert_groups", "num_expert_group"), 1),
+    (VOCABS_KEYS, VOCAB),
+    (("image_size", "pretrain_image_size", "max_img_size"), IMAGE),
+    (("patch_size",), PATCH),
+    (("num_frames", "frames_per_clip"), VIDEO_FRAMES),
+    (("num_queries", "num_query_tokens"), 16),
+    (("num_conv_pos_embeddings",), 16),
+    (("num_conv_pos_embedding_groups",), 2),
+    (("max_window_layers", "first_k_dense_replace"), 1),
+)
+
+
 def _shrink_one(key: str, v: int, tokens: dict[int, int]) -> int:
     if TOKEN_ID.search(key) or key in ("pad_token_id", "bos_token_id", "eos_token_id", "sep_token_id",
                                          "cls_token_id", "decoder_start_token_id", "mask_token_id"):
         return token(v, tokens)
-    if key in WIDTH_KEYS:
-        return shrink_int(v, HIDDEN)
-    if key in FFN_KEYS:
-        return shrink_int(v, FF)
-    if key in MOE_FFN_KEYS:
-        return shrink_int(v, HIDDEN)
-    if key in LAYERS_KEYS:
-        return shrink_int(v, LAYERS)
-    if key in HEADS_KEYS:
-        return shrink_int(v, HEADS)
-    if key in KV_HEADS_KEYS:
-        return shrink_int(v, HEADS)
-    if key in HEAD_DIM_KEYS:
-        return shrink_int(v, HEAD_DIM)
-    if key in ("qk_rope_head_dim", "rotary_dim"):
-        return shrink_int(v, HEAD_DIM // 2)
-    if key in POSITIONS_KEYS:
-        return shrink_int(v, MAXPOS)
-    if key == "max_source_positions":
-        return shrink_int(v, FRAMES // 2)
-    if key in EXPERTS_KEYS:
-        return shrink_int(v, EXPERTS)
-    if key in EXPERTS_PER_TOKEN_KEYS:
-        return shrink_int(v, EXPERTS_PER_TOKEN)
-    if key in ("n_group", "topk_group", "num_expert_groups", "num_expert_group"):
-        return shrink_int(v, 1)
-    if key in VOCABS_KEYS:
-        return shrink_int(v, VOCAB)
-    if key in ("image_size", "pretrain_image_size", "max_img_size"):
-        return shrink_int(v, IMAGE)
-    if key == "patch_size":
-        return shrink_int(v, PATCH)
-    if key in ("num_frames", "frames_per_clip"):
-        return shrink_int(v, VIDEO_FRAMES)
-    if key in ("num_queries", "num_query_tokens"):
-        return shrink_int(v, 16)
-    if key in ("num_conv_pos_embeddings",):
-        return shrink_int(v, 16)
-    if key in ("num_conv_pos_embedding_groups",):
-        return shrink_int(v, 2)
-    if key in ("max_window_layers", "first_k_dense_replace"):
-        return shrink_int(v, 1)
+    for keys, cap in _CAPS:
+        if key in keys:
+            return shrink_int(v, cap)
     if key == "window_size":
         return shrink_int(v, 4)
     if key in ("sliding_window", "sliding_window_size", "local_attention", "attention_window"):
