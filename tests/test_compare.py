@@ -91,6 +91,19 @@ def test_random_comparator_checks_distribution():
     assert comparator_for("nn.functional.dropout") == "random"  # its values are defined: not "meta"
 
 
+def test_ks_statistic_is_the_largest_cdf_distance_with_ties_and_narrow_dtypes():
+    """The statistic against its definition, evaluated at every value of either sample: ties
+    (values repeat in both samples), different sample sizes, and bfloat16 values (sorted
+    widened, never rounded)."""
+    g = torch.Generator().manual_seed(3)
+    for a, b in ((torch.randint(0, 5, (300,), generator=g).float(), torch.randint(0, 7, (200,), generator=g).float()),
+                 (torch.randn(500, generator=g).bfloat16(), (torch.randn(400, generator=g) + 0.2).bfloat16())):
+        xs, ys = a.double().tolist(), b.double().tolist()
+        want = max(abs(sum(x <= v for x in xs) / len(xs) - sum(y <= v for y in ys) / len(ys)) for v in xs + ys)
+        assert ks_statistic(a, b) == pytest.approx(want, abs=1e-12)
+        assert ks_statistic(a, b) > 0
+
+
 def test_no_opinfo_is_claimed_by_two_comparator_tables():
     """The first table that matches wins: an op listed in two tables (dropout was in both meta
     and random, so its values were never compared) is one wrong choice waiting to happen."""

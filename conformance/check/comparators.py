@@ -21,6 +21,7 @@ import math
 from collections.abc import Callable
 from functools import cache
 
+import numpy as np
 import torch
 
 from conformance import datafiles
@@ -143,20 +144,33 @@ def _by_magnitude(i: int, t: torch.Tensor, c: torch.Tensor) -> Evidence | None:
 def _random(i: int, t: torch.Tensor, c: torch.Tensor) -> Evidence:
     if t.numel() < 64 or not t.is_floating_point():
         return Evidence(True, comparator="random", detail="")
-    a, b = t.double().flatten(), c.double().flatten()
-    if torch.isfinite(a).all() != torch.isfinite(b).all():
+    a, b = _sortable(t), _sortable(c)
+    if np.isfinite(a).all() != np.isfinite(b).all():
         return Evidence(False, comparator="random", detail="non-finite values on one side only")
     stat = ks_statistic(a, b)
-    n = a.numel() * b.numel() / (a.numel() + b.numel())
+    n = a.size * b.size / (a.size + b.size)
     critical = 1.95 * math.sqrt(1 / n)  # alpha = 0.001
     ok = stat <= critical
     return Evidence(ok, comparator="random", max_abs_err=stat,
                     detail="" if ok else f"KS statistic {stat:.3f} > {critical:.3f}: distributions differ")
 
 
-def ks_statistic(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Two-sample Kolmogorov-Smirnov statistic."""
-    both = torch.cat([a, b]).sort().values
-    cdf_a = torch.searchsorted(a.sort().values, both, right=True).double() / a.numel()
-    cdf_b = torch.searchsorted(b.sort().values, both, right=True).double() / b.numel()
-    return float((cdf_a - cdf_b).abs().max())
+def _sortable(x: torch.Tensor | np.ndarray) -> np.ndarray:
+    """``x`` flattened as a numpy array that orders and ties exactly as its values do: float64
+    stays, every narrower float is widened to float32 (exact), so nothing is sorted in a wider
+    type than it needs (numpy's vectorised sort of a million float32 takes milliseconds, torch's
+    of the same values as float64 a tenth of a second)."""
+    if isinstance(x, np.ndarray):
+        return x.reshape(-1)
+    x = x.detach().cpu().reshape(-1)
+    return (x if x.dtype == torch.float64 else x.to(torch.float32)).numpy()
+
+
+def ks_statistic(a: torch.Tensor | np.ndarray, b: torch.Tensor | np.ndarray) -> float:
+    """Two-sample Kolmogorov-Smirnov statistic: the largest distance between the two empirical
+    CDFs, evaluated at every value of either sample."""
+    a, b = np.sort(_sortable(a)), np.sort(_sortable(b))
+    both = np.concatenate([a, b])
+    cdf_a = np.searchsorted(a, both, side="right") / a.size
+    cdf_b = np.searchsorted(b, both, side="right") / b.size
+    return float(np.abs(cdf_a - cdf_b).max())
