@@ -36,6 +36,7 @@ def measure(groups: int, build: str, seed: int) -> dict[str, list[float]]:
     """{label: [seconds, items]} over the sampled groups; "(all)" is the whole."""
     import torch
 
+    from conformance.sweep.ladder import RUNGS
     from conformance.sweep.opinfo import OPINFO, SweepConfig, run_group
     from conformance.targets import get_target
     from conformance.work import Selection
@@ -58,8 +59,9 @@ def measure(groups: int, build: str, seed: int) -> dict[str, list[float]]:
         for row in run_group(target, g, config):
             t1 = time.perf_counter()
             label = row.get("variant") or "?"
-            if label == "ladder":
-                label = f"ladder {int(str(row['item_key']).rsplit('|', 1)[-1]):>9,}"
+            if label == "ladder":  # per rung; the bisection's probes (sizes between rungs) together
+                numel = int(str(row["item_key"]).rsplit("|", 1)[-1])
+                label = f"ladder {numel:>9,}" if numel in RUNGS else "ladder (bisection)"
             took[label] += t1 - t0
             items[label] += 1
             t0 = t1
@@ -71,14 +73,8 @@ def measure(groups: int, build: str, seed: int) -> dict[str, list[float]]:
 def table(got: dict[str, list[float]]) -> None:
     total = got["(all)"][0]
     print(f"{'variant / rung':20s} {'items':>7s} {'s':>7s} {'share':>6s} {'ms/item':>8s}")
-    rungs = [k for k in got if k.startswith("ladder ")]
-    ladder_s = sum(got[k][0] for k in rungs)
-    # bisection probes (sizes that are not rungs) are few: folded into one line
-    main = {k: v for k, v in got.items() if k != "(all)" and (not k.startswith("ladder ") or v[1] >= 20)}
-    rest = [got[k] for k in rungs if k not in main]
-    if rest:
-        main["ladder (bisection)"] = [sum(r[0] for r in rest), sum(r[1] for r in rest)]
-    for k, (s, n) in sorted(main.items(), key=lambda kv: -kv[1][0]):
+    ladder_s = sum(v[0] for k, v in got.items() if k.startswith("ladder "))
+    for k, (s, n) in sorted(((k, v) for k, v in got.items() if k != "(all)"), key=lambda kv: -kv[1][0]):
         print(f"{k:20s} {int(n):7d} {s:7.2f} {s / total:6.1%} {1e3 * s / max(n, 1):8.2f}")
     print(f"phase: {int(got['(all)'][1])} items in {total:.1f} s; ladder {ladder_s / total:.0%} of it")
 
