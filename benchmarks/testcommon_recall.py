@@ -213,25 +213,29 @@ def compare(tc: dict, db: Path, run: str) -> dict:
     }
 
 
-def reproduce(db: Path, run: str, findings: list[dict], work: Path, cache: dict[str, list[str]]) -> None:
-    """Each harness-only finding's item as a standalone script (``tools/findings_repro.py``)."""
-    from findings_repro import _reproduce
+def reproduce(db: Path, run: str, findings: list[dict], work: Path, cache: dict[str, list[str]],
+              jobs: int = 1) -> None:
+    """Each harness-only finding's item as a standalone script (``tools/findings_repro.py``): the
+    scripts written in batches, ``jobs`` of them run at a time, each outcome kept in
+    ``repro.json`` as it comes (an interrupted benchmark goes on from there)."""
+    from findings_repro import reproduce_many
 
     con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     con.row_factory = sqlite3.Row
     scripts = work / "repro"
     scripts.mkdir(exist_ok=True)
-    for n, f in enumerate(findings, 1):
-        key = f"{run}|{f['item']}"
-        if key not in cache:
-            row = dict(con.execute("select id, op, variant, dtype, sample, status, error from op_results where id = ?",
-                                   [f["item"]]).fetchone())
-            outcome, said = _reproduce(db, row, scripts)
-            cache[key] = [outcome, said, row["variant"], row["status"]]
-            _merge_into(work / "repro.json", {key: cache[key]})
-        f["outcome"], f["script_said"], f["variant"], f["status"] = cache[key]
-        _say(f"    [{n}/{len(findings)}] {f['op']} {f['dtype']} {f['variant']} {f['status']}: {f['outcome']}"
-             f" ({f['script_said'][:90]})")
+    rows = [dict(con.execute("select id, op, variant, dtype, sample, status, error from op_results where id = ?",
+                             [f["item"]]).fetchone()) for f in findings if f"{run}|{f['item']}" not in cache]
+    t0, done = time.monotonic(), 0
+    for row, outcome, said in reproduce_many(db, rows, scripts, jobs):
+        key = f"{run}|{row['id']}"
+        cache[key] = [outcome, said, row["variant"], row["status"]]
+        _merge_into(work / "repro.json", {key: cache[key]})
+        done += 1
+        _say(f"    [{done}/{len(rows)}, {time.monotonic() - t0:.0f} s] {row['op']} {row['dtype']} {row['variant']} "
+             f"{row['status']}: {outcome} ({said[:90]})")
+    for f in findings:
+        f["outcome"], f["script_said"], f["variant"], f["status"] = cache[f"{run}|{f['item']}"]
 
 
 def _merge_into(path: Path, new: dict) -> None:
@@ -299,7 +303,7 @@ def main() -> None:
         if 0 <= a.repro_limit < len(todo):  # a seeded sample, in op order
             todo = sorted(random.Random(a.seed).sample(todo, a.repro_limit), key=lambda f: (f["op"], f["dtype"]))
         r["reproduced_sample"] = len(todo)
-        reproduce(db, run, todo, a.work, cache)
+        reproduce(db, run, todo, a.work, cache, a.jobs)
         report(build, r)
         results[build] = r
         _merge_into(a.work / "recall.json", {build: r})

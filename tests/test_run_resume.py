@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 import time
 
 import pytest
@@ -98,6 +99,25 @@ def test_repro_script_reproduces_a_result(tmp_path):
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr
     assert "CPU result" in out.stdout and "target result" in out.stdout and "within tolerance" in out.stdout
+
+
+def test_repro_writes_several_results_in_one_call_and_names_the_one_it_cannot(tmp_path):
+    """``conformance repro A B C``: one script each, one call; an id the database lacks says so on
+    its own line, the others are still written, and the exit code says something was refused."""
+    db = tmp_path / "r.sqlite"
+    execute_run(RunSpec(target="cpu", ops=("sin", "cos"), dtypes=("float32",), workers=1, max_samples=1), db)
+    with Store.open(db) as st:
+        ids = [r["id"] for r in st.db.query("select id from op_results order by id limit 2")]
+    out = tmp_path / "repro"
+    r = CliRunner().invoke(main, ["repro", *map(str, ids), "--db", str(db), "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert all((out / f"repro_{i}.py").exists() for i in ids) and r.output.count("wrote ") == 2
+    missing = max(ids) + 1000
+    r = CliRunner().invoke(main, ["repro", str(ids[0]), str(missing), str(ids[1]), "--db", str(db),
+                                  "--out", str(tmp_path / "again")])
+    assert r.exit_code == 2
+    assert f"result {missing}" in r.output and f"1 of 3 results have no script" in r.output
+    assert all((tmp_path / "again" / f"repro_{i}.py").exists() for i in ids)
 
 
 def test_repro_of_backward_and_schema_results(tmp_path):
@@ -221,3 +241,24 @@ def test_the_harness_commit_is_read_from_a_clone_a_worktree_and_packed_refs(tmp_
     (clone / ".git/worktrees/tree/HEAD").write_text("ref: refs/heads/main\n")
     assert _git_sha(tree) == "f" * 12  # its branch's ref, in the common folder
     assert _git_sha(tmp_path / "nothing") == "" and _git_sha(Path(tmp_path)) == ""
+
+
+def test_the_hand_check_writes_scripts_in_batches_and_runs_them_side_by_side(tmp_path):
+    """tools/findings_repro.py's ``reproduce_many``: one outcome per row, in batches, two scripts at
+    a time; a row whose script cannot be written is ``no script`` with the reason, and does not
+    stop the others."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    from findings_repro import reproduce_many
+
+    db = tmp_path / "r.sqlite"
+    execute_run(RunSpec(target="cpu", ops=("sin", "cos", "neg"), dtypes=("float32",), workers=1, max_samples=1), db)
+    with Store.open(db) as st:
+        rows = [dict(r) for r in st.db.query("select id, op, variant, dtype, sample, status, error "
+                                            "from op_results order by id limit 3")]
+    rows.insert(1, {**rows[0], "id": 99999})
+    got = {row["id"]: (outcome, said) for row, outcome, said in
+           reproduce_many(db, rows, tmp_path / "scripts", jobs=2, batch=2)}
+    assert set(got) == {r["id"] for r in rows}
+    assert got[99999][0] == "no script" and "99999" in got[99999][1]
+    # a passing CPU item: its script runs and finds nothing to reproduce
+    assert all(got[r["id"]][0] == "not reproduced" for r in rows if r["id"] != 99999), got

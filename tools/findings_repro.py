@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,14 +101,29 @@ def _same_failure(row: dict, said: str, text: str = "") -> str:
     return "other failure"
 
 
-def _reproduce(db: Path, row: dict, where: Path) -> tuple[str, str]:
-    made = subprocess.run([sys.executable, "-m", "conformance", "repro", str(row["id"]), "--db", str(db),
-                           "--out", str(where)], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    if made.returncode != 0:
-        return "no script", (made.stderr or made.stdout).strip().splitlines()[-1][:160]
-    script = next(where.glob(f"repro_{row['id']}.py"), None)
-    if script is None:
-        return "no script", made.stdout.strip()[:160]
+def write_scripts(db: Path, rows: list[dict], where: Path) -> dict[int, tuple[Path | None, str]]:
+    """Each row's standalone script, written by one ``conformance repro`` call for all of them
+    (torch and the target load once): {id: (script, "") or (None, why there is none)}."""
+    ids = [int(r["id"]) for r in rows]
+    if not ids:
+        return {}
+    made = subprocess.run([sys.executable, "-m", "conformance", "repro", *map(str, ids), "--db", str(db),
+                           "--out", str(where)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300 + 30 * len(ids))
+    said = (made.stderr or made.stdout).strip().splitlines()
+    out: dict[int, tuple[Path | None, str]] = {}
+    for rid in ids:
+        script = where / f"repro_{rid}.py"
+        if script.exists() and f"wrote {script}" in made.stdout:
+            out[rid] = (script, "")
+        else:  # its own line ("error: result N: ..."), or the call's last one (a crash)
+            own = next((ln for ln in said if f"result {rid}:" in ln), said[-1] if said else f"exit {made.returncode}")
+            out[rid] = (None, own.removeprefix("error: ")[:160])
+    return out
+
+
+def run_script(row: dict, script: Path, where: Path) -> tuple[str, str]:
+    """Run one repro script in a fresh interpreter: (outcome, what it said)."""
     try:
         ran = subprocess.run([sys.executable, str(script)], cwd=where, capture_output=True, text=True, timeout=600)
     except subprocess.TimeoutExpired:
@@ -126,6 +142,35 @@ def _reproduce(db: Path, row: dict, where: Path) -> tuple[str, str]:
     return "script error", f"exit {ran.returncode}: {last[0][:140]}"
 
 
+def reproduce_many(db: Path, rows: list[dict], where: Path, jobs: int = 1,
+                   batch: int = 40) -> Iterator[tuple[dict, str, str]]:
+    """(row, outcome, what the script said) for each row, as each script finishes: the scripts
+    are written ``batch`` rows to a ``conformance repro`` call and run ``jobs`` at a time, each in
+    a fresh interpreter (``no script`` where none could be written)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        for i in range(0, len(rows), batch):
+            part = rows[i:i + batch]
+            scripts = write_scripts(db, part, where)
+            futures = []
+            for row in part:
+                script, why = scripts[int(row["id"])]
+                if script is None:
+                    yield row, "no script", why
+                else:
+                    futures.append((row, pool.submit(run_script, row, script, where)))
+            for row, fut in futures:
+                outcome, said = fut.result()
+                yield row, outcome, said
+
+
+def _reproduce(db: Path, row: dict, where: Path) -> tuple[str, str]:
+    """One row's (outcome, what its script said)."""
+    (_, outcome, said), = reproduce_many(db, [row], where)
+    return outcome, said
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--db", required=True, type=Path)
@@ -138,6 +183,7 @@ def main() -> None:
                     help="also items whose compiler compiled no graph (infrastructure errors, not findings)")
     ap.add_argument("--seed", type=int, default=0, help="which findings the random choice takes")
     ap.add_argument("--first", action="store_true", help="the first findings in op order, not a random choice")
+    ap.add_argument("--jobs", type=int, default=1, help="scripts run at a time, each in its own interpreter")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     rows = _findings(args.db, args.run, args.limit, args.not_upstream, tuple(args.statuses.split(",")),
@@ -146,8 +192,7 @@ def main() -> None:
     counts: Counter[str] = Counter()
     results = []
     with tempfile.TemporaryDirectory(prefix="findings-") as tmp:
-        for row in rows:
-            outcome, said = _reproduce(args.db, row, Path(tmp))
+        for row, outcome, said in reproduce_many(args.db, rows, Path(tmp), args.jobs):
             counts[outcome] += 1
             results.append({**row, "outcome": outcome, "script_said": said})
             err = re.sub(r"\s+", " ", row["error"] or "")[:70]

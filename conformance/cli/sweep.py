@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from opdb import Store
+from opdb import OpdbError, Store
 
 from . import (
     EXIT_FAILURES,
@@ -225,23 +225,38 @@ def trace_cmd(models: tuple[str, ...], model_limit: int, dtypes: str, quiet: boo
 
 
 @main.command("repro")
-@click.argument("result_id", type=int)
+@click.argument("result_ids", nargs=-1, required=True, type=int, metavar="RESULT_ID...")
 @click.option("--out", "out_dir", default="repro", show_default=True, type=click.Path(file_okay=False),
-              help="Folder to write the script and its saved inputs into (created if missing).")
+              help="Folder to write the scripts and their saved inputs into (created if missing).")
 @db_option(default="results/opdb.sqlite")
 @handles_errors
-def repro_cmd(result_id: int, out_dir: str, db_path: str) -> None:
-    """Write a standalone script (inputs saved next to it) that reproduces one result.
+def repro_cmd(result_ids: tuple[int, ...], out_dir: str, db_path: str) -> None:
+    """Write a standalone script (inputs saved next to it) that reproduces a result; several ids
+    write one script each in one call (torch and the target load once). A result that cannot be
+    written says why on its own line and the others are still written; the exit code is then 2.
 
     Example: conformance repro 1234 --db results/opdb.sqlite  (prints the command that runs the script)
     """
     from conformance.triage.repro import write_repro
 
+    refused = []
     with Store.open(db_path, create=False) as st:
-        script = write_repro(st, result_id, out_dir)
-    # the interpreter running this command has torch and the target's package; a bare `python`
-    # (the system's, outside the virtual environment) has neither
-    click.echo(f"wrote {script} (run: {shlex.join([sys.executable, str(script)])})")
+        for result_id in result_ids:
+            try:
+                script = write_repro(st, result_id, out_dir)
+            except (ValueError, OpdbError) as exc:
+                if len(result_ids) == 1:
+                    raise
+                refused.append(result_id)
+                said = str(exc)
+                click.echo(f"error: {said if f'result {result_id}' in said else f'result {result_id}: {said}'}", err=True)
+                continue
+            # the interpreter running this command has torch and the target's package; a bare `python`
+            # (the system's, outside the virtual environment) has neither
+            click.echo(f"wrote {script} (run: {shlex.join([sys.executable, str(script)])})")
+    if refused:
+        raise UsageProblem(f"{len(refused)} of {len(result_ids)} results have no script (each said why above): "
+             + ", ".join(map(str, refused)))
 
 
 @main.group("ledger")
