@@ -221,6 +221,19 @@ class Subject:
                      comparator=self.comparator)
         return ev.close, ev.detail
 
+    def unsteady(self, again: Callable[[], Any], first: Any) -> str | None:
+        """Why the function is no fixed point on the target for this sample (``again()``: one
+        more identical call, against ``first``, the result a variant was compared with), or None
+        when it gives the same result again. A device that is not deterministic here (stochastic
+        rounding, racing reductions) cannot hold its variants to each other more tightly than to
+        itself: they are then judged against the CPU with the item's tolerance (the determinism
+        contract reports the nondeterminism itself)."""
+        try:
+            ok, why = self.same(again(), first)
+        except Exception:  # noqa: BLE001 - a second call that raises is no evidence of noise
+            return None
+        return None if ok else f"the function itself differs between two identical calls on the target ({why})"
+
     def on_device(self, sample: Any | None = None) -> Any:
         return on_device(sample or self.sample, self.device)
 
