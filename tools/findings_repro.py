@@ -7,7 +7,10 @@ about the run's target already list: PyTorch's for Inductor, ONNX Script's for o
 writes each one's standalone script with ``conformance repro`` (torch and the backend only: no
 harness code runs in it), runs it in a fresh interpreter, and prints per
 finding whether the script reproduces it (exit 1 with a value difference for a mismatch, or the
-same exception class for an error: the difference is real, outside the harness), fails some
+same exception class for an error: the difference is real, outside the harness; for a layout
+contract's finding, a ``STANDALONE:`` line, what torch calls alone show of it: an output the
+device's own ops reject, inputs in a layout the device rejects or computes differently from the
+CPU on that layout), fails some
 other way ("other failure": look at it), or not (exit 0: a harness false alarm to fix, or a flaky
 one), with the script's last line. Do not edit the harness while it runs: a script holds the
 source of the target's functions as the files say at that moment.
@@ -133,6 +136,9 @@ def run_script(row: dict, script: Path, where: Path) -> tuple[str, str]:
     said = next((ln for ln in text.splitlines() if ln.startswith(("MISMATCH:", "target raised:"))), last[0])
     if ran.returncode == 1 and said.startswith(("MISMATCH:", "target raised:")):
         return _same_failure(row, said, text), said[:160]
+    shown = next((ln for ln in text.splitlines() if ln.startswith("STANDALONE:")), None)
+    if ran.returncode == 1 and shown:  # a contract's finding shown with torch alone
+        return "reproduced", shown[:160]
     if ran.returncode == 1:  # only a contract the script checks with harness code failed
         return "contract only", last[0][:160]
     if ran.returncode == 0:
