@@ -373,10 +373,11 @@ def test_a_factory_items_script_creates_the_targets_tensors_on_the_target(tmp_pa
     assert out.returncode == 1 and "MISMATCH:" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
 
 
-def test_a_layout_contracts_finding_is_shown_with_torch_alone_and_not_on_a_build_without_it(tmp_path):
+def test_a_layout_or_variant_contracts_finding_is_shown_with_torch_alone_and_not_on_a_build_without_it(tmp_path):
     """2.31.0 rejects channels_last tensors (its manifest's layout rule): amax refuses channels_last
     inputs the CPU accepts (the noncontiguous contract), and ``to`` returns a channels_last tensor
-    that the device's own ``torch.eq`` then refuses (the metadata contract). The script shows each
+    that the device's own ``torch.eq`` then refuses (the metadata contract); rsqrt's out= variant
+    of an int64 input gives other values than its function (the variants contract). The script shows each
     with torch calls alone (``STANDALONE:``), which the hand check counts as reproduced; the same
     script on ``ideal`` shows nothing."""
     from conformance.run.runner import RunSpec, execute_run
@@ -387,12 +388,15 @@ def test_a_layout_contracts_finding_is_shown_with_torch_alone_and_not_on_a_build
     db = tmp_path / "r.sqlite"
     execute_run(RunSpec(target="neuron-emu", build="2.31.0", ops=("amax", "to"), dtypes=("bfloat16",),
                         variants=("function",), workers=1, schema=False, sizes="samples"), db)
+    execute_run(RunSpec(target="neuron-emu", build="2.31.0", ops=("rsqrt",), dtypes=("int64",), variants=("out",),
+                        workers=1, max_samples=1, run_id="out-variant"), db)
     with Store.open(db) as st:
         rows = {}
         for r in st.db.query("select id, op, variant, dtype, sample, status, error, contract_failed "
-                             "from op_results where status = 'contract' and op in ('amax', 'to') order by id"):
+                             "from op_results where status = 'contract' order by id"):
             rows.setdefault((r["op"], r["contract_failed"]), dict(r))
-    picked = {"noncontiguous": rows[("amax", "noncontiguous")], "metadata": rows[("to", "metadata")]}
+    picked = {"noncontiguous": rows[("amax", "noncontiguous")], "metadata": rows[("to", "metadata")],
+              "variants": rows[("rsqrt", "variants")]}
     made = subprocess.run([sys.executable, "-m", "conformance", "repro", *(str(r["id"]) for r in picked.values()),
                            "--db", str(db), "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert made.returncode == 0, made.stderr
@@ -400,7 +404,8 @@ def test_a_layout_contracts_finding_is_shown_with_torch_alone_and_not_on_a_build
         script = tmp_path / f"repro_{row['id']}.py"
         outcome, said = run_script(row, script, tmp_path)
         assert outcome == "reproduced" and said.startswith(f"STANDALONE: contract {contract}:"), (outcome, said)
-        assert "channels_last" in said or "strides" in said
+        assert {"noncontiguous": "channels_last inputs", "metadata": "strides",
+                "variants": "the out variant differs"}[contract] in said
         # the same script against a build that keeps the contract: torch alone shows nothing
         clean = tmp_path / f"clean_{row['id']}.py"
         clean.write_text(script.read_text().replace("'2.31.0'", "'ideal'"))

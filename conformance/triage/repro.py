@@ -43,6 +43,7 @@ from opdb import Store
 from opdb.blobs import decode_inputs, dump_inputs, load_inputs
 from opdb.queries import op_result
 
+from .repro_contracts import CONTRACTS_PART
 from .repro_customops import write_custom_repro
 from .repro_fields import (
     check_script,
@@ -172,123 +173,6 @@ except AssertionError as err:
 '''
 
 # Appended when the stored item failed contracts: the item evaluated as the sweep evaluates it.
-_CONTRACTS_PART = '''
-
-# -- torch alone: what a layout contract's finding looks like without any harness code ---------
-def rejected_output():
-    """An output in a non-contiguous layout that the target's own elementwise ops reject (one the
-    CPU runs on its own output), or None."""
-    got = call(target_fn, DEVICE, ref, RECORD["sized_out"])
-    mine = [t for t in leaves(cpu) if isinstance(t, torch.Tensor)]
-    for i, x in enumerate(t for t in leaves(got) if isinstance(t, torch.Tensor)):
-        if x.layout != torch.strided or x.numel() < 2 or x.is_contiguous() or i >= len(mine):
-            continue
-        for probe in (torch.eq, torch.mul):
-            try:
-                probe(mine[i], mine[i])
-            except Exception:
-                continue
-            try:
-                probe(x, x)
-            except Exception as exc:
-                return (f"output {i} (strides {list(x.stride())}) is rejected by the target's own "
-                        f"torch.{probe.__name__}: {type(exc).__name__}: {str(exc).strip()[:300]}")
-            break
-    return None
-
-
-def relaid(x, layout, device):
-    """``x``'s tensors on ``device`` in ``layout``: "channels_last" (4-d tensors with channels and
-    a plane), or "non-contiguous" (every other element of a buffer, the gaps NaN or the largest value)."""
-    if isinstance(x, (list, tuple)):
-        return type(x)(relaid(v, layout, device) for v in x)
-    if isinstance(x, dict):
-        return {k: relaid(v, layout, device) for k, v in x.items()}
-    if not isinstance(x, torch.Tensor) or x.layout != torch.strided:
-        return move(x, device)
-    t = x.detach()
-    if layout == "channels_last":
-        moved = t.to(device, copy=True)
-        wide = t.dim() == 4 and t.shape[1] > 1 and t.shape[2] * t.shape[3] > 1
-        return moved.contiguous(memory_format=torch.channels_last) if wide else moved
-    if t.numel() < 2:
-        return t.to(device, copy=True)
-    gap = float("nan") if t.dtype.is_floating_point or t.dtype.is_complex else (
-        True if t.dtype == torch.bool else torch.iinfo(t.dtype).max)
-    big = torch.full((t.numel() * 3,), gap, dtype=t.dtype)
-    big[:2 * t.numel():2].view(t.shape).copy_(t)
-    return big.to(device)[:2 * t.numel():2].view(t.shape)
-
-
-def layout_difference():
-    """Inputs in another layout (non-contiguous, channels_last) that the target rejects or
-    computes differently from the CPU on the same layout, beyond the item's tolerance, or None."""
-    if VARIANT != "function" or data["input"] is None:
-        return None
-    for layout in ("non-contiguous", "channels_last"):
-        try:
-            inp, args, kwargs = relaid([data["input"], data["args"], data["kwargs"]], layout, "cpu")
-            on_cpu = fn(inp, *args, **kwargs)
-        except Exception:
-            continue  # the CPU rejects the layout too: nothing to hold the target to
-        inp, args, kwargs = relaid([data["input"], data["args"], data["kwargs"]], layout, DEVICE)
-        try:
-            on_target = to_cpu(target_fn(inp, *args, **kwargs))
-        except Exception as exc:
-            return (f"{layout} inputs: the target raises {type(exc).__name__}: {str(exc).strip()[:300]}; "
-                    "the CPU accepts them")
-        try:
-            torch.testing.assert_close(on_target, on_cpu, atol=ATOL, rtol=RTOL, equal_nan=True, check_stride=False)
-        except AssertionError as err:
-            return f"{layout} inputs: the target's values differ from the CPU's on the same layout: " + \
-                " ".join(str(err).split())[:300]
-    return None
-
-
-for name, show in (("metadata", rejected_output), ("noncontiguous", layout_difference)):
-    if name in RECORD["contracts"]:
-        try:
-            shown = show()
-        except Exception as exc:  # the torch-only check could not be made: the harness's below decides
-            print(f"torch alone ({name}): not shown ({type(exc).__name__}: {exc})")
-            shown = None
-        if shown:
-            print(f"STANDALONE: contract {name}: {shown}")
-            failing = True
-
-# -- the contracts the stored item failed, checked as the sweep checks them --------------------
-from conformance.inputs.opinfo import samples
-from conformance.sweep import SweepConfig, evaluate
-from conformance.targets import get_target
-
-
-def nth(it, n):
-    for i, s in enumerate(it):
-        if i == n:
-            return s
-    raise SystemExit(f"sample {n} no longer exists for this OpInfo (torch changed?)")
-
-
-target = get_target(RECORD["target"], RECORD["build_spec"], tuple(RECORD["imports"]))
-sample = nth(samples(info, getattr(torch, RECORD["dtype"]), thorough=RECORD["thorough"], seed=RECORD["seed"],
-                     requires_grad=VARIANT == "backward", layout=VARIANT if VARIANT.startswith("sparse_") else None),
-             RECORD["sample"])
-config = SweepConfig(thorough=RECORD["thorough"], seed=RECORD["seed"], contracts=tuple(RECORD["contracts"]))
-row = evaluate(target, info, RECORD["op"], VARIANT, RECORD["dtype"], RECORD["sample"], sample, config)
-checks = row["contracts"] or {}
-print(f"sweep status: {row['status']}")
-for name in RECORD["contracts"]:
-    check = checks.get(name)
-    if check is None:
-        print(f"contract {name}: not checked ({row['status']}: {row['error']})")
-        failing = True
-        continue
-    print(f"contract {name}: {check['outcome']}" + (f": {check['detail']}" if check["detail"] else ""))
-    if check["outcome"] == "fail":
-        print(f"CONTRACT FAILED: {name}")
-        failing = True
-'''
-
 _END = '''
 raise SystemExit(1 if failing else 0)
 '''
@@ -444,7 +328,7 @@ def write_repro(store: Store, result_id: int, out_dir: str | Path) -> Path:
         record["dtype"] = str(row["dtype"])
         text = (_PROBE if probe else _REJECTED).format(doc=doc, setup=setup, record=literal(record), decoder=inspect.getsource(decode_inputs),
                              resolve=resolve, wrapped=wrapped.replace("{fn}", "fn"))
-    text += (_CONTRACTS_PART if "contracts" in record else "") + _END
+    text += (CONTRACTS_PART if "contracts" in record else "") + _END
     check_script(text, record)
     out.mkdir(parents=True, exist_ok=True)
     (out / inputs).write_bytes(blob)
