@@ -377,7 +377,9 @@ def test_a_layout_or_variant_contracts_finding_is_shown_with_torch_alone_and_not
     """2.31.0 rejects channels_last tensors (its manifest's layout rule): amax refuses channels_last
     inputs the CPU accepts (the noncontiguous contract), and ``to`` returns a channels_last tensor
     that the device's own ``torch.eq`` then refuses (the metadata contract); rsqrt's out= variant
-    of an int64 input gives other values than its function (the variants contract). The script shows each
+    of an int64 input gives other values than its function (the variants contract); abs returns a
+    contiguous result for an input the CPU and the meta kernels keep in its own layout (metadata).
+    The script shows each
     with torch calls alone (``STANDALONE:``), which the hand check counts as reproduced; the same
     script on ``ideal`` shows nothing."""
     from conformance.run.runner import RunSpec, execute_run
@@ -390,22 +392,25 @@ def test_a_layout_or_variant_contracts_finding_is_shown_with_torch_alone_and_not
                         variants=("function",), workers=1, schema=False, sizes="samples"), db)
     execute_run(RunSpec(target="neuron-emu", build="2.31.0", ops=("rsqrt",), dtypes=("int64",), variants=("out",),
                         workers=1, max_samples=1, run_id="out-variant"), db)
+    execute_run(RunSpec(target="neuron-emu", build="2.31.0", ops=("abs",), dtypes=("int64",),
+                        variants=("reference",), reference_inputs="all", workers=1, run_id="reference"), db)
     with Store.open(db) as st:
         rows = {}
         for r in st.db.query("select id, op, variant, dtype, sample, status, error, contract_failed "
                              "from op_results where status = 'contract' order by id"):
             rows.setdefault((r["op"], r["contract_failed"]), dict(r))
-    picked = {"noncontiguous": rows[("amax", "noncontiguous")], "metadata": rows[("to", "metadata")],
-              "variants": rows[("rsqrt", "variants")]}
-    made = subprocess.run([sys.executable, "-m", "conformance", "repro", *(str(r["id"]) for r in picked.values()),
+    picked = [("noncontiguous", "channels_last inputs", rows[("amax", "noncontiguous")]),
+              ("metadata", "is rejected by the target's own torch.eq", rows[("to", "metadata")]),
+              ("metadata", ") on the target, ", rows[("abs", "metadata")]),
+              ("variants", "the out variant differs", rows[("rsqrt", "variants")])]
+    made = subprocess.run([sys.executable, "-m", "conformance", "repro", *(str(r["id"]) for _, _, r in picked),
                            "--db", str(db), "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert made.returncode == 0, made.stderr
-    for contract, row in picked.items():
+    for contract, words, row in picked:
         script = tmp_path / f"repro_{row['id']}.py"
         outcome, said = run_script(row, script, tmp_path)
         assert outcome == "reproduced" and said.startswith(f"STANDALONE: contract {contract}:"), (outcome, said)
-        assert {"noncontiguous": "channels_last inputs", "metadata": "strides",
-                "variants": "the out variant differs"}[contract] in said
+        assert words in said, said
         # the same script against a build that keeps the contract: torch alone shows nothing
         clean = tmp_path / f"clean_{row['id']}.py"
         clean.write_text(script.read_text().replace("'2.31.0'", "'ideal'"))

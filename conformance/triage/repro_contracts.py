@@ -1,7 +1,8 @@
 """The part of a repro script appended when the stored item failed contracts.
 
 First what torch calls alone show of the finding, without any harness code: for the layout
-contracts an output the device's own elementwise ops reject (metadata) or inputs in another
+contracts an output whose strides differ from the CPU's and from the meta kernels' prediction,
+or one the device's own elementwise ops reject (metadata), or inputs in another
 layout (non-contiguous, channels_last) that the device rejects or computes differently from the
 CPU on that layout (noncontiguous); for the variants contract an in-place, out=, method or alias
 variant that differs from the function on the device where the CPU's agree. Each is printed as a
@@ -16,12 +17,31 @@ The text runs inside the script of :mod:`conformance.triage.repro` and uses its 
 CONTRACTS_PART = '''
 
 # -- torch alone: what a layout or variant contract's finding looks like without harness code --
+def strides(t):
+    """The memory layout that matters: strides of the dimensions longer than 1, the offset."""
+    return [s for s, n in zip(t.stride(), t.shape) if n > 1], t.storage_offset()
+
+
 def rejected_output():
-    """An output in a non-contiguous layout that the target's own elementwise ops reject (one the
-    CPU runs on its own output), or None."""
+    """An output whose memory layout differs from the CPU's and from what PyTorch's meta kernels
+    predict for it, or one in a non-contiguous layout that the target's own elementwise ops reject
+    (one the CPU runs on its own output), or None."""
     got = call(target_fn, DEVICE, ref, RECORD["sized_out"])
     mine = [t for t in leaves(cpu) if isinstance(t, torch.Tensor)]
-    for i, x in enumerate(t for t in leaves(got) if isinstance(t, torch.Tensor)):
+    theirs = [t for t in leaves(got) if isinstance(t, torch.Tensor)]
+    if VARIANT in ("function", "reference", "inplace"):
+        try:
+            meta = [t for t in leaves(call(fn, "meta")) if isinstance(t, torch.Tensor)]
+        except Exception:
+            meta = []
+        for i, (x, y) in enumerate(zip(theirs, mine)):
+            if (x.layout != torch.strided or y.layout != torch.strided or x.shape != y.shape or x.numel() < 2
+                    or strides(x) == strides(y) or (i < len(meta) and strides(meta[i]) == strides(x))):
+                continue
+            return (f"output {i} of shape {list(x.shape)}: strides {list(x.stride())} (offset {x.storage_offset()}) "
+                    f"on the target, {list(y.stride())} (offset {y.storage_offset()}) on the CPU"
+                    + (f", {list(meta[i].stride())} from the meta kernels" if i < len(meta) else ""))
+    for i, x in enumerate(theirs):
         if x.layout != torch.strided or x.numel() < 2 or x.is_contiguous() or i >= len(mine):
             continue
         for probe in (torch.eq, torch.mul):
