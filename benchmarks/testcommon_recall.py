@@ -22,12 +22,13 @@ For each build (default the three shipped ones and ``ideal``):
    pair (the first, by id; a value or error finding before a contract one) is written out as a
    standalone script with ``conformance repro`` and run in a fresh interpreter
    (``tools/findings_repro.py``): ``reproduced`` (the difference is real, outside the harness: a
-   value difference, the same exception, or for a layout contract what torch calls alone show),
+   value difference, the same exception, or for a layout or variants contract what torch calls
+   alone show),
    ``contract only`` (the script's harness-side contract re-check failed: real by the contract's own
    evidence), ``not reproduced`` (a false alarm to fix), or another outcome to look at.
 
 The scripts are written about forty to a ``conformance repro`` call and run two at a time
-(``--jobs``), each in a fresh interpreter: about 5 s a finding on 2 cores.
+(``--jobs``), each in a fresh interpreter: 3-4 s a finding on 2 cores.
 
 Everything is kept in ``--work`` and reused, so an interrupted benchmark resumes where it stopped:
 TestCommon's JSON per build, the harness's runs (``--resume`` of an interrupted one), the repro

@@ -256,7 +256,7 @@ def repro_cmd(result_ids: tuple[int, ...], out_dir: str, db_path: str) -> None:
             click.echo(f"wrote {script} (run: {shlex.join([sys.executable, str(script)])})")
     if refused:
         raise UsageProblem(f"{len(refused)} of {len(result_ids)} results have no script (each said why above): "
-             + ", ".join(map(str, refused)))
+                           + ", ".join(map(str, refused)))
 
 
 @main.group("ledger")

@@ -65,13 +65,12 @@ def check_variants(s: Subject) -> Check | None:
             return PASS
         if not s.same(o.cpu, _function_on_cpu(s))[0]:
             return na(f"the CPU's {s.variant} variant differs from its function variant on this sample")
-        noisy = s.unsteady(lambda: _call_function_on_target(s), function)
-        if noisy:
-            close, detail = s.close(o.target, o.cpu)
-            if close:
-                return Check("pass", f"{noisy}: the {s.variant} variant is within the item's tolerance of the CPU")
-            why = f"{why}; {noisy}, and the {s.variant} variant is not within the item's tolerance of the CPU ({detail})"
-        return fail(f"the {s.variant} variant differs from the function variant on the target ({why})")
+        excused, more = s.within_noise(lambda: _call_function_on_target(s), function, o.target, o.cpu,
+                                       f"the {s.variant} variant is")
+        if excused:
+            return Check("pass", f"the function differs between two identical calls on the target; the "
+                         f"{s.variant} variant is within the item's tolerance of the CPU")
+        return fail(f"the {s.variant} variant differs from the function variant on the target ({why}){more}")
     if s.variant == "backward":
         return _gradient_variants(s)
     if s.variant != "function":
@@ -98,11 +97,12 @@ def check_variants(s: Subject) -> Check | None:
             continue
         if not s.same(cpu, o.cpu)[0]:
             continue  # the CPU's own variants disagree here
-        if target_error is None and (noisy := s.unsteady(lambda: s.call_on_target(s.fn, repeat=1), o.target)):
-            close, detail = s.close(got, cpu)
-            if close:
+        if target_error is None:
+            excused, more = s.within_noise(lambda: s.call_on_target(s.fn, repeat=1), o.target, got, cpu,
+                                           f"the {label} is")
+            if excused:
                 continue  # as close to the CPU as the item's own values need to be
-            why = f"{why}; {noisy}, and the {label} is not within the item's tolerance of the CPU ({detail})"
+            why += more
         problems.append(f"the {label} raises on the target: {target_error}" if target_error else
                         f"the {label} differs from the function on the target ({why})")
     return fail("; ".join(problems)) if problems else PASS
@@ -146,12 +146,12 @@ def _gradient_variants(s: Subject) -> Check | None:
             continue
         if not s.same(cpu, s.outcome.cpu)[0]:
             continue  # the CPU's own variants' gradients disagree here
-        if target_error is None and (noisy := s.unsteady(
-                lambda: to_cpu(_grads(s.target.wrap(s.fn), s.sample, s.device)), s.outcome.target)):
-            close, detail = s.close(got, cpu)
-            if close:
+        if target_error is None:
+            excused, more = s.within_noise(lambda: to_cpu(_grads(s.target.wrap(s.fn), s.sample, s.device)),
+                                           s.outcome.target, got, cpu, f"the {label}'s gradients are")
+            if excused:
                 continue
-            why = f"{why}; {noisy}, and the {label}'s gradients are not within the item's tolerance of the CPU ({detail})"
+            why += more
         problems.append(f"the {label}'s backward raises on the target: {target_error}" if target_error else
                         f"the {label}'s gradients differ from the function's on the target ({why})")
     return fail("; ".join(problems)) if problems else PASS

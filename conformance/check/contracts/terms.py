@@ -221,18 +221,25 @@ class Subject:
                      comparator=self.comparator)
         return ev.close, ev.detail
 
-    def unsteady(self, again: Callable[[], Any], first: Any) -> str | None:
-        """Why the function is no fixed point on the target for this sample (``again()``: one
-        more identical call, against ``first``, the result a variant was compared with), or None
-        when it gives the same result again. A device that is not deterministic here (stochastic
-        rounding, racing reductions) cannot hold its variants to each other more tightly than to
-        itself: they are then judged against the CPU with the item's tolerance (the determinism
-        contract reports the nondeterminism itself)."""
+    def within_noise(self, again: Callable[[], Any], first: Any, got: Any, cpu: Any, what: str) -> tuple[bool, str]:
+        """Whether a variant's result ``got``, which differs from the function's ``first``, is
+        excused by the target's own noise: (True, "") when ``again()`` (one more identical call of
+        the function) differs from ``first`` too and ``got`` is within the item's tolerance of the
+        CPU's ``cpu``; else (False, what to add to the variant's failure, "" where the function
+        is steady). A device that is not deterministic here (stochastic rounding, racing
+        reductions) cannot hold its variants to each other more tightly than to itself; the
+        determinism contract reports the nondeterminism itself."""
         try:
-            ok, why = self.same(again(), first)
+            steady, why = self.same(again(), first)
         except Exception:  # noqa: BLE001 - a second call that raises is no evidence of noise
-            return None
-        return None if ok else f"the function itself differs between two identical calls on the target ({why})"
+            return False, ""
+        if steady:
+            return False, ""
+        close, detail = self.close(got, cpu)
+        if close:
+            return True, ""
+        return False, (f"; the function itself differs between two identical calls on the target ({why}), "
+                       f"and {what} not within the item's tolerance of the CPU ({detail})")
 
     def on_device(self, sample: Any | None = None) -> Any:
         return on_device(sample or self.sample, self.device)
