@@ -8,9 +8,10 @@ writes each one's standalone script with ``conformance repro`` (torch and the ba
 harness code runs in it), runs it in a fresh interpreter, and prints per
 finding whether the script reproduces it (exit 1 with a value difference for a mismatch, or the
 same exception class for an error: the difference is real, outside the harness; for a layout
-contract's finding, a ``STANDALONE:`` line, what torch calls alone show of it: an output the
-device's own ops reject, inputs in a layout the device rejects or computes differently from the
-CPU on that layout), fails some
+or variants contract's finding, a ``STANDALONE:`` line, what torch calls alone show of it: an
+output in another layout than the CPU's or one the device's own ops reject, inputs in a layout
+the device rejects or computes differently from the CPU on that layout, a variant that differs
+from the function), fails some
 other way ("other failure": look at it), or not (exit 0: a harness false alarm to fix, or a flaky
 one), with the script's last line. Do not edit the harness while it runs: a script holds the
 source of the target's functions as the files say at that moment.
@@ -169,12 +170,6 @@ def reproduce_many(db: Path, rows: list[dict], where: Path, jobs: int = 1,
             for row, fut in futures:
                 outcome, said = fut.result()
                 yield row, outcome, said
-
-
-def _reproduce(db: Path, row: dict, where: Path) -> tuple[str, str]:
-    """One row's (outcome, what its script said)."""
-    (_, outcome, said), = reproduce_many(db, [row], where)
-    return outcome, said
 
 
 def main() -> None:
