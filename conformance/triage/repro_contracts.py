@@ -22,7 +22,7 @@ def strides(t):
     return [s for s, n in zip(t.stride(), t.shape) if n > 1], t.storage_offset()
 
 
-def rejected_output():
+def metadata_difference():
     """An output whose memory layout differs from the CPU's and from what PyTorch's meta kernels
     predict for it, or one in a non-contiguous layout that the target's own elementwise ops reject
     (one the CPU runs on its own output), or None."""
@@ -151,7 +151,7 @@ def variant_difference():
     return None
 
 
-for name, show in (("metadata", rejected_output), ("noncontiguous", layout_difference),
+for name, show in (("metadata", metadata_difference), ("noncontiguous", layout_difference),
                    ("variants", variant_difference)):
     if name in RECORD["contracts"]:
         try:
